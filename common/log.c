@@ -1,0 +1,62 @@
+/* log.c - see log.h. */
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static int log_level = -1;
+static const char *log_prog = "hatchkv";
+static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+static int level_from_env(void)
+{
+	const char *s = getenv("HKV_LOG");
+
+	if (!s)
+		return HKV_LOG_INFO;
+	for (int i = HKV_LOG_ERROR; i <= HKV_LOG_DEBUG; i++)
+		if (!strcasecmp(s, level_names[i]))
+			return i;
+	return HKV_LOG_INFO;
+}
+
+void hkv_log_set_level(enum hkv_log_level lvl)
+{
+	log_level = lvl;
+}
+
+void hkv_log_set_prog(const char *prog)
+{
+	log_prog = prog;
+}
+
+int hkv_log_enabled(enum hkv_log_level lvl)
+{
+	if (log_level < 0)
+		log_level = level_from_env();
+	return (int)lvl <= log_level;
+}
+
+void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
+{
+	char msg[1024], stamp[32];
+	struct timespec ts;
+	struct tm tm;
+	va_list ap;
+
+	if (!hkv_log_enabled(lvl))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+	fprintf(stderr, "%s.%03ld %s[%d] %s %s\n", stamp, ts.tv_nsec / 1000000, log_prog,
+		(int)getpid(), level_names[lvl], msg);
+}

@@ -1,0 +1,26 @@
+/*
+ * log.h - one-line logs to stderr: "<time> <prog>[pid] <LEVEL> message".
+ * Thread-safe (one fprintf per line). Level from HKV_LOG (error, warn, info,
+ * debug; default info) or hkv_log_set_level().
+ */
+#ifndef HKV_LOG_H
+#define HKV_LOG_H
+
+enum hkv_log_level { HKV_LOG_ERROR, HKV_LOG_WARN, HKV_LOG_INFO, HKV_LOG_DEBUG };
+
+void hkv_log_set_level(enum hkv_log_level lvl);
+void hkv_log_set_prog(const char *prog);
+int hkv_log_enabled(enum hkv_log_level lvl);
+void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#define hkv_err(...)   hkv_log(HKV_LOG_ERROR, __VA_ARGS__)
+#define hkv_warn(...)  hkv_log(HKV_LOG_WARN, __VA_ARGS__)
+#define hkv_info(...)  hkv_log(HKV_LOG_INFO, __VA_ARGS__)
+#define hkv_debug(...)                                                                     \
+	do {                                                                               \
+		if (hkv_log_enabled(HKV_LOG_DEBUG))                                        \
+			hkv_log(HKV_LOG_DEBUG, __VA_ARGS__);                               \
+	} while (0)
+
+#endif /* HKV_LOG_H */

@@ -1,0 +1,81 @@
+/* region.c - see region.h. */
+#include "common/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+#define HUGE_2M (2u << 20)
+
+/* Map fd (already sized) shared and prefaulted; NULL on failure. */
+static void *region_map(int fd, size_t length)
+{
+	void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* hugetlb pages only when the system has enough reserved; else fail quietly. */
+static int region_try_hugetlb(struct hkv_region *r, size_t length)
+{
+	size_t len2m = (length + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
+	int fd = memfd_create("hatchkv-region", MFD_CLOEXEC | MFD_HUGETLB);
+
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, (off_t)len2m) == 0 && (r->base = region_map(fd, len2m))) {
+		r->length = len2m;
+		r->fd = fd;
+		r->hugetlb = 1;
+		return 0;
+	}
+	close(fd);
+	return -1;
+}
+
+int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int *existed)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	struct stat st;
+	int fd, err;
+
+	memset(r, 0, sizeof(*r));
+	length = (length + page - 1) & ~(page - 1);
+	if (existed)
+		*existed = 0;
+	if (!path && region_try_hugetlb(r, length) == 0)
+		goto done;
+	fd = path ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)
+		  : memfd_create("hatchkv-region", MFD_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (path && existed && fstat(fd, &st) == 0 && st.st_size > 0)
+		*existed = 1;
+	if (ftruncate(fd, (off_t)length) < 0 || !(r->base = region_map(fd, length))) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	madvise(r->base, length, MADV_HUGEPAGE);
+	r->length = length;
+	r->fd = fd;
+done:
+	hkv_debug("region: %zu bytes, %s%s", r->length, path ? path : "memfd",
+		  r->hugetlb ? " (hugetlb)" : "");
+	return 0;
+}
+
+void hkv_region_destroy(struct hkv_region *r)
+{
+	if (r->base)
+		munmap(r->base, r->length);
+	if (r->fd >= 0)
+		close(r->fd);
+	r->base = NULL;
+	r->fd = -1;
+}

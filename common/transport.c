@@ -1,0 +1,224 @@
+/*
+ * transport.c - backend-independent half of the transport: opening, the
+ * post/wait/exec round-trip helpers and their counters, listener dispatch.
+ */
+#include "common/transport_int.h"
+
+#include <errno.h>
+#include <string.h>
+#include <strings.h>
+
+#include <infiniband/verbs.h>
+
+#define HKV_DEFAULT_TIMEOUT_MS 5000
+#define WAIT_BATCH             16
+
+enum hkv_transport_kind hkv_transport_parse(const char *name)
+{
+	if (!strcasecmp(name, "shm"))
+		return HKV_TRANSPORT_SHM;
+	if (!strcasecmp(name, "verbs") || !strcasecmp(name, "rdma"))
+		return HKV_TRANSPORT_VERBS;
+	return 0;
+}
+
+int hkv_verbs_available(void)
+{
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+
+	if (list)
+		ibv_free_device_list(list);
+	return n > 0;
+}
+
+void hkv_hello_fill(struct hkv_hello_msg *m, const struct hkv_conn_cfg *cfg)
+{
+	memset(m, 0, sizeof(*m));
+	m->magic = HKV_CONN_MAGIC;
+	m->len = (uint8_t)cfg->hello_len;
+	if (cfg->hello_len)
+		memcpy(m->data, cfg->hello, cfg->hello_len);
+}
+
+void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hello, size_t len,
+			 struct hkv_accept_msg *acc, uint32_t *access)
+{
+	size_t reply_len = 0;
+
+	memset(acc, 0, sizeof(*acc));
+	acc->magic = HKV_CONN_MAGIC;
+	*access = HKV_ACCESS_ALL;
+	if (len < offsetof(struct hkv_hello_msg, data) || hello->magic != HKV_CONN_MAGIC ||
+	    hello->len > HKV_HELLO_MAX || hello->len > len - offsetof(struct hkv_hello_msg, data)) {
+		acc->status = HKV_EPROTO;
+		return;
+	}
+	if (l->on_connect)
+		acc->status = l->on_connect(l->arg, hello->data, hello->len, acc->data, &reply_len,
+					    access);
+	if (reply_len > HKV_REPLY_MAX)
+		acc->status = -EOVERFLOW;
+	if (acc->status)
+		reply_len = 0;
+	acc->len = (uint16_t)reply_len;
+	acc->region = l->region;
+	acc->region.access = *access;
+}
+
+struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, size_t *reply_len)
+{
+	struct hkv_conn_cfg cfg = *cfg_in;
+	struct hkv_accept_msg acc;
+	struct hkv_conn *c;
+
+	if (cfg.hello_len > HKV_HELLO_MAX || (cfg.hello_len && !cfg.hello)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (cfg.timeout_ms <= 0)
+		cfg.timeout_ms = HKV_DEFAULT_TIMEOUT_MS;
+	if (cfg.sq_depth <= 0)
+		cfg.sq_depth = 256;
+	switch (cfg.kind) {
+	case HKV_TRANSPORT_SHM:
+		c = hkv_shm_conn_open(&cfg, &acc);
+		break;
+	case HKV_TRANSPORT_VERBS:
+		c = hkv_verbs_conn_open(&cfg, &acc);
+		break;
+	default:
+		errno = EINVAL;
+		return NULL;
+	}
+	if (!c)
+		return NULL;
+	c->timeout_ms = cfg.timeout_ms;
+	if (reply && reply_len) {
+		*reply_len = *reply_len < acc.len ? *reply_len : acc.len;
+		memcpy(reply, acc.data, *reply_len);
+	}
+	return c;
+}
+
+void hkv_conn_close(struct hkv_conn *c)
+{
+	if (c)
+		c->ops->close(c);
+}
+
+int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+{
+	int ret;
+
+	if (c->error)
+		return c->error;
+	if (n <= 0)
+		return n ? -EINVAL : 0;
+	ret = c->ops->post(c, wrs, n);
+	if (ret)
+		return ret;
+	c->stats.posts++;
+	for (int i = 0; i < n; i++) {
+		uint8_t op = wrs[i].opcode;
+
+		c->stats.wrs[op]++;
+		if (op == HKV_WR_READ)
+			c->stats.bytes_read += wrs[i].length;
+		else if (op == HKV_WR_WRITE)
+			c->stats.bytes_written += wrs[i].length;
+		else {
+			c->stats.bytes_read += 8;
+			c->stats.bytes_written += 8;
+		}
+	}
+	return 0;
+}
+
+int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
+{
+	uint64_t deadline = 0;
+	struct hkv_wc tmp[WAIT_BATCH];
+	int got = 0, first_err = 0;
+	unsigned spins = 0;
+
+	c->stats.round_trips++;
+	while (got < want) {
+		struct hkv_wc *dst = wc ? wc + got : tmp;
+		int max = wc ? want - got : (want - got < WAIT_BATCH ? want - got : WAIT_BATCH);
+		int n = c->ops->poll(c, dst, max);
+
+		if (n < 0)
+			return c->error = n;
+		for (int i = 0; i < n; i++)
+			if (dst[i].status && !first_err)
+				first_err = dst[i].status;
+		got += n;
+		if (first_err)
+			return c->error = first_err;
+		if (n || ++spins % 1024)
+			continue;
+		if (!deadline)
+			deadline = hkv_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+		else if (hkv_now_ns() > deadline)
+			return c->error = HKV_ETIMEDOUT;
+		if (c->ops->check && (n = c->ops->check(c)))
+			return c->error = n;
+	}
+	return 0;
+}
+
+int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+{
+	int signaled = 0, ret;
+
+	for (int i = 0; i < n - 1; i++)
+		signaled += !!(wrs[i].flags & HKV_WR_F_SIGNALED);
+	ret = hkv_conn_post(c, wrs, n);
+	if (ret)
+		return ret;
+	return hkv_conn_wait(c, NULL, signaled + 1);
+}
+
+struct hkv_listener *hkv_listener_create(const struct hkv_listener_cfg *cfg)
+{
+	if (!cfg->region || !cfg->region_len) {
+		errno = EINVAL;
+		return NULL;
+	}
+	switch (cfg->kind) {
+	case HKV_TRANSPORT_SHM:
+		return hkv_shm_listener_create(cfg);
+	case HKV_TRANSPORT_VERBS:
+		return hkv_verbs_listener_create(cfg);
+	default:
+		errno = EINVAL;
+		return NULL;
+	}
+}
+
+int hkv_listener_fd(const struct hkv_listener *l)
+{
+	return l->ops->fd(l);
+}
+
+int hkv_listener_dispatch(struct hkv_listener *l)
+{
+	return l->ops->dispatch(l);
+}
+
+int hkv_listener_nconns(const struct hkv_listener *l)
+{
+	return l->ops->nconns(l);
+}
+
+const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l)
+{
+	return &l->region;
+}
+
+void hkv_listener_destroy(struct hkv_listener *l)
+{
+	if (l)
+		l->ops->destroy(l);
+}

@@ -1,0 +1,234 @@
+/*
+ * transport.h - one-sided remote memory access, one interface, two backends.
+ *
+ * A client opens a connection (struct hkv_conn) to a server's listener
+ * (struct hkv_listener), which exposes exactly one memory region. Over the
+ * connection the client posts chains of work requests against that region:
+ *
+ *   HKV_WR_READ   remote[addr, addr+len) -> local
+ *   HKV_WR_WRITE  local -> remote[addr, addr+len)
+ *   HKV_WR_CAS    8-byte aligned compare-and-swap; old value -> local (8 B)
+ *   HKV_WR_FAA    8-byte aligned fetch-and-add;    old value -> local (8 B)
+ *
+ * Semantics are those of an InfiniBand RC queue pair, which both backends
+ * honour: requests of one connection execute at the responder in post order;
+ * an atomic or READ that follows a WRITE on the same connection sees it; a
+ * WRITE may pass an earlier READ unless HKV_WR_F_FENCE is set on it. Nothing is
+ * ordered across connections. A failed request moves the connection to the
+ * error state: it and every later request complete with an error
+ * (HKV_EFLUSHED for the later ones), exactly like a QP going to ERR. Remote
+ * access violations (wrong rkey, out of bounds, missing rights) complete with
+ * HKV_EREMOTE_ACCESS; they are never a crash in either process.
+ *
+ * Backends (struct hkv_conn_ops, called through the inline wrappers below):
+ *   verbs  rdma-core: rdma_cm RC connection, ibv_post_send chains (one doorbell
+ *          per hkv_conn_post), selective signaling, inline small WRITEs.
+ *   shm    same host: the region is a memfd passed over a unix socket; the
+ *          client executes requests on its own mapping with real 8-byte
+ *          atomics, checking rkey and bounds like a NIC.
+ *
+ * Round trip: one hkv_conn_exec() (post a chain, wait for its completions) is
+ * one round trip, whatever the chain holds; counted in hkv_conn_stats.
+ *
+ * Threading: a connection belongs to one thread at a time. Listeners are
+ * driven from one event loop thread.
+ */
+#ifndef HKV_TRANSPORT_H
+#define HKV_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hatchkv_err.h"
+
+enum hkv_transport_kind {
+	HKV_TRANSPORT_SHM = 1,
+	HKV_TRANSPORT_VERBS = 2,
+};
+
+enum hkv_wr_opcode {
+	HKV_WR_READ = 0,
+	HKV_WR_WRITE = 1,
+	HKV_WR_CAS = 2,
+	HKV_WR_FAA = 3,
+	HKV_WR_NOPS
+};
+
+/* Remote access rights of an exposed region (what its rkey permits). */
+#define HKV_ACCESS_READ   0x1
+#define HKV_ACCESS_WRITE  0x2
+#define HKV_ACCESS_ATOMIC 0x4
+#define HKV_ACCESS_ALL    (HKV_ACCESS_READ | HKV_ACCESS_WRITE | HKV_ACCESS_ATOMIC)
+
+#define HKV_WR_F_SIGNALED 0x1 /* completion wanted (the last WR of a chain always has one) */
+#define HKV_WR_F_FENCE    0x2 /* wait for earlier READs/atomics before this one */
+
+/* Largest private blob carried by a connect request (rdma_cm REQ: 56 bytes). */
+#define HKV_HELLO_MAX 48
+/* Largest reply blob a listener may attach to an accept. */
+#define HKV_REPLY_MAX 128
+
+struct hkv_mr {
+	void *addr;
+	size_t length;
+	uint32_t lkey;
+	void *impl; /* backend handle */
+};
+
+struct hkv_wr {
+	uint64_t wr_id;
+	void *local;             /* READ dst, WRITE src, CAS/FAA 8-byte result */
+	const struct hkv_mr *mr; /* registration covering local; NULL ok for inline WRITE */
+	uint64_t remote_addr;
+	uint32_t rkey;
+	uint32_t length;      /* READ/WRITE bytes; atomics are always 8 */
+	uint64_t compare_add; /* CAS: compare; FAA: addend */
+	uint64_t swap;        /* CAS: new value */
+	uint8_t opcode;       /* enum hkv_wr_opcode */
+	uint8_t flags;        /* HKV_WR_F_* */
+};
+
+struct hkv_wc {
+	uint64_t wr_id;
+	int status; /* 0 or negative HKV_E* */
+	uint8_t opcode;
+};
+
+struct hkv_conn_stats {
+	uint64_t wrs[HKV_WR_NOPS]; /* work requests posted, by opcode */
+	uint64_t posts;            /* doorbells (hkv_conn_post calls) */
+	uint64_t round_trips;      /* hkv_conn_exec calls / hkv_conn_wait waits */
+	uint64_t bytes_read;       /* READ payload + atomic results */
+	uint64_t bytes_written;    /* WRITE payload + atomic operands */
+};
+
+/* What the listener tells every accepted client about the one region. */
+struct hkv_region_desc {
+	uint64_t base;   /* remote address of the first byte */
+	uint64_t length; /* bytes */
+	uint32_t rkey;
+	uint32_t access; /* HKV_ACCESS_* granted */
+};
+
+struct hkv_conn;
+
+struct hkv_conn_ops {
+	const char *name;
+	int (*post)(struct hkv_conn *c, struct hkv_wr *wrs, int n);
+	int (*poll)(struct hkv_conn *c, struct hkv_wc *wc, int max);
+	struct hkv_mr *(*reg)(struct hkv_conn *c, void *addr, size_t len);
+	void (*dereg)(struct hkv_conn *c, struct hkv_mr *mr);
+	int (*check)(struct hkv_conn *c); /* cheap liveness check while waiting */
+	void (*close)(struct hkv_conn *c);
+};
+
+/* Base of every backend connection; backends embed it first (container_of). */
+struct hkv_conn {
+	const struct hkv_conn_ops *ops;
+	struct hkv_conn_stats stats;
+	struct hkv_region_desc region;
+	int timeout_ms;
+	int error; /* sticky: first failure, after which everything is flushed */
+};
+
+struct hkv_conn_cfg {
+	enum hkv_transport_kind kind;
+	const char *host;  /* verbs: server address (name or IP) */
+	const char *port;  /* verbs: rdma_cm port (service) */
+	const char *path;  /* shm: unix socket path */
+	const void *hello; /* opaque blob for the listener's on_connect, <= HKV_HELLO_MAX */
+	size_t hello_len;
+	int timeout_ms; /* connect and completion timeout; default 5000 */
+	int sq_depth;   /* work requests in flight; default 256 */
+};
+
+/*
+ * Open a connection. On success returns it and, if reply != NULL, copies the
+ * listener's reply blob (up to *reply_len bytes; *reply_len set to its size).
+ * On failure returns NULL with errno set (positive HKV_E* value or errno):
+ * HKV_EAUTH-style rejects arrive as ECONNREFUSED unless the listener replied.
+ */
+struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg, void *reply, size_t *reply_len);
+void hkv_conn_close(struct hkv_conn *c);
+
+/* Register local memory for READ destinations / WRITE sources / atomic results. */
+static inline struct hkv_mr *hkv_conn_reg(struct hkv_conn *c, void *addr, size_t len)
+{
+	return c->ops->reg(c, addr, len);
+}
+
+static inline void hkv_conn_dereg(struct hkv_conn *c, struct hkv_mr *mr)
+{
+	if (mr)
+		c->ops->dereg(c, mr);
+}
+
+/*
+ * Post a chain of n work requests with one doorbell. The last one is always
+ * signaled. Returns 0, -EAGAIN if the send queue lacks room, or the
+ * connection's sticky error.
+ */
+int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n);
+
+/* Reap up to max completions without blocking; returns their count or <0. */
+static inline int hkv_conn_poll(struct hkv_conn *c, struct hkv_wc *wc, int max)
+{
+	return c->ops->poll(c, wc, max);
+}
+
+/*
+ * Wait until `want` completions arrived (copied to wc if non-NULL, which must
+ * hold `want`), or the timeout. Counts one round trip. Returns 0, the first
+ * completion error, or HKV_ETIMEDOUT / HKV_EDISCONNECTED.
+ */
+int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want);
+
+/* Post a chain and wait for it: one round trip. Only the last WR is signaled. */
+int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n);
+
+static inline const struct hkv_region_desc *hkv_conn_region(const struct hkv_conn *c)
+{
+	return &c->region;
+}
+
+/* ---- server side ---------------------------------------------------------- */
+
+struct hkv_listener;
+
+/*
+ * Called for every connect request with the client's hello blob. Return 0 to
+ * accept (optionally filling reply and *reply_len <= HKV_REPLY_MAX, and *access
+ * with the HKV_ACCESS_* rights to grant, default all) or <0 to reject.
+ */
+typedef int (*hkv_on_connect_fn)(void *arg, const void *hello, size_t hello_len, void *reply,
+				 size_t *reply_len, uint32_t *access);
+
+struct hkv_listener_cfg {
+	enum hkv_transport_kind kind;
+	const char *host; /* verbs: local address to bind (NULL: any) */
+	const char *port; /* verbs: rdma_cm port */
+	const char *path; /* shm: unix socket path (created; removed on destroy) */
+	void *region;     /* region to expose: a memfd-backed mapping ... */
+	size_t region_len;
+	int region_fd; /* ... and its memfd (shm hands it to clients) */
+	hkv_on_connect_fn on_connect;
+	void *arg;
+};
+
+struct hkv_listener *hkv_listener_create(const struct hkv_listener_cfg *cfg);
+/* File descriptor to watch for readability (libevent); then call dispatch. */
+int hkv_listener_fd(const struct hkv_listener *l);
+/* Handle pending connection events without blocking. Returns 0 or <0. */
+int hkv_listener_dispatch(struct hkv_listener *l);
+/* The descriptor clients receive for full access. */
+const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l);
+/* Connections currently established. */
+int hkv_listener_nconns(const struct hkv_listener *l);
+void hkv_listener_destroy(struct hkv_listener *l);
+
+/* Parse "shm" / "verbs"; returns 0 if unknown. */
+enum hkv_transport_kind hkv_transport_parse(const char *name);
+/* Does this host have an RDMA device libibverbs can open? */
+int hkv_verbs_available(void);
+
+#endif /* HKV_TRANSPORT_H */

@@ -1,0 +1,81 @@
+/*
+ * transport_int.h - what the transport backends share; not for users of
+ * transport.h. Wire formats of the connect handshake (same bytes in the
+ * rdma_cm private data of verbs and the SOCK_SEQPACKET messages of shm):
+ *
+ *   hello  (client -> listener, 56 bytes = rdma_cm REQ private data limit)
+ *   +--------+-----+-----+-----------------------+
+ *   | magic4 | len1| pad3| data[48]              |
+ *   +--------+-----+-----+-----------------------+
+ *   accept (listener -> client, <= 196 bytes = IB CM REP private data limit)
+ *   +--------+---------+---------------------+------+------+-----------+
+ *   | magic4 | status4 | region desc 24      | len2 | pad2 | data[128] |
+ *   +--------+---------+---------------------+------+------+-----------+
+ * All fields little-endian host order (x86-64, the only supported host).
+ */
+#ifndef HKV_TRANSPORT_INT_H
+#define HKV_TRANSPORT_INT_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <time.h>
+
+#include "common/transport.h"
+
+#define HKV_CONN_MAGIC 0x31564b48u /* "HKV1" */
+/* Largest WRITE the backends send inline (no registration needed). */
+#define HKV_INLINE_MAX 64
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+struct hkv_hello_msg {
+	uint32_t magic;
+	uint8_t len;
+	uint8_t pad[3];
+	uint8_t data[HKV_HELLO_MAX];
+};
+static_assert(sizeof(struct hkv_hello_msg) == 56, "hello must fit rdma_cm REQ private data");
+
+struct hkv_accept_msg {
+	uint32_t magic;
+	int32_t status;
+	struct hkv_region_desc region;
+	uint16_t len;
+	uint16_t pad;
+	uint8_t data[HKV_REPLY_MAX];
+};
+static_assert(sizeof(struct hkv_accept_msg) <= 196, "accept must fit IB CM REP private data");
+
+struct hkv_listener_ops {
+	int (*fd)(const struct hkv_listener *l);
+	int (*dispatch)(struct hkv_listener *l);
+	int (*nconns)(const struct hkv_listener *l);
+	void (*destroy)(struct hkv_listener *l);
+};
+
+struct hkv_listener {
+	const struct hkv_listener_ops *ops;
+	struct hkv_region_desc region;
+	hkv_on_connect_fn on_connect;
+	void *arg;
+};
+
+struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc);
+struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc);
+struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg);
+struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cfg);
+
+/* Fill an accept message by asking the listener's on_connect callback. */
+void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hello, size_t len,
+			 struct hkv_accept_msg *acc, uint32_t *access);
+void hkv_hello_fill(struct hkv_hello_msg *m, const struct hkv_conn_cfg *cfg);
+
+static inline uint64_t hkv_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#endif /* HKV_TRANSPORT_INT_H */

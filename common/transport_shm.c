@@ -1,0 +1,538 @@
+/*
+ * transport_shm.c - same-host backend of transport.h.
+ *
+ * The listener owns a SOCK_SEQPACKET unix socket. A client connects, sends
+ * its hello; the listener answers with the accept message and, in the same
+ * datagram, the region's memfd (SCM_RIGHTS; a read-only reopen of it when the
+ * client is granted read access only). The client maps it and from then on
+ * executes READ/WRITE/CAS/FAA itself on its mapping, in post order, and
+ * completes them through a private completion ring - playing the NIC: it
+ * checks the rkey, the bounds, the rights and atomic alignment, and a
+ * violation is an error completion that moves the connection to the error
+ * state. The socket stays open as the liveness signal: when the server goes
+ * away (or drops the client) the next checks see the hangup and the
+ * connection fails with HKV_EDISCONNECTED.
+ */
+#include "common/transport_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+
+#define SHM_CHECK_INTERVAL_NS 1000000ull /* liveness check at most once per ms */
+#define SHM_MAX_CLIENTS       4096
+
+/* ---- client ---------------------------------------------------------------- */
+
+struct shm_conn {
+	struct hkv_conn base;
+	int sock;
+	uint8_t *map;
+	size_t map_len;
+	struct hkv_wc *cq;
+	unsigned cq_mask, cq_head, cq_tail;
+	uint64_t next_check_ns;
+};
+
+/*
+ * Remote memory is shared with other processes that write it concurrently,
+ * exactly as a NIC's DMA would: these copies race by design (readers detect
+ * torn data by checksums). Keep ThreadSanitizer out of them.
+ */
+#if defined(__SANITIZE_THREAD__)
+__attribute__((no_sanitize("thread"))) static void remote_copy(void *dst, const void *src, size_t n)
+{
+	volatile uint8_t *d = dst;
+	const volatile uint8_t *s = src;
+
+	while (n--)
+		*d++ = *s++;
+}
+#else
+#define remote_copy memcpy
+#endif
+
+static int shm_check_wr(const struct shm_conn *s, const struct hkv_wr *wr, uint64_t *off)
+{
+	const struct hkv_region_desc *r = &s->base.region;
+	uint32_t len = wr->opcode >= HKV_WR_CAS ? 8 : wr->length;
+	static const uint32_t need[HKV_WR_NOPS] = {HKV_ACCESS_READ, HKV_ACCESS_WRITE,
+						   HKV_ACCESS_ATOMIC, HKV_ACCESS_ATOMIC};
+
+	if (wr->opcode >= HKV_WR_NOPS)
+		return HKV_EREMOTE_INVAL;
+	if (!wr->local && len)
+		return -EFAULT;
+	if (!wr->mr && !(wr->opcode == HKV_WR_WRITE && len <= HKV_INLINE_MAX))
+		return -EFAULT; /* a NIC would fail the local key check */
+	if (wr->mr && len &&
+	    ((uint8_t *)wr->local < (uint8_t *)wr->mr->addr ||
+	     (uint8_t *)wr->local + len > (uint8_t *)wr->mr->addr + wr->mr->length))
+		return -EFAULT;
+	if (wr->rkey != r->rkey || !(r->access & need[wr->opcode]))
+		return HKV_EREMOTE_ACCESS;
+	if (wr->remote_addr < r->base || wr->remote_addr - r->base > r->length ||
+	    len > r->length - (wr->remote_addr - r->base))
+		return HKV_EREMOTE_ACCESS;
+	*off = wr->remote_addr - r->base;
+	if (wr->opcode >= HKV_WR_CAS && (*off & 7))
+		return HKV_EREMOTE_INVAL;
+	return 0;
+}
+
+static int shm_execute(struct shm_conn *s, const struct hkv_wr *wr)
+{
+	uint64_t off = 0, old;
+	int ret = shm_check_wr(s, wr, &off);
+
+	if (ret)
+		return ret;
+	switch (wr->opcode) {
+	case HKV_WR_READ:
+		remote_copy(wr->local, s->map + off, wr->length);
+		break;
+	case HKV_WR_WRITE:
+		remote_copy(s->map + off, wr->local, wr->length);
+		break;
+	case HKV_WR_CAS:
+		old = wr->compare_add;
+		__atomic_compare_exchange_n((uint64_t *)(s->map + off), &old, wr->swap, 0,
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+		memcpy(wr->local, &old, 8);
+		break;
+	case HKV_WR_FAA:
+		old = __atomic_fetch_add((uint64_t *)(s->map + off), wr->compare_add,
+					 __ATOMIC_SEQ_CST);
+		memcpy(wr->local, &old, 8);
+		break;
+	}
+	return 0;
+}
+
+static int shm_check(struct hkv_conn *c)
+{
+	struct shm_conn *s = container_of(c, struct shm_conn, base);
+	struct pollfd pfd = {.fd = s->sock, .events = POLLIN | POLLRDHUP};
+
+	if (poll(&pfd, 1, 0) < 0)
+		return errno == EINTR ? 0 : HKV_EDISCONNECTED;
+	/* The server never sends after the accept: any event means it hung up. */
+	return pfd.revents ? HKV_EDISCONNECTED : 0;
+}
+
+static void shm_complete(struct shm_conn *s, const struct hkv_wr *wr, int status)
+{
+	struct hkv_wc *wc = &s->cq[s->cq_tail++ & s->cq_mask];
+
+	wc->wr_id = wr->wr_id;
+	wc->opcode = wr->opcode;
+	wc->status = status;
+}
+
+static int shm_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+{
+	struct shm_conn *s = container_of(c, struct shm_conn, base);
+	uint64_t now;
+	int err = 0;
+
+	if ((unsigned)n > s->cq_mask + 1 - (s->cq_tail - s->cq_head))
+		return -EAGAIN;
+	now = hkv_now_ns();
+	if (now >= s->next_check_ns) {
+		s->next_check_ns = now + SHM_CHECK_INTERVAL_NS;
+		if ((err = shm_check(c)))
+			return c->error = err;
+	}
+	for (int i = 0; i < n; i++) {
+		int status = err ? HKV_EFLUSHED : shm_execute(s, &wrs[i]);
+
+		if (status && !err)
+			err = status;
+		if (status || i == n - 1 || (wrs[i].flags & HKV_WR_F_SIGNALED))
+			shm_complete(s, &wrs[i], status);
+	}
+	return 0;
+}
+
+static int shm_poll(struct hkv_conn *c, struct hkv_wc *wc, int max)
+{
+	struct shm_conn *s = container_of(c, struct shm_conn, base);
+	int n = 0;
+
+	while (n < max && s->cq_head != s->cq_tail)
+		wc[n++] = s->cq[s->cq_head++ & s->cq_mask];
+	return n;
+}
+
+static struct hkv_mr *shm_reg(struct hkv_conn *c, void *addr, size_t len)
+{
+	struct hkv_mr *mr = hkv_calloc(1, sizeof(*mr));
+
+	if (!mr) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	mr->addr = addr;
+	mr->length = len;
+	return mr;
+}
+
+static void shm_dereg(struct hkv_conn *c, struct hkv_mr *mr)
+{
+	hkv_free(mr);
+}
+
+static void shm_close(struct hkv_conn *c)
+{
+	struct shm_conn *s = container_of(c, struct shm_conn, base);
+
+	if (s->map)
+		munmap(s->map, s->map_len);
+	close(s->sock);
+	hkv_free(s->cq);
+	hkv_free(s);
+}
+
+static const struct hkv_conn_ops shm_conn_ops = {
+	.name = "shm",
+	.post = shm_post,
+	.poll = shm_poll,
+	.reg = shm_reg,
+	.dereg = shm_dereg,
+	.check = shm_check,
+	.close = shm_close,
+};
+
+/* Receive the accept message and, when accepted, the region fd. */
+static int shm_recv_accept(int sock, int timeout_ms, struct hkv_accept_msg *acc, int *fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {.iov_base = acc, .iov_len = sizeof(*acc)};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			     .msg_controllen = sizeof(cbuf)};
+	struct pollfd pfd = {.fd = sock, .events = POLLIN};
+	struct cmsghdr *cm;
+	ssize_t n;
+
+	*fd = -1;
+	if (poll(&pfd, 1, timeout_ms) <= 0)
+		return HKV_ETIMEDOUT;
+	n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+	if (n <= 0)
+		return n < 0 ? -errno : HKV_EDISCONNECTED;
+	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+			memcpy(fd, CMSG_DATA(cm), sizeof(int));
+	if ((size_t)n < offsetof(struct hkv_accept_msg, data) || acc->magic != HKV_CONN_MAGIC ||
+	    acc->len > HKV_REPLY_MAX || (size_t)n < offsetof(struct hkv_accept_msg, data) + acc->len)
+		return HKV_EPROTO;
+	if (acc->status)
+		return acc->status;
+	return *fd < 0 ? HKV_EPROTO : 0;
+}
+
+static int shm_map(struct shm_conn *s, int fd)
+{
+	const struct hkv_region_desc *r = &s->base.region;
+	int prot = PROT_READ | (r->access & (HKV_ACCESS_WRITE | HKV_ACCESS_ATOMIC) ? PROT_WRITE : 0);
+	void *p;
+
+	p = mmap(NULL, r->length, prot, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	s->map = p;
+	s->map_len = r->length;
+	return 0;
+}
+
+struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct hkv_hello_msg hello;
+	struct shm_conn *s;
+	unsigned cq_size = 1;
+	int fd = -1, ret;
+
+	if (!cfg->path || strlen(cfg->path) >= sizeof(sun.sun_path)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	s = hkv_calloc(1, sizeof(*s));
+	if (!s)
+		goto err_errno;
+	while (cq_size < 2u * (unsigned)cfg->sq_depth)
+		cq_size <<= 1;
+	s->cq = hkv_calloc(cq_size, sizeof(*s->cq));
+	if (!s->cq)
+		goto free_conn;
+	s->cq_mask = cq_size - 1;
+	s->base.ops = &shm_conn_ops;
+	s->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s->sock < 0)
+		goto free_cq;
+	strcpy(sun.sun_path, cfg->path);
+	if (connect(s->sock, (struct sockaddr *)&sun, sizeof(sun)) < 0)
+		goto close_sock;
+	hkv_hello_fill(&hello, cfg);
+	if (send(s->sock, &hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
+		goto close_sock;
+	ret = shm_recv_accept(s->sock, cfg->timeout_ms, acc, &fd);
+	if (ret)
+		goto close_fd;
+	s->base.region = acc->region;
+	ret = shm_map(s, fd);
+	if (ret)
+		goto close_fd;
+	close(fd);
+	return &s->base;
+
+close_fd:
+	if (fd >= 0)
+		close(fd);
+	close(s->sock);
+	hkv_free(s->cq);
+	hkv_free(s);
+	errno = -ret;
+	return NULL;
+close_sock:
+	ret = -errno;
+	close(s->sock);
+	errno = -ret;
+free_cq:
+	hkv_free(s->cq);
+free_conn:
+	hkv_free(s);
+err_errno:
+	return NULL;
+}
+
+/* ---- listener -------------------------------------------------------------- */
+
+struct shm_client {
+	int fd;
+	int accepted;
+};
+
+struct shm_listener {
+	struct hkv_listener base;
+	int sock, epfd, region_fd;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct shm_client *clients; /* indexed by fd */
+	int nclients, nconns, max_fd;
+};
+
+static int shm_l_fd(const struct hkv_listener *l)
+{
+	return container_of(l, struct shm_listener, base)->epfd;
+}
+
+static int shm_l_nconns(const struct hkv_listener *l)
+{
+	return container_of(l, struct shm_listener, base)->nconns;
+}
+
+static void shm_drop_client(struct shm_listener *sl, int fd)
+{
+	if (sl->clients[fd].accepted)
+		sl->nconns--;
+	sl->clients[fd].fd = -1;
+	sl->clients[fd].accepted = 0;
+	sl->nclients--;
+	epoll_ctl(sl->epfd, EPOLL_CTL_DEL, fd, NULL);
+	close(fd);
+}
+
+static void shm_accept_one(struct shm_listener *sl)
+{
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
+	int fd = accept4(sl->sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	if (fd >= SHM_MAX_CLIENTS) {
+		hkv_warn("shm: too many clients, refusing connection");
+		close(fd);
+		return;
+	}
+	ev.data.fd = fd;
+	if (epoll_ctl(sl->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		close(fd);
+		return;
+	}
+	sl->clients[fd].fd = fd;
+	sl->clients[fd].accepted = 0;
+	sl->nclients++;
+}
+
+/* The fd a client gets: the memfd itself, or a read-only reopen of it. */
+static int shm_fd_for(struct shm_listener *sl, uint32_t access)
+{
+	char path[64];
+
+	if (access & (HKV_ACCESS_WRITE | HKV_ACCESS_ATOMIC))
+		return dup(sl->region_fd);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", sl->region_fd);
+	return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+static int shm_send_accept(int fd, const struct hkv_accept_msg *acc, int region_fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
+	struct iovec iov = {.iov_base = (void *)acc,
+			    .iov_len = offsetof(struct hkv_accept_msg, data) + acc->len};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+	struct cmsghdr *cm;
+
+	if (region_fd >= 0) {
+		msg.msg_control = cbuf;
+		msg.msg_controllen = sizeof(cbuf);
+		cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &region_fd, sizeof(int));
+	}
+	return sendmsg(fd, &msg, MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+static void shm_handle_hello(struct shm_listener *sl, int fd)
+{
+	struct hkv_hello_msg hello;
+	struct hkv_accept_msg acc;
+	uint32_t access;
+	int rfd = -1;
+	ssize_t n;
+
+	n = recv(fd, &hello, sizeof(hello), 0);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		shm_drop_client(sl, fd);
+		return;
+	}
+	hkv_listener_answer(&sl->base, &hello, (size_t)n, &acc, &access);
+	if (!acc.status && (rfd = shm_fd_for(sl, access)) < 0)
+		acc.status = -errno;
+	if (shm_send_accept(fd, &acc, acc.status ? -1 : rfd) || acc.status) {
+		if (acc.status)
+			hkv_warn("shm: refused a client: %s", hkv_strerror(acc.status));
+		shm_drop_client(sl, fd);
+	} else {
+		sl->clients[fd].accepted = 1;
+		sl->nconns++;
+	}
+	if (rfd >= 0)
+		close(rfd);
+}
+
+static int shm_l_dispatch(struct hkv_listener *l)
+{
+	struct shm_listener *sl = container_of(l, struct shm_listener, base);
+	struct epoll_event evs[32];
+	int n = epoll_wait(sl->epfd, evs, 32, 0);
+
+	for (int i = 0; i < n; i++) {
+		int fd = evs[i].data.fd;
+
+		if (fd == sl->sock)
+			shm_accept_one(sl);
+		else if (!sl->clients[fd].accepted && (evs[i].events & EPOLLIN))
+			shm_handle_hello(sl, fd);
+		else
+			shm_drop_client(sl, fd); /* hangup, or data after accept: bye */
+	}
+	return n < 0 && errno != EINTR ? -errno : 0;
+}
+
+static void shm_l_destroy(struct hkv_listener *l)
+{
+	struct shm_listener *sl = container_of(l, struct shm_listener, base);
+
+	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
+		if (sl->clients[fd].fd >= 0)
+			shm_drop_client(sl, fd);
+	close(sl->epfd);
+	close(sl->sock);
+	unlink(sl->path);
+	hkv_free(sl->clients);
+	hkv_free(sl);
+}
+
+static const struct hkv_listener_ops shm_listener_ops = {
+	.fd = shm_l_fd,
+	.dispatch = shm_l_dispatch,
+	.nconns = shm_l_nconns,
+	.destroy = shm_l_destroy,
+};
+
+struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct epoll_event ev = {.events = EPOLLIN};
+	struct shm_listener *sl;
+	int err;
+
+	if (!cfg->path || strlen(cfg->path) >= sizeof(sun.sun_path) || cfg->region_fd < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	sl = hkv_calloc(1, sizeof(*sl));
+	if (!sl)
+		return NULL;
+	sl->clients = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->clients));
+	if (!sl->clients)
+		goto free_listener;
+	for (int i = 0; i < SHM_MAX_CLIENTS; i++)
+		sl->clients[i].fd = -1;
+	sl->base.ops = &shm_listener_ops;
+	sl->base.on_connect = cfg->on_connect;
+	sl->base.arg = cfg->arg;
+	sl->base.region.base = (uint64_t)(uintptr_t)cfg->region;
+	sl->base.region.length = cfg->region_len;
+	sl->base.region.access = HKV_ACCESS_ALL;
+	if (getrandom(&sl->base.region.rkey, sizeof(uint32_t), 0) != sizeof(uint32_t))
+		goto free_clients;
+	sl->region_fd = cfg->region_fd;
+	strcpy(sl->path, cfg->path);
+	strcpy(sun.sun_path, cfg->path);
+	sl->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (sl->sock < 0)
+		goto free_clients;
+	unlink(cfg->path);
+	if (bind(sl->sock, (struct sockaddr *)&sun, sizeof(sun)) < 0 || listen(sl->sock, 128) < 0)
+		goto close_sock;
+	sl->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (sl->epfd < 0)
+		goto unlink_path;
+	ev.data.fd = sl->sock;
+	if (epoll_ctl(sl->epfd, EPOLL_CTL_ADD, sl->sock, &ev) < 0)
+		goto close_epoll;
+	return &sl->base;
+
+close_epoll:
+	err = errno;
+	close(sl->epfd);
+	errno = err;
+unlink_path:
+	unlink(cfg->path);
+close_sock:
+	err = errno;
+	close(sl->sock);
+	errno = err;
+free_clients:
+	hkv_free(sl->clients);
+free_listener:
+	hkv_free(sl);
+	return NULL;
+}

@@ -1,0 +1,691 @@
+/*
+ * transport_verbs.c - rdma-core backend of transport.h.
+ *
+ * One RDMA lifecycle, written once (rc_pingpong/rping order):
+ *   client:   event channel -> cm id -> resolve addr/route -> PD -> CQ -> QP
+ *             -> rdma_connect (hello in private data) -> ESTABLISHED (accept
+ *             message in private data);  teardown in exact reverse.
+ *   listener: event channel -> cm id -> bind/listen -> PD -> MR(region) -> CQ;
+ *             per CONNECT_REQUEST a QP on the child id and rdma_accept.
+ * The listener never posts: every data-path operation is one-sided, so the
+ * server's CPU sees only connection events.
+ *
+ * Posting: a chain becomes one linked ibv_send_wr list and one
+ * ibv_post_send (one doorbell). Only the WRs asked for, and always the last,
+ * are signaled; the send queue room taken by each signaled WR's unsignaled
+ * predecessors is returned when its completion is reaped (RC completes in
+ * order). Small WRITEs go inline.
+ */
+#include "common/transport_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <string.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+
+#define VERBS_ACK_TIMEOUT 15 /* 4.096 us * 2^15 = 134 ms per try, 7 retries */
+#define VERBS_POLL_BATCH  16
+#define VERBS_RD_ATOMIC   16
+
+struct verbs_conn {
+	struct hkv_conn base;
+	struct rdma_event_channel *ec;
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	uint32_t max_inline;
+	int connected;
+	int sq_depth, sq_used;
+	uint16_t *chains; /* ring: WRs accounted to each outstanding signaled WR */
+	unsigned ch_head, ch_tail;
+	struct ibv_send_wr *wrs;
+	struct ibv_sge *sges;
+};
+
+static int wc_status_to_err(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_SUCCESS:
+		return 0;
+	case IBV_WC_REM_ACCESS_ERR:
+		return HKV_EREMOTE_ACCESS;
+	case IBV_WC_REM_INV_REQ_ERR:
+		return HKV_EREMOTE_INVAL;
+	case IBV_WC_WR_FLUSH_ERR:
+		return HKV_EFLUSHED;
+	case IBV_WC_RETRY_EXC_ERR:
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+	case IBV_WC_REM_ABORT_ERR:
+		return HKV_EDISCONNECTED;
+	case IBV_WC_LOC_PROT_ERR:
+	case IBV_WC_LOC_LEN_ERR:
+	case IBV_WC_LOC_ACCESS_ERR:
+		return -EFAULT;
+	default:
+		return HKV_ETRANSPORT;
+	}
+}
+
+static const enum ibv_wr_opcode wr_opcodes[HKV_WR_NOPS] = {
+	[HKV_WR_READ] = IBV_WR_RDMA_READ,
+	[HKV_WR_WRITE] = IBV_WR_RDMA_WRITE,
+	[HKV_WR_CAS] = IBV_WR_ATOMIC_CMP_AND_SWP,
+	[HKV_WR_FAA] = IBV_WR_ATOMIC_FETCH_AND_ADD,
+};
+
+static uint8_t wc_opcode(enum ibv_wc_opcode op)
+{
+	switch (op) {
+	case IBV_WC_RDMA_READ:
+		return HKV_WR_READ;
+	case IBV_WC_COMP_SWAP:
+		return HKV_WR_CAS;
+	case IBV_WC_FETCH_ADD:
+		return HKV_WR_FAA;
+	default:
+		return HKV_WR_WRITE;
+	}
+}
+
+/* Wait for the next cm event on ec, at most timeout_ms; must be acked. */
+static int cm_wait_event(struct rdma_event_channel *ec, int timeout_ms,
+			 struct rdma_cm_event **ev)
+{
+	struct pollfd pfd = {.fd = ec->fd, .events = POLLIN};
+	int n = poll(&pfd, 1, timeout_ms);
+
+	if (n == 0)
+		return HKV_ETIMEDOUT;
+	if (n < 0 || rdma_get_cm_event(ec, ev))
+		return -errno;
+	return 0;
+}
+
+static int cm_expect(struct rdma_event_channel *ec, int timeout_ms, enum rdma_cm_event_type want,
+		     struct hkv_accept_msg *acc)
+{
+	struct rdma_cm_event *ev;
+	int ret = cm_wait_event(ec, timeout_ms, &ev);
+	size_t plen;
+
+	if (ret)
+		return ret;
+	if (ev->event == want) {
+		ret = 0;
+		if (acc) {
+			plen = ev->param.conn.private_data_len;
+			memset(acc, 0, sizeof(*acc));
+			memcpy(acc, ev->param.conn.private_data,
+			       plen < sizeof(*acc) ? plen : sizeof(*acc));
+			if (plen < offsetof(struct hkv_accept_msg, data) ||
+			    acc->magic != HKV_CONN_MAGIC || acc->len > HKV_REPLY_MAX)
+				ret = HKV_EPROTO;
+		}
+	} else if (ev->event == RDMA_CM_EVENT_REJECTED) {
+		const struct hkv_accept_msg *rej = ev->param.conn.private_data;
+
+		ret = -ECONNREFUSED;
+		if (rej && ev->param.conn.private_data_len >= 8 && rej->magic == HKV_CONN_MAGIC &&
+		    rej->status < 0)
+			ret = rej->status;
+	} else {
+		hkv_debug("verbs: expected %s, got %s (status %d)", rdma_event_str(want),
+			  rdma_event_str(ev->event), ev->status);
+		ret = ev->event == RDMA_CM_EVENT_ADDR_ERROR || ev->event == RDMA_CM_EVENT_ROUTE_ERROR
+			      ? HKV_ENODEV
+			      : -ECONNREFUSED;
+	}
+	rdma_ack_cm_event(ev);
+	return ret;
+}
+
+static int verbs_resolve(struct verbs_conn *v, const struct hkv_conn_cfg *cfg)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
+	struct addrinfo *ai;
+	int ret;
+
+	if (!cfg->host || !cfg->port)
+		return -EINVAL;
+	if (getaddrinfo(cfg->host, cfg->port, &hints, &ai))
+		return -EHOSTUNREACH;
+	ret = rdma_resolve_addr(v->id, NULL, ai->ai_addr, cfg->timeout_ms) ? -errno : 0;
+	freeaddrinfo(ai);
+	if (!ret)
+		ret = cm_expect(v->ec, cfg->timeout_ms, RDMA_CM_EVENT_ADDR_RESOLVED, NULL);
+	if (!ret && rdma_resolve_route(v->id, cfg->timeout_ms))
+		ret = -errno;
+	if (!ret)
+		ret = cm_expect(v->ec, cfg->timeout_ms, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL);
+	return ret;
+}
+
+static int verbs_create_qp(struct verbs_conn *v, int depth)
+{
+	struct ibv_qp_init_attr attr = {
+		.send_cq = v->cq,
+		.recv_cq = v->cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = {.max_send_wr = (uint32_t)depth,
+			.max_recv_wr = 1,
+			.max_send_sge = 1,
+			.max_recv_sge = 1,
+			.max_inline_data = HKV_INLINE_MAX},
+	};
+
+	if (rdma_create_qp(v->id, v->pd, &attr)) {
+		attr.cap.max_inline_data = 0; /* some devices have no inline support */
+		if (rdma_create_qp(v->id, v->pd, &attr))
+			return -errno;
+	}
+	v->max_inline = attr.cap.max_inline_data;
+	return 0;
+}
+
+static int verbs_connect(struct verbs_conn *v, const struct hkv_conn_cfg *cfg,
+			 struct hkv_accept_msg *acc)
+{
+	struct ibv_device_attr dattr;
+	struct hkv_hello_msg hello;
+	struct rdma_conn_param param = {
+		.private_data = &hello,
+		.private_data_len = sizeof(hello),
+		.retry_count = 7,
+		.rnr_retry_count = 7,
+	};
+
+	if (ibv_query_device(v->id->verbs, &dattr))
+		return -errno;
+	param.initiator_depth = (uint8_t)(dattr.max_qp_init_rd_atom < VERBS_RD_ATOMIC
+						  ? dattr.max_qp_init_rd_atom
+						  : VERBS_RD_ATOMIC);
+	param.responder_resources = 0;
+	hkv_hello_fill(&hello, cfg);
+	if (rdma_connect(v->id, &param))
+		return -errno;
+	return cm_expect(v->ec, cfg->timeout_ms, RDMA_CM_EVENT_ESTABLISHED, acc);
+}
+
+static void verbs_teardown(struct verbs_conn *v)
+{
+	if (v->connected)
+		rdma_disconnect(v->id);
+	if (v->id && v->id->qp)
+		rdma_destroy_qp(v->id);
+	if (v->cq)
+		ibv_destroy_cq(v->cq);
+	if (v->pd)
+		ibv_dealloc_pd(v->pd);
+	if (v->id)
+		rdma_destroy_id(v->id);
+	if (v->ec)
+		rdma_destroy_event_channel(v->ec);
+	hkv_free(v->wrs);
+	hkv_free(v->sges);
+	hkv_free(v->chains);
+	hkv_free(v);
+}
+
+static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+{
+	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
+	struct ibv_send_wr *bad;
+	uint16_t run = 0;
+	unsigned tail = v->ch_tail;
+	int ret;
+
+	if (n > v->sq_depth - v->sq_used)
+		return -EAGAIN;
+	for (int i = 0; i < n; i++) {
+		const struct hkv_wr *w = &wrs[i];
+		struct ibv_send_wr *iw = &v->wrs[i];
+		struct ibv_sge *sg = &v->sges[i];
+		uint32_t len = w->opcode >= HKV_WR_CAS ? 8 : w->length;
+
+		if (w->opcode >= HKV_WR_NOPS)
+			return -EINVAL;
+		memset(iw, 0, sizeof(*iw));
+		sg->addr = (uintptr_t)w->local;
+		sg->length = len;
+		sg->lkey = w->mr ? w->mr->lkey : 0;
+		iw->wr_id = w->wr_id;
+		iw->sg_list = sg;
+		iw->num_sge = len ? 1 : 0;
+		iw->opcode = wr_opcodes[w->opcode];
+		iw->next = i + 1 < n ? &v->wrs[i + 1] : NULL;
+		if (w->flags & HKV_WR_F_FENCE)
+			iw->send_flags |= IBV_SEND_FENCE;
+		if (w->opcode == HKV_WR_WRITE && len <= v->max_inline)
+			iw->send_flags |= IBV_SEND_INLINE;
+		else if (!w->mr && len)
+			return -EFAULT;
+		if (w->opcode >= HKV_WR_CAS) {
+			iw->wr.atomic.remote_addr = w->remote_addr;
+			iw->wr.atomic.rkey = w->rkey;
+			iw->wr.atomic.compare_add = w->compare_add;
+			iw->wr.atomic.swap = w->swap;
+		} else {
+			iw->wr.rdma.remote_addr = w->remote_addr;
+			iw->wr.rdma.rkey = w->rkey;
+		}
+		run++;
+		if (i == n - 1 || (w->flags & HKV_WR_F_SIGNALED)) {
+			iw->send_flags |= IBV_SEND_SIGNALED;
+			v->chains[tail++ % (unsigned)v->sq_depth] = run;
+			run = 0;
+		}
+	}
+	ret = ibv_post_send(v->id->qp, v->wrs, &bad);
+	if (ret)
+		return ret == ENOMEM ? -EAGAIN : -ret;
+	v->ch_tail = tail;
+	v->sq_used += n;
+	return 0;
+}
+
+static int verbs_poll(struct hkv_conn *c, struct hkv_wc *wc, int max)
+{
+	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
+	struct ibv_wc iwc[VERBS_POLL_BATCH];
+	int n = ibv_poll_cq(v->cq, max < VERBS_POLL_BATCH ? max : VERBS_POLL_BATCH, iwc);
+
+	if (n < 0)
+		return HKV_ETRANSPORT;
+	for (int i = 0; i < n; i++) {
+		wc[i].wr_id = iwc[i].wr_id;
+		wc[i].status = wc_status_to_err(iwc[i].status);
+		wc[i].opcode = wc[i].status ? HKV_WR_NOPS : wc_opcode(iwc[i].opcode);
+		if (!wc[i].status && v->ch_head != v->ch_tail)
+			v->sq_used -= v->chains[v->ch_head++ % (unsigned)v->sq_depth];
+		else if (wc[i].status)
+			hkv_debug("verbs: completion error %s", ibv_wc_status_str(iwc[i].status));
+	}
+	return n;
+}
+
+/* Between polls of an idle CQ: did the connection manager report a loss? */
+static int verbs_check(struct hkv_conn *c)
+{
+	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
+	struct rdma_cm_event *ev;
+	int ret = 0;
+
+	while (!rdma_get_cm_event(v->ec, &ev)) {
+		if (ev->event == RDMA_CM_EVENT_DISCONNECTED ||
+		    ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+		    ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+			v->connected = 0;
+			ret = HKV_EDISCONNECTED;
+		}
+		rdma_ack_cm_event(ev);
+	}
+	return ret;
+}
+
+static struct hkv_mr *verbs_reg(struct hkv_conn *c, void *addr, size_t len)
+{
+	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
+	struct hkv_mr *mr = hkv_calloc(1, sizeof(*mr));
+	struct ibv_mr *imr;
+
+	if (!mr)
+		return NULL;
+	imr = ibv_reg_mr(v->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+	if (!imr) {
+		int err = errno;
+
+		hkv_free(mr);
+		errno = err;
+		return NULL;
+	}
+	mr->addr = addr;
+	mr->length = len;
+	mr->lkey = imr->lkey;
+	mr->impl = imr;
+	return mr;
+}
+
+static void verbs_dereg(struct hkv_conn *c, struct hkv_mr *mr)
+{
+	ibv_dereg_mr(mr->impl);
+	hkv_free(mr);
+}
+
+static void verbs_close(struct hkv_conn *c)
+{
+	verbs_teardown(container_of(c, struct verbs_conn, base));
+}
+
+static const struct hkv_conn_ops verbs_conn_ops = {
+	.name = "verbs",
+	.post = verbs_post,
+	.poll = verbs_poll,
+	.reg = verbs_reg,
+	.dereg = verbs_dereg,
+	.check = verbs_check,
+	.close = verbs_close,
+};
+
+struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc)
+{
+	struct verbs_conn *v = hkv_calloc(1, sizeof(*v));
+	uint8_t tmo = VERBS_ACK_TIMEOUT;
+	int ret = -ENOMEM;
+
+	if (!v)
+		goto fail;
+	v->base.ops = &verbs_conn_ops;
+	v->sq_depth = cfg->sq_depth;
+	v->wrs = hkv_calloc((size_t)v->sq_depth, sizeof(*v->wrs));
+	v->sges = hkv_calloc((size_t)v->sq_depth, sizeof(*v->sges));
+	v->chains = hkv_calloc((size_t)v->sq_depth, sizeof(*v->chains));
+	if (!v->wrs || !v->sges || !v->chains)
+		goto teardown;
+	ret = HKV_ENODEV;
+	v->ec = rdma_create_event_channel();
+	if (!v->ec || rdma_create_id(v->ec, &v->id, v, RDMA_PS_TCP))
+		goto teardown;
+	ret = verbs_resolve(v, cfg);
+	if (ret)
+		goto teardown;
+	rdma_set_option(v->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo));
+	ret = -errno;
+	if (!(v->pd = ibv_alloc_pd(v->id->verbs)))
+		goto teardown;
+	if (!(v->cq = ibv_create_cq(v->id->verbs, v->sq_depth, NULL, NULL, 0)))
+		goto teardown;
+	ret = verbs_create_qp(v, v->sq_depth);
+	if (ret)
+		goto teardown;
+	ret = verbs_connect(v, cfg, acc);
+	if (ret)
+		goto teardown;
+	if (acc->status) {
+		ret = acc->status;
+		goto teardown;
+	}
+	v->connected = 1;
+	v->base.region = acc->region;
+	fcntl(v->ec->fd, F_SETFL, fcntl(v->ec->fd, F_GETFL) | O_NONBLOCK);
+	return &v->base;
+
+teardown:
+	verbs_teardown(v);
+fail:
+	errno = ret < 0 ? -ret : EIO;
+	return NULL;
+}
+
+/* ---- listener -------------------------------------------------------------- */
+
+struct verbs_child {
+	struct rdma_cm_id *id;
+	int established;
+	struct verbs_child *next;
+};
+
+struct verbs_listener {
+	struct hkv_listener base;
+	struct rdma_event_channel *ec;
+	struct rdma_cm_id *id;
+	struct ibv_context *ctx;
+	struct ibv_context **devs; /* only when bound to the wildcard address */
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mrs[HKV_ACCESS_ALL + 1]; /* region registered per rights granted */
+	void *region;
+	size_t region_len;
+	uint8_t max_rd_atom;
+	struct verbs_child *children;
+	int nconns;
+};
+
+static int access_to_ibv(uint32_t a)
+{
+	return IBV_ACCESS_LOCAL_WRITE | (a & HKV_ACCESS_READ ? IBV_ACCESS_REMOTE_READ : 0) |
+	       (a & HKV_ACCESS_WRITE ? IBV_ACCESS_REMOTE_WRITE : 0) |
+	       (a & HKV_ACCESS_ATOMIC ? IBV_ACCESS_REMOTE_ATOMIC : 0);
+}
+
+static struct ibv_mr *verbs_l_mr(struct verbs_listener *vl, uint32_t access)
+{
+	access &= HKV_ACCESS_ALL;
+	if (!vl->mrs[access])
+		vl->mrs[access] = ibv_reg_mr(vl->pd, vl->region, vl->region_len,
+					     access_to_ibv(access));
+	return vl->mrs[access];
+}
+
+static int verbs_l_fd(const struct hkv_listener *l)
+{
+	return container_of(l, struct verbs_listener, base)->ec->fd;
+}
+
+static int verbs_l_nconns(const struct hkv_listener *l)
+{
+	return container_of(l, struct verbs_listener, base)->nconns;
+}
+
+static void verbs_child_forget(struct verbs_listener *vl, struct rdma_cm_id *id)
+{
+	for (struct verbs_child **pp = &vl->children; *pp; pp = &(*pp)->next) {
+		struct verbs_child *ch = *pp;
+
+		if (ch->id != id)
+			continue;
+		*pp = ch->next;
+		if (ch->established)
+			vl->nconns--;
+		rdma_destroy_qp(id);
+		rdma_destroy_id(id);
+		hkv_free(ch);
+		return;
+	}
+}
+
+static void verbs_l_reject(struct rdma_cm_id *id, const struct hkv_accept_msg *acc)
+{
+	hkv_warn("verbs: refused a client: %s", hkv_strerror(acc->status));
+	rdma_reject(id, acc, offsetof(struct hkv_accept_msg, data));
+}
+
+/* CONNECT_REQUEST: returns the child to keep, or NULL when rejected. */
+static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdma_cm_event *ev)
+{
+	struct ibv_qp_init_attr qa = {
+		.send_cq = vl->cq,
+		.recv_cq = vl->cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+	};
+	struct rdma_conn_param param = {0};
+	struct hkv_accept_msg acc;
+	struct verbs_child *ch;
+	struct ibv_mr *mr;
+	uint32_t access;
+
+	hkv_listener_answer(&vl->base, ev->param.conn.private_data,
+			    ev->param.conn.private_data_len, &acc, &access);
+	if (!acc.status && ev->id->verbs != vl->ctx)
+		acc.status = HKV_ENODEV;
+	if (!acc.status && !(mr = verbs_l_mr(vl, access)))
+		acc.status = -ENOMEM;
+	if (acc.status) {
+		verbs_l_reject(ev->id, &acc);
+		return NULL;
+	}
+	acc.region.rkey = mr->rkey;
+	ch = hkv_calloc(1, sizeof(*ch));
+	if (!ch || rdma_create_qp(ev->id, vl->pd, &qa)) {
+		hkv_free(ch);
+		acc.status = -ENOMEM;
+		verbs_l_reject(ev->id, &acc);
+		return NULL;
+	}
+	ch->id = ev->id;
+	param.private_data = &acc;
+	param.private_data_len = (uint8_t)(offsetof(struct hkv_accept_msg, data) + acc.len);
+	param.responder_resources = ev->param.conn.initiator_depth < vl->max_rd_atom
+					    ? ev->param.conn.initiator_depth
+					    : vl->max_rd_atom;
+	param.initiator_depth = 0;
+	if (rdma_accept(ev->id, &param)) {
+		hkv_warn("verbs: rdma_accept: %s", strerror(errno));
+		rdma_destroy_qp(ev->id);
+		hkv_free(ch);
+		return NULL;
+	}
+	ch->next = vl->children;
+	vl->children = ch;
+	return ch;
+}
+
+static int verbs_l_dispatch(struct hkv_listener *l)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	struct rdma_cm_event *ev;
+
+	for (int budget = 32; budget-- && !rdma_get_cm_event(vl->ec, &ev);) {
+		struct rdma_cm_id *id = ev->id;
+		enum rdma_cm_event_type type = ev->event;
+		struct verbs_child *ch = NULL;
+
+		if (type == RDMA_CM_EVENT_CONNECT_REQUEST)
+			ch = verbs_l_request(vl, ev);
+		rdma_ack_cm_event(ev);
+		switch (type) {
+		case RDMA_CM_EVENT_CONNECT_REQUEST:
+			if (!ch)
+				rdma_destroy_id(id);
+			break;
+		case RDMA_CM_EVENT_ESTABLISHED:
+			for (ch = vl->children; ch; ch = ch->next)
+				if (ch->id == id && !ch->established) {
+					ch->established = 1;
+					vl->nconns++;
+				}
+			break;
+		case RDMA_CM_EVENT_DISCONNECTED:
+		case RDMA_CM_EVENT_CONNECT_ERROR:
+		case RDMA_CM_EVENT_UNREACHABLE:
+		case RDMA_CM_EVENT_REJECTED:
+			rdma_disconnect(id);
+			verbs_child_forget(vl, id);
+			break;
+		default:
+			break;
+		}
+	}
+	return 0;
+}
+
+static void verbs_l_destroy(struct hkv_listener *l)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+
+	while (vl->children) {
+		rdma_disconnect(vl->children->id);
+		verbs_child_forget(vl, vl->children->id);
+	}
+	for (int i = HKV_ACCESS_ALL; i >= 0; i--)
+		if (vl->mrs[i])
+			ibv_dereg_mr(vl->mrs[i]);
+	if (vl->cq)
+		ibv_destroy_cq(vl->cq);
+	if (vl->pd)
+		ibv_dealloc_pd(vl->pd);
+	if (vl->id)
+		rdma_destroy_id(vl->id);
+	if (vl->devs)
+		rdma_free_devices(vl->devs);
+	if (vl->ec)
+		rdma_destroy_event_channel(vl->ec);
+	hkv_free(vl);
+}
+
+static const struct hkv_listener_ops verbs_listener_ops = {
+	.fd = verbs_l_fd,
+	.dispatch = verbs_l_dispatch,
+	.nconns = verbs_l_nconns,
+	.destroy = verbs_l_destroy,
+};
+
+static int verbs_l_bind(struct verbs_listener *vl, const struct hkv_listener_cfg *cfg)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE};
+	struct addrinfo *ai;
+	int ret;
+
+	if (getaddrinfo(cfg->host, cfg->port, &hints, &ai))
+		return -EADDRNOTAVAIL;
+	ret = rdma_bind_addr(vl->id, ai->ai_addr) || rdma_listen(vl->id, 128) ? -errno : 0;
+	freeaddrinfo(ai);
+	if (ret)
+		return ret;
+	vl->ctx = vl->id->verbs;
+	if (!vl->ctx) { /* wildcard: serve the first device */
+		int n = 0;
+
+		vl->devs = rdma_get_devices(&n);
+		if (!vl->devs || n < 1)
+			return HKV_ENODEV;
+		vl->ctx = vl->devs[0];
+	}
+	return 0;
+}
+
+struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cfg)
+{
+	struct verbs_listener *vl = hkv_calloc(1, sizeof(*vl));
+	struct ibv_device_attr dattr;
+	struct ibv_mr *mr;
+	int ret = -ENOMEM;
+
+	if (!vl)
+		goto fail;
+	vl->base.ops = &verbs_listener_ops;
+	vl->base.on_connect = cfg->on_connect;
+	vl->base.arg = cfg->arg;
+	vl->region = cfg->region;
+	vl->region_len = cfg->region_len;
+	ret = HKV_ENODEV;
+	vl->ec = rdma_create_event_channel();
+	if (!vl->ec || rdma_create_id(vl->ec, &vl->id, vl, RDMA_PS_TCP))
+		goto destroy;
+	ret = verbs_l_bind(vl, cfg);
+	if (ret)
+		goto destroy;
+	ret = -errno;
+	if (ibv_query_device(vl->ctx, &dattr) || !(vl->pd = ibv_alloc_pd(vl->ctx)))
+		goto destroy;
+	vl->max_rd_atom = (uint8_t)(dattr.max_qp_rd_atom < VERBS_RD_ATOMIC ? dattr.max_qp_rd_atom
+									     : VERBS_RD_ATOMIC);
+	if (!(mr = verbs_l_mr(vl, HKV_ACCESS_ALL)) ||
+	    !(vl->cq = ibv_create_cq(vl->ctx, 16, NULL, NULL, 0))) {
+		ret = errno ? -errno : -ENOMEM;
+		goto destroy;
+	}
+	vl->base.region.base = (uint64_t)(uintptr_t)cfg->region;
+	vl->base.region.length = cfg->region_len;
+	vl->base.region.rkey = mr->rkey;
+	vl->base.region.access = HKV_ACCESS_ALL;
+	fcntl(vl->ec->fd, F_SETFL, fcntl(vl->ec->fd, F_GETFL) | O_NONBLOCK);
+	hkv_info("verbs: listening on %s:%s, device %s, region %zu bytes rkey 0x%x",
+		 cfg->host ? cfg->host : "*", cfg->port, ibv_get_device_name(vl->ctx->device),
+		 cfg->region_len, mr->rkey);
+	return &vl->base;
+
+destroy:
+	verbs_l_destroy(&vl->base);
+fail:
+	errno = ret < 0 ? -ret : EIO;
+	return NULL;
+}

@@ -1,0 +1,69 @@
+/*
+ * hkv_test.h - a minimal test harness: CHECK macros that report file:line and
+ * count failures, a TAP-ish "ok/not ok" line per test, and the rule for the
+ * RDMA tier: exit 77 (ctest SKIP) with a reason when no RDMA device exists,
+ * unless HKV_REQUIRE_RDMA is set (CI, the Soft-RoCE guest), then fail.
+ */
+#ifndef HKV_TEST_H
+#define HKV_TEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hatchkv_err.h"
+
+extern int hkv_test_failures;
+
+#define CHECK(cond)                                                                         \
+	do {                                                                                \
+		if (!(cond)) {                                                              \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
+				#cond);                                                     \
+			hkv_test_failures++;                                                \
+			return;                                                             \
+		}                                                                           \
+	} while (0)
+
+#define CHECK_RC(expr, want)                                                                \
+	do {                                                                                \
+		int rc_ = (expr);                                                           \
+		if (rc_ != (want)) {                                                        \
+			fprintf(stderr, "%s:%d: %s returned %d (%s), wanted %d (%s)\n",     \
+				__FILE__, __LINE__, #expr, rc_, hkv_strerror(rc_), (want),  \
+				hkv_strerror(want));                                        \
+			hkv_test_failures++;                                                \
+			return;                                                             \
+		}                                                                           \
+	} while (0)
+
+#define RUN_TEST(fn)                                                                        \
+	do {                                                                                \
+		int before_ = hkv_test_failures;                                            \
+		fn();                                                                       \
+		printf("%s - %s\n", hkv_test_failures == before_ ? "ok" : "not ok", #fn);   \
+		fflush(stdout);                                                             \
+	} while (0)
+
+#define HKV_TEST_MAIN_DEFS int hkv_test_failures
+
+/* Exit 77 (skip) or 1 (required but missing) when the RDMA tier cannot run. */
+static inline void hkv_test_need_rdma(int available, const char *why)
+{
+	if (available)
+		return;
+	if (getenv("HKV_REQUIRE_RDMA")) {
+		fprintf(stderr, "FAIL: RDMA required (HKV_REQUIRE_RDMA) but %s\n", why);
+		exit(1);
+	}
+	printf("SKIP: %s (run through scripts/softroce-run for the Soft-RoCE tier)\n", why);
+	exit(77);
+}
+
+static inline int hkv_test_finish(void)
+{
+	printf("%s: %d failure(s)\n", hkv_test_failures ? "FAILED" : "PASSED", hkv_test_failures);
+	return hkv_test_failures ? 1 : 0;
+}
+
+#endif /* HKV_TEST_H */
