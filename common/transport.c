@@ -115,6 +115,10 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 		return c->error;
 	if (n <= 0)
 		return n ? -EINVAL : 0;
+	for (int i = 0; i < n; i++) /* what NICs refuse at post time, refused here for all */
+		if (wrs[i].opcode >= HKV_WR_NOPS ||
+		    (wrs[i].opcode >= HKV_WR_CAS && (wrs[i].remote_addr & 7)))
+			return -EINVAL;
 	ret = c->ops->post(c, wrs, n);
 	if (ret)
 		return ret;

@@ -165,8 +165,9 @@ static inline void hkv_conn_dereg(struct hkv_conn *c, struct hkv_mr *mr)
 
 /*
  * Post a chain of n work requests with one doorbell. The last one is always
- * signaled. Returns 0, -EAGAIN if the send queue lacks room, or the
- * connection's sticky error.
+ * signaled. Returns 0, -EAGAIN if the send queue lacks room, -EINVAL for a
+ * malformed request (bad opcode, misaligned atomic: nothing is posted and the
+ * connection stays usable), or the connection's sticky error.
  */
 int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n);
 

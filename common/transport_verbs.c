@@ -284,6 +284,8 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 	}
 	ret = ibv_post_send(v->id->qp, v->wrs, &bad);
 	if (ret)
+		hkv_debug("verbs: ibv_post_send: %s (wr %d of %d)", strerror(ret), (int)(bad - v->wrs), n);
+	if (ret)
 		return ret == ENOMEM ? -EAGAIN : -ret;
 	v->ch_tail = tail;
 	v->sq_used += n;
@@ -532,8 +534,9 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	ch->id = ev->id;
 	param.private_data = &acc;
 	param.private_data_len = (uint8_t)(offsetof(struct hkv_accept_msg, data) + acc.len);
-	param.responder_resources = ev->param.conn.initiator_depth < vl->max_rd_atom
-					    ? ev->param.conn.initiator_depth
+	/* The request event reports the peer's initiator depth as our responder side. */
+	param.responder_resources = ev->param.conn.responder_resources < vl->max_rd_atom
+					    ? ev->param.conn.responder_resources
 					    : vl->max_rd_atom;
 	param.initiator_depth = 0;
 	if (rdma_accept(ev->id, &param)) {

@@ -2,6 +2,7 @@
 #include "tests/support/rawserve.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -62,6 +63,47 @@ static void rawserve_child(const struct rawserve *rs, size_t size, int ctl, int 
 	_exit(0);
 }
 
+/*
+ * librdmacm opens every device when first used and keeps those descriptors;
+ * a forked child that inherits them may not use them (the kernel refuses
+ * "changed security contexts"), and would keep the parent's objects alive.
+ * So the server is a fresh process: fork + exec of hkv-rawserve, found next
+ * to the running executable.
+ */
+static int rawserve_exec(const struct rawserve *rs, size_t size, int ctl, int ready)
+{
+	char exe[4096], kind[4], sz[32], ctlfd[16], readyfd[16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 32);
+	char *slash;
+
+	if (n <= 0)
+		return -errno;
+	exe[n] = 0;
+	slash = strrchr(exe, '/');
+	strcpy(slash + 1, "hkv-rawserve");
+	snprintf(kind, sizeof(kind), "%d", (int)rs->kind);
+	snprintf(sz, sizeof(sz), "%zu", size);
+	snprintf(ctlfd, sizeof(ctlfd), "%d", ctl);
+	snprintf(readyfd, sizeof(readyfd), "%d", ready);
+	execl(exe, exe, kind, rs->path, rs->host, rs->port, sz, ctlfd, readyfd, (char *)NULL);
+	fprintf(stderr, "rawserve: exec %s: %s\n", exe, strerror(errno));
+	return -errno;
+}
+
+int rawserve_main(int argc, char **argv)
+{
+	struct rawserve rs = {0};
+
+	if (argc != 8)
+		return 2;
+	rs.kind = (enum hkv_transport_kind)atoi(argv[1]);
+	snprintf(rs.path, sizeof(rs.path), "%s", argv[2]);
+	snprintf(rs.host, sizeof(rs.host), "%s", argv[3]);
+	snprintf(rs.port, sizeof(rs.port), "%s", argv[4]);
+	rawserve_child(&rs, strtoull(argv[5], NULL, 10), atoi(argv[6]), atoi(argv[7]));
+	return 0;
+}
+
 int rawserve_start(struct rawserve *rs, enum hkv_transport_kind kind, size_t size)
 {
 	static int seq;
@@ -75,16 +117,18 @@ int rawserve_start(struct rawserve *rs, enum hkv_transport_kind kind, size_t siz
 	snprintf(rs->host, sizeof(rs->host), "%s", addr ? addr : "192.0.2.1");
 	snprintf(rs->port, sizeof(rs->port), "%d", 20000 + (int)(getpid() % 20000) + seq * 7);
 	seq++;
-	if (pipe(ctl) || pipe(ready))
+	if (pipe2(ctl, O_CLOEXEC) || pipe2(ready, O_CLOEXEC))
 		return -errno;
 	fflush(NULL);
 	rs->pid = fork();
 	if (rs->pid < 0)
 		return -errno;
 	if (rs->pid == 0) {
-		close(ctl[1]);
-		close(ready[0]);
-		rawserve_child(rs, size, ctl[0], ready[1]);
+		/* the child keeps its ends across exec, and only those */
+		fcntl(ctl[0], F_SETFD, 0);
+		fcntl(ready[1], F_SETFD, 0);
+		rawserve_exec(rs, size, ctl[0], ready[1]);
+		_exit(127);
 	}
 	close(ctl[0]);
 	close(ready[1]);

@@ -3,7 +3,8 @@
  * tests and the transport micro-benchmark: a zeroed region exposed through a
  * listener that accepts the hello "ok-token" (reply "welcome") and refuses
  * anything else with HKV_EAUTH. The child serves until killed or until the
- * parent closes the control pipe (or exits).
+ * parent closes the control pipe (or exits). The child is a fresh process
+ * (fork + exec of hkv-rawserve), never a bare fork: see rawserve.c.
  */
 #ifndef HKV_RAWSERVE_H
 #define HKV_RAWSERVE_H
@@ -32,5 +33,8 @@ void rawserve_conn_cfg(const struct rawserve *rs, struct hkv_conn_cfg *cfg);
 void rawserve_stop(struct rawserve *rs);
 /* SIGKILL the child (fault tests) and reap it. */
 void rawserve_kill(struct rawserve *rs);
+
+/* main() of the hkv-rawserve helper executable. */
+int rawserve_main(int argc, char **argv);
 
 #endif
