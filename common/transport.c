@@ -12,6 +12,7 @@
 
 #define HKV_DEFAULT_TIMEOUT_MS 5000
 #define WAIT_BATCH             16
+#define CHECK_AFTER_NS         (20ull * 1000000ull) /* 20 ms */
 
 enum hkv_transport_kind hkv_transport_parse(const char *name)
 {
@@ -42,28 +43,35 @@ void hkv_hello_fill(struct hkv_hello_msg *m, const struct hkv_conn_cfg *cfg)
 }
 
 void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hello, size_t len,
-			 struct hkv_accept_msg *acc, uint32_t *access)
+			 struct hkv_accept_msg *acc, uint32_t *access, uint64_t *cookie)
 {
-	size_t reply_len = 0;
+	struct hkv_accept_info info = {.access = HKV_ACCESS_ALL};
 
 	memset(acc, 0, sizeof(*acc));
 	acc->magic = HKV_CONN_MAGIC;
-	*access = HKV_ACCESS_ALL;
-	if (len < offsetof(struct hkv_hello_msg, data) || hello->magic != HKV_CONN_MAGIC ||
+	info.reply = acc->data;
+	if (!hello || len < offsetof(struct hkv_hello_msg, data) || hello->magic != HKV_CONN_MAGIC ||
 	    hello->len > HKV_HELLO_MAX || hello->len > len - offsetof(struct hkv_hello_msg, data)) {
 		acc->status = HKV_EPROTO;
 		return;
 	}
 	if (l->on_connect)
-		acc->status = l->on_connect(l->arg, hello->data, hello->len, acc->data, &reply_len,
-					    access);
-	if (reply_len > HKV_REPLY_MAX)
+		acc->status = l->on_connect(l->arg, hello->data, hello->len, &info);
+	if (info.reply_len > HKV_REPLY_MAX)
 		acc->status = -EOVERFLOW;
 	if (acc->status)
-		reply_len = 0;
-	acc->len = (uint16_t)reply_len;
+		info.reply_len = 0;
+	acc->len = (uint16_t)info.reply_len;
 	acc->region = l->region;
-	acc->region.access = *access;
+	acc->region.access = info.access;
+	*access = info.access;
+	*cookie = info.cookie;
+}
+
+void hkv_listener_gone(struct hkv_listener *l, uint64_t cookie)
+{
+	if (l->on_disconnect)
+		l->on_disconnect(l->arg, cookie);
 }
 
 struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, size_t *reply_len)
@@ -141,7 +149,7 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 {
-	uint64_t deadline = 0;
+	uint64_t start = 0, now, last_check = 0;
 	struct hkv_wc tmp[WAIT_BATCH];
 	int got = 0, first_err = 0;
 	unsigned spins = 0;
@@ -162,12 +170,20 @@ int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 			return c->error = first_err;
 		if (n || ++spins % 1024)
 			continue;
-		if (!deadline)
-			deadline = hkv_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
-		else if (hkv_now_ns() > deadline)
+		/* Idle: read the clock now and then; only after a quiet spell ask
+		 * the backend (a system call) whether the peer is gone. */
+		now = hkv_now_ns();
+		if (!start) {
+			start = now;
+			continue;
+		}
+		if (now - start > (uint64_t)c->timeout_ms * 1000000ull)
 			return c->error = HKV_ETIMEDOUT;
-		if (c->ops->check && (n = c->ops->check(c)))
-			return c->error = n;
+		if (now - start > CHECK_AFTER_NS && now - last_check > CHECK_AFTER_NS) {
+			last_check = now;
+			if (c->ops->check && (n = c->ops->check(c)))
+				return c->error = n;
+		}
 	}
 	return 0;
 }

@@ -196,13 +196,24 @@ static inline const struct hkv_region_desc *hkv_conn_region(const struct hkv_con
 
 struct hkv_listener;
 
+/* What on_connect decides about one connect request. */
+struct hkv_accept_info {
+	void *reply;      /* HKV_REPLY_MAX bytes to fill; set reply_len */
+	size_t reply_len; /* out: 0 by default */
+	uint32_t access;  /* out: HKV_ACCESS_* rights granted (default all) */
+	uint64_t cookie;  /* out: handed back to on_disconnect */
+};
+
 /*
  * Called for every connect request with the client's hello blob. Return 0 to
- * accept (optionally filling reply and *reply_len <= HKV_REPLY_MAX, and *access
- * with the HKV_ACCESS_* rights to grant, default all) or <0 to reject.
+ * accept (filling *out as wanted) or <0 (an HKV_E* code) to reject; the code
+ * reaches the client as errno of hkv_conn_open().
  */
-typedef int (*hkv_on_connect_fn)(void *arg, const void *hello, size_t hello_len, void *reply,
-				 size_t *reply_len, uint32_t *access);
+typedef int (*hkv_on_connect_fn)(void *arg, const void *hello, size_t hello_len,
+				 struct hkv_accept_info *out);
+/* Called once when an accepted connection is gone (closed, failed, or the
+ * peer died); after it returns, nothing from that peer can reach the region. */
+typedef void (*hkv_on_disconnect_fn)(void *arg, uint64_t cookie);
 
 struct hkv_listener_cfg {
 	enum hkv_transport_kind kind;
@@ -213,6 +224,7 @@ struct hkv_listener_cfg {
 	size_t region_len;
 	int region_fd; /* ... and its memfd (shm hands it to clients) */
 	hkv_on_connect_fn on_connect;
+	hkv_on_disconnect_fn on_disconnect;
 	void *arg;
 };
 

@@ -57,6 +57,7 @@ struct hkv_listener {
 	const struct hkv_listener_ops *ops;
 	struct hkv_region_desc region;
 	hkv_on_connect_fn on_connect;
+	hkv_on_disconnect_fn on_disconnect;
 	void *arg;
 };
 
@@ -67,7 +68,9 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 
 /* Fill an accept message by asking the listener's on_connect callback. */
 void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hello, size_t len,
-			 struct hkv_accept_msg *acc, uint32_t *access);
+			 struct hkv_accept_msg *acc, uint32_t *access, uint64_t *cookie);
+/* Tell the owner an accepted connection is gone. */
+void hkv_listener_gone(struct hkv_listener *l, uint64_t cookie);
 void hkv_hello_fill(struct hkv_hello_msg *m, const struct hkv_conn_cfg *cfg);
 
 static inline uint64_t hkv_now_ns(void)

@@ -322,6 +322,7 @@ err_errno:
 struct shm_client {
 	int fd;
 	int accepted;
+	uint64_t cookie;
 };
 
 struct shm_listener {
@@ -344,8 +345,10 @@ static int shm_l_nconns(const struct hkv_listener *l)
 
 static void shm_drop_client(struct shm_listener *sl, int fd)
 {
-	if (sl->clients[fd].accepted)
+	if (sl->clients[fd].accepted) {
 		sl->nconns--;
+		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
+	}
 	sl->clients[fd].fd = -1;
 	sl->clients[fd].accepted = 0;
 	sl->nclients--;
@@ -421,7 +424,7 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 		shm_drop_client(sl, fd);
 		return;
 	}
-	hkv_listener_answer(&sl->base, &hello, (size_t)n, &acc, &access);
+	hkv_listener_answer(&sl->base, &hello, (size_t)n, &acc, &access, &sl->clients[fd].cookie);
 	if (!acc.status && (rfd = shm_fd_for(sl, access)) < 0)
 		acc.status = -errno;
 	if (shm_send_accept(fd, &acc, acc.status ? -1 : rfd) || acc.status) {
@@ -497,6 +500,7 @@ struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
 		sl->clients[i].fd = -1;
 	sl->base.ops = &shm_listener_ops;
 	sl->base.on_connect = cfg->on_connect;
+	sl->base.on_disconnect = cfg->on_disconnect;
 	sl->base.arg = cfg->arg;
 	sl->base.region.base = (uint64_t)(uintptr_t)cfg->region;
 	sl->base.region.length = cfg->region_len;

@@ -430,6 +430,7 @@ fail:
 struct verbs_child {
 	struct rdma_cm_id *id;
 	int established;
+	uint64_t cookie;
 	struct verbs_child *next;
 };
 
@@ -485,8 +486,9 @@ static void verbs_child_forget(struct verbs_listener *vl, struct rdma_cm_id *id)
 		*pp = ch->next;
 		if (ch->established)
 			vl->nconns--;
-		rdma_destroy_qp(id);
+		rdma_destroy_qp(id); /* from here on, nothing of this peer lands */
 		rdma_destroy_id(id);
+		hkv_listener_gone(&vl->base, ch->cookie);
 		hkv_free(ch);
 		return;
 	}
@@ -511,10 +513,11 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	struct hkv_accept_msg acc;
 	struct verbs_child *ch;
 	struct ibv_mr *mr;
+	uint64_t cookie = 0;
 	uint32_t access;
 
 	hkv_listener_answer(&vl->base, ev->param.conn.private_data,
-			    ev->param.conn.private_data_len, &acc, &access);
+			    ev->param.conn.private_data_len, &acc, &access, &cookie);
 	if (!acc.status && ev->id->verbs != vl->ctx)
 		acc.status = HKV_ENODEV;
 	if (!acc.status && !(mr = verbs_l_mr(vl, access)))
@@ -532,6 +535,7 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 		return NULL;
 	}
 	ch->id = ev->id;
+	ch->cookie = cookie;
 	param.private_data = &acc;
 	param.private_data_len = (uint8_t)(offsetof(struct hkv_accept_msg, data) + acc.len);
 	/* The request event reports the peer's initiator depth as our responder side. */
@@ -656,6 +660,7 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 		goto fail;
 	vl->base.ops = &verbs_listener_ops;
 	vl->base.on_connect = cfg->on_connect;
+	vl->base.on_disconnect = cfg->on_disconnect;
 	vl->base.arg = cfg->arg;
 	vl->region = cfg->region;
 	vl->region_len = cfg->region_len;

@@ -13,13 +13,13 @@
 
 #include "common/region.h"
 
-static int rawserve_on_connect(void *arg, const void *hello, size_t len, void *reply,
-			       size_t *reply_len, uint32_t *access)
+static int rawserve_on_connect(void *arg, const void *hello, size_t len,
+			       struct hkv_accept_info *out)
 {
 	if (len != strlen(RAWSERVE_TOKEN) || memcmp(hello, RAWSERVE_TOKEN, len))
 		return HKV_EAUTH;
-	memcpy(reply, RAWSERVE_REPLY, sizeof(RAWSERVE_REPLY));
-	*reply_len = sizeof(RAWSERVE_REPLY);
+	memcpy(out->reply, RAWSERVE_REPLY, sizeof(RAWSERVE_REPLY));
+	out->reply_len = sizeof(RAWSERVE_REPLY);
 	return 0;
 }
 

@@ -1,0 +1,157 @@
+/*
+ * client_int.h - inside a hatchkv client handle. Not installed.
+ *
+ * A handle = one transport connection + one registered scratch arena +
+ * the location cache (cache.c) + the block allocator (alloc.c). Operations
+ * (ops.c) build chains of work requests over these; every chain posted and
+ * waited for is one round trip.
+ *
+ * Scratch arena (registered once, carved at open):
+ *   bkt   4 x 64 B    bucket reads: [b1, b2] and the re-read after an insert
+ *   atom  64 x 8 B    atomic results
+ *   rblk  read_cap    block reads (cold candidates, warm reads, mget)
+ *   wblk  max_block   the block being written
+ *   scr   scr_cap     segment table / bitmap / adoption reads
+ */
+#ifndef HKV_CLIENT_INT_H
+#define HKV_CLIENT_INT_H
+
+#include <stdint.h>
+
+#include "common/layout.h"
+#include "common/transport.h"
+#include "hatchkv.h"
+
+#define HKV_QUARANTINE_NS   (2ull * 1000000ull)  /* a freed block rests 2 ms */
+#define HKV_CACHE_MAX_AGE_NS (1000ull * 1000000ull) /* trust a location 1 s */
+#define HKV_MAX_RETRIES     64
+#define HKV_MAX_SERVERS     8
+#define HKV_PENDING_FREES   64
+
+struct hkv_config {
+	char *servers[HKV_MAX_SERVERS];
+	int nservers;
+	char *token, *token_file;
+	int timeout_ms;
+	size_t max_value;
+	size_t cache_entries;
+};
+
+/* ---- location cache (cache.c) ---------------------------------------------- */
+
+struct hkv_loc {
+	uint64_t hash;      /* full key hash; 0 = empty entry */
+	uint64_t slot_addr; /* remote address of the index slot */
+	uint64_t slot;      /* slot value when last seen */
+	uint32_t gen;       /* generation of the block it points to */
+	uint32_t blen;      /* header + key + value bytes of that block */
+	uint64_t stamp_ns;  /* when it was last confirmed */
+};
+
+struct hkv_cache {
+	struct hkv_loc *e;
+	uint64_t mask; /* entries - 1; e == NULL when disabled */
+};
+
+int hkv_cache_init(struct hkv_cache *lc, size_t entries);
+void hkv_cache_fini(struct hkv_cache *lc);
+/* The entry for hash if present and young enough, else NULL. */
+struct hkv_loc *hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now);
+void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc);
+void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
+
+/* ---- allocator (alloc.c) ------------------------------------------------------ */
+
+struct hkv_seg_own {
+	uint32_t idx, cls, nblocks;
+	uint32_t carved;  /* blocks [0, carved) handed out at least once */
+	uint32_t *gen;    /* per block: generation last written */
+	struct hkv_seg_own *next;
+};
+
+struct hkv_free_block {
+	uint32_t seg, blk;
+	uint64_t ready_ns;
+};
+
+struct hkv_class_alloc {
+	struct hkv_seg_own *segs;
+	struct hkv_free_block *fifo;
+	uint32_t head, tail, cap; /* ring; cap is a power of two */
+	uint64_t last_harvest_ns;
+};
+
+struct hkv_pending_free {
+	uint64_t word_addr; /* remote bitmap word */
+	uint64_t bit;
+};
+
+/* ---- the handle ---------------------------------------------------------- */
+
+struct hkv_client {
+	struct hkv_conn *conn;
+	struct hkv_geometry g; /* validated copy of the region header */
+	uint64_t base;         /* remote address of region offset 0 */
+	uint32_t rkey;
+	uint32_t client_id;
+	int timeout_ms;
+	size_t max_value;
+	uint32_t max_block; /* largest block this handle writes or reads */
+
+	uint8_t *arena;
+	size_t arena_len;
+	struct hkv_mr *mr;
+	uint8_t *bkt;
+	uint64_t *atom;
+	uint8_t *rblk, *wblk, *scr;
+	size_t read_cap, scr_cap;
+
+	struct hkv_cache cache;
+	struct hkv_seg_own **owned; /* by segment index */
+	struct hkv_class_alloc *classes;
+	struct hkv_pending_free pending[HKV_PENDING_FREES];
+	int npending;
+	uint64_t rng;
+
+	struct hkv_client_stats stats;
+};
+
+static inline uint64_t hkv_raddr(const struct hkv_client *c, uint64_t off)
+{
+	return c->base + off;
+}
+
+/* Is [off, off+len) a whole block inside one segment of the data area? */
+static inline int hkv_block_range_ok(const struct hkv_geometry *g, uint64_t off, uint64_t len)
+{
+	uint64_t end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
+
+	return off >= g->data_off && off % HKV_BLOCK_ALIGN == 0 && len <= g->seg_size &&
+	       off + len <= end && (off - g->data_off) % g->seg_size + len <= g->seg_size;
+}
+
+/* Run a chain and wait: one round trip. Fails the handle's connection on error. */
+int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n);
+struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint32_t len);
+struct hkv_wr hkv_wr_write(struct hkv_client *c, const void *local, uint64_t off, uint32_t len);
+struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t expect,
+			 uint64_t swap);
+struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add);
+
+/* Allocate a block of class cls: its region offset and the generation to write. */
+int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen);
+/* The block at off (class cls) is no longer referenced: return it to its owner. */
+void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls);
+/* A block allocated but never published: give it back locally. */
+void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls);
+/* Append up to max pending frees (unsignaled FAAs) to a chain; returns count. */
+int hkv_take_frees(struct hkv_client *c, struct hkv_wr *wrs, int max);
+int hkv_flush_frees(struct hkv_client *c);
+int hkv_alloc_init(struct hkv_client *c);
+/* Give every block this handle holds back to the shared pool (at close). */
+void hkv_alloc_release(struct hkv_client *c);
+void hkv_alloc_fini(struct hkv_client *c);
+
+uint64_t hkv_rand(struct hkv_client *c);
+
+#endif /* HKV_CLIENT_INT_H */

@@ -1,0 +1,328 @@
+/*
+ * connect.c - opening and closing a handle:
+ *   1. control plane (TCP or unix socket): AUTH with the token, get WELCOME
+ *      (client id, one-time ticket, data endpoint);
+ *   2. data plane: transport connection whose hello redeems the ticket; its
+ *      accept carries the region's address and rkey;
+ *   3. one RDMA Read of the region header, validated (magic, crc, version,
+ *      sizes) before anything else is trusted;
+ *   4. the registered scratch arena, location cache and allocator.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+#include "common/ctl_proto.h"
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+#include "common/token.h"
+#include "common/transport_int.h"
+
+struct endpoint {
+	enum hkv_transport_kind kind;
+	char host[256], port[16], path[108];
+};
+
+static int parse_uri(const char *uri, struct endpoint *ep)
+{
+	const char *colon;
+
+	memset(ep, 0, sizeof(*ep));
+	if (!strncmp(uri, "shm:", 4)) {
+		ep->kind = HKV_TRANSPORT_SHM;
+		if (strlen(uri + 4) >= sizeof(ep->path) || !uri[4])
+			return -EINVAL;
+		strcpy(ep->path, uri + 4);
+		return 0;
+	}
+	if (strncmp(uri, "verbs://", 8))
+		return -EINVAL;
+	ep->kind = HKV_TRANSPORT_VERBS;
+	uri += 8;
+	colon = strrchr(uri, ':');
+	if (!colon || colon == uri || (size_t)(colon - uri) >= sizeof(ep->host) ||
+	    strlen(colon + 1) >= sizeof(ep->port) || !colon[1])
+		return -EINVAL;
+	memcpy(ep->host, uri, (size_t)(colon - uri));
+	strcpy(ep->port, colon + 1);
+	return 0;
+}
+
+static int wait_fd(int fd, short events, int timeout_ms)
+{
+	struct pollfd p = {.fd = fd, .events = events};
+	int n = poll(&p, 1, timeout_ms);
+
+	return n > 0 ? 0 : n == 0 ? HKV_ETIMEDOUT : -errno;
+}
+
+static int ctl_socket(const struct endpoint *ep, int timeout_ms)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+	int fd, ret = 0, err = 0;
+	socklen_t elen = sizeof(err);
+
+	if (ep->kind == HKV_TRANSPORT_SHM) {
+		strcpy(sun.sun_path, ep->path);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		if (connect(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+			ret = -errno;
+			close(fd);
+			return ret;
+		}
+		return fd;
+	}
+	if (getaddrinfo(ep->host, ep->port, &hints, &ai))
+		return -EHOSTUNREACH;
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		freeaddrinfo(ai);
+		return -errno;
+	}
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)
+		ret = -errno;
+	freeaddrinfo(ai);
+	if (!ret)
+		ret = wait_fd(fd, POLLOUT, timeout_ms);
+	if (!ret && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) || err))
+		ret = -err;
+	if (!ret)
+		ret = fcntl(fd, F_SETFL, 0) ? -errno : 0;
+	if (ret) {
+		close(fd);
+		return ret;
+	}
+	return fd;
+}
+
+static int read_full(int fd, void *buf, size_t len, int timeout_ms)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n;
+		int ret = wait_fd(fd, POLLIN, timeout_ms);
+
+		if (ret)
+			return ret;
+		n = read(fd, p, len);
+		if (n <= 0)
+			return n < 0 ? -errno : HKV_EDISCONNECTED;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* AUTH on the control plane; fills the welcome or returns the refusal. */
+static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms,
+		    struct hkv_ctl_welcome *w)
+{
+	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				.type = HKV_CTL_AUTH, .len = (uint32_t)strlen(token)};
+	char msg[HKV_CTL_BODY_MAX + 1];
+	int fd = ctl_socket(ep, timeout_ms), ret;
+
+	if (fd < 0)
+		return fd;
+	if (write(fd, &h, sizeof(h)) != sizeof(h) || write(fd, token, h.len) != (ssize_t)h.len) {
+		ret = -errno;
+		goto out;
+	}
+	ret = read_full(fd, &h, sizeof(h), timeout_ms);
+	if (ret)
+		goto out;
+	if (h.magic != HKV_CTL_MAGIC || h.version != HKV_CTL_VERSION || h.len > HKV_CTL_BODY_MAX) {
+		ret = HKV_EPROTO;
+		goto out;
+	}
+	ret = read_full(fd, msg, h.len, timeout_ms);
+	if (ret)
+		goto out;
+	if (h.type == HKV_CTL_ERROR) {
+		msg[h.len] = 0;
+		hkv_debug("client: server refused: %s", msg);
+		ret = h.status < 0 ? h.status : HKV_EPROTO;
+	} else if (h.type != HKV_CTL_WELCOME || h.len != sizeof(*w)) {
+		ret = HKV_EPROTO;
+	} else {
+		memcpy(w, msg, sizeof(*w));
+		w->data_endpoint[sizeof(w->data_endpoint) - 1] = 0;
+	}
+out:
+	close(fd);
+	return ret;
+}
+
+static int open_data(struct hkv_client *c, const struct endpoint *ep,
+		     const struct hkv_ctl_welcome *w)
+{
+	struct hkv_data_hello hello = {.client_id = w->client_id};
+	struct hkv_conn_cfg cc = {
+		.kind = ep->kind,
+		.host = ep->host,
+		.port = w->data_endpoint,
+		.path = w->data_endpoint,
+		.hello = &hello,
+		.hello_len = sizeof(hello),
+		.timeout_ms = c->timeout_ms,
+		.sq_depth = 256,
+	};
+
+	if (w->transport != ep->kind)
+		return HKV_EPROTO;
+	memcpy(hello.ticket, w->ticket, HKV_TICKET_LEN);
+	c->conn = hkv_conn_open(&cc, NULL, NULL);
+	if (!c->conn)
+		return -errno;
+	c->client_id = w->client_id;
+	c->base = hkv_conn_region(c->conn)->base;
+	c->rkey = hkv_conn_region(c->conn)->rkey;
+	return 0;
+}
+
+/* One READ of the header; trust nothing in it until it validates. */
+static int read_geometry(struct hkv_client *c)
+{
+	struct hkv_geometry *g = hkv_aligned_alloc(64, sizeof(*g));
+	struct hkv_mr *mr;
+	struct hkv_wr wr;
+	int ret;
+
+	if (!g)
+		return -ENOMEM;
+	mr = hkv_conn_reg(c->conn, g, sizeof(*g));
+	if (!mr) {
+		hkv_free(g);
+		return -errno;
+	}
+	wr = (struct hkv_wr){.opcode = HKV_WR_READ, .local = g, .mr = mr, .remote_addr = c->base,
+			     .rkey = c->rkey, .length = sizeof(*g)};
+	ret = hkv_conn_exec(c->conn, &wr, 1);
+	if (!ret)
+		ret = hkv_geometry_check(g, hkv_conn_region(c->conn)->length);
+	if (!ret)
+		c->g = *g;
+	hkv_conn_dereg(c->conn, mr);
+	hkv_free(g);
+	return ret;
+}
+
+static int setup_arena(struct hkv_client *c, size_t max_value)
+{
+	const struct hkv_geometry *g = &c->g;
+	int cls = hkv_class_for(g, (uint32_t)(HKV_BLOCK_HDR + HKV_MAX_KEY + max_value));
+	size_t off = 0;
+
+	c->max_block = cls < 0 ? g->class_size[g->nclasses - 1] : g->class_size[cls];
+	c->max_value = c->max_block - HKV_BLOCK_HDR - HKV_MAX_KEY;
+	if (c->max_value > max_value)
+		c->max_value = max_value;
+	c->read_cap = 2 * (size_t)c->max_block < (64u << 10) ? (64u << 10) : 2 * (size_t)c->max_block;
+	c->scr_cap = (size_t)g->nsegs * 8 > g->bitmap_bytes ? (size_t)g->nsegs * 8 : g->bitmap_bytes;
+	c->arena_len = 4 * HKV_BUCKET_SIZE + 64 * 8 + c->read_cap + c->max_block + c->scr_cap;
+	c->arena = hkv_aligned_alloc(4096, c->arena_len);
+	if (!c->arena)
+		return -ENOMEM;
+	memset(c->arena, 0, c->arena_len);
+	c->mr = hkv_conn_reg(c->conn, c->arena, c->arena_len);
+	if (!c->mr)
+		return -errno;
+	c->bkt = c->arena + off;
+	off += 4 * HKV_BUCKET_SIZE;
+	c->atom = (uint64_t *)(c->arena + off);
+	off += 64 * 8;
+	c->rblk = c->arena + off;
+	off += c->read_cap;
+	c->wblk = c->arena + off;
+	off += c->max_block;
+	c->scr = c->arena + off;
+	return 0;
+}
+
+static int load_token(const struct hkv_config *cfg, char *tok, size_t cap)
+{
+	if (cfg->token) {
+		if (strlen(cfg->token) >= cap || strlen(cfg->token) < HKV_TOKEN_MIN)
+			return HKV_EAUTH;
+		strcpy(tok, cfg->token);
+		return 0;
+	}
+	if (!cfg->token_file)
+		return -EINVAL;
+	return hkv_token_load(cfg->token_file, tok, cap, 0) < 0 ? HKV_EAUTH : 0;
+}
+
+HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
+{
+	char token[HKV_TOKEN_MAX + 1];
+	struct hkv_ctl_welcome w;
+	struct endpoint ep;
+	struct hkv_client *c;
+	int ret;
+
+	*out = NULL;
+	if (cfg->nservers == 0)
+		return -EINVAL;
+	if (cfg->nservers > 1)
+		return -ENOTSUP; /* sharding across servers: not in this version */
+	ret = parse_uri(cfg->servers[0], &ep);
+	if (ret)
+		return ret;
+	ret = load_token(cfg, token, sizeof(token));
+	if (ret)
+		return ret;
+	c = hkv_calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->timeout_ms = cfg->timeout_ms;
+	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
+	ret = ctl_auth(&ep, token, cfg->timeout_ms, &w);
+	if (!ret)
+		ret = open_data(c, &ep, &w);
+	if (!ret)
+		ret = read_geometry(c);
+	if (!ret)
+		ret = setup_arena(c, cfg->max_value);
+	if (!ret)
+		ret = hkv_cache_init(&c->cache, cfg->cache_entries);
+	if (!ret)
+		ret = hkv_alloc_init(c);
+	if (ret) {
+		hkv_close(c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+}
+
+HKV_EXPORT void hkv_close(struct hkv_client *c)
+{
+	if (!c)
+		return;
+	if (c->conn && !c->conn->error && c->classes)
+		hkv_alloc_release(c);
+	hkv_alloc_fini(c);
+	hkv_cache_fini(&c->cache);
+	if (c->conn) {
+		hkv_conn_dereg(c->conn, c->mr);
+		hkv_conn_close(c->conn);
+	}
+	hkv_free(c->arena);
+	hkv_free(c);
+}
+
+HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out)
+{
+	*out = c->stats;
+}

@@ -1,0 +1,1007 @@
+/*
+ * ops.c - the key-value operations, each a few chains of one-sided work
+ * requests. docs/design.md has the round-trip table and the concurrency
+ * argument; the short version:
+ *
+ *  find   warm: READ block (cached location)            1 RT, valid if LIVE+gen
+ *         cold: READ b1,b2 | READ candidate block(s)    2 RT
+ *  update [WRITE new block, CAS old meta LIVE->OBSOLETE, CAS slot old->new]
+ *                                                        1 RT (+ find if cold)
+ *  insert [WRITE new block, CAS empty slot 0->new, READ b1,b2 again]
+ *                                                        1 RT after the cold find
+ *  delete [CAS old meta LIVE->OBSOLETE, CAS slot old->0] 1 RT (+ find if cold)
+ *
+ * A block is written out of place and never changes while its generation
+ * stands; a reader that sees it LIVE with the generation it expects knows
+ * the slot still pointed at it when its READ ran, because every writer marks
+ * the old block OBSOLETE before (same queue pair, in order) it swings the
+ * slot away.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_int.h"
+#include "common/log.h"
+#include "common/transport_int.h"
+
+#define MAX_CANDIDATES 4
+#define CANON_SLOTS    (2 * HKV_BUCKET_SLOTS)
+#define REL_EXPTIME_MAX (60 * 60 * 24 * 30) /* memcached: up to 30 days is relative */
+
+/* ---- work request helpers --------------------------------------------------- */
+
+struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint32_t len)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_READ, .local = local, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .length = len};
+}
+
+struct hkv_wr hkv_wr_write(struct hkv_client *c, const void *local, uint64_t off, uint32_t len)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_WRITE, .local = (void *)local, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .length = len};
+}
+
+struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t expect,
+			 uint64_t swap)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_CAS, .local = res, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey,
+			       .compare_add = expect, .swap = swap};
+}
+
+struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_FAA, .local = res, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .compare_add = add};
+}
+
+int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)
+{
+	return hkv_conn_exec(c->conn, wrs, n);
+}
+
+/* ---- keys, items, time ------------------------------------------------------- */
+
+struct key {
+	const void *p;
+	uint16_t len;
+	uint64_t h, b[2];
+	uint32_t fp;
+};
+
+struct item {
+	uint64_t slot_off; /* region offset of the index slot */
+	uint64_t slot;     /* slot value as read */
+	uint64_t blk_off;
+	uint32_t cls, gen;
+	uint8_t *blk; /* local copy */
+	uint32_t blen;
+	int pos; /* canonical position in the two buckets; -1 from the cache */
+	enum hkv_block_state state;
+};
+
+/* What the last cold find saw of the two buckets: slots in canonical order. */
+struct view {
+	uint64_t slot[CANON_SLOTS];
+};
+
+static int key_init(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	if (!key || klen == 0 || klen > HKV_MAX_KEY)
+		return klen > HKV_MAX_KEY ? HKV_ETOOBIG : -EINVAL;
+	k->p = key;
+	k->len = (uint16_t)klen;
+	k->h = hkv_hash64(key, klen);
+	k->h += !k->h; /* 0 marks an empty cache entry */
+	k->fp = hkv_fp_of(k->h);
+	hkv_buckets_of(&c->g, k->h, &k->b[0], &k->b[1]);
+	return 0;
+}
+
+static uint64_t slot_off_of(const struct hkv_client *c, const struct key *k, int pos)
+{
+	return c->g.index_off + k->b[pos / HKV_BUCKET_SLOTS] * HKV_BUCKET_SIZE +
+	       (uint64_t)(pos % HKV_BUCKET_SLOTS) * 8;
+}
+
+static uint32_t now_unix(void)
+{
+	return (uint32_t)time(NULL);
+}
+
+/* memcached's exptime rules -> absolute Unix seconds (0 = never). */
+static uint32_t abs_exptime(int64_t exptime)
+{
+	if (exptime == 0)
+		return 0;
+	if (exptime < 0)
+		return 1; /* long past: expired at once */
+	if (exptime <= REL_EXPTIME_MAX)
+		return now_unix() + (uint32_t)exptime;
+	return exptime > UINT32_MAX ? UINT32_MAX : (uint32_t)exptime;
+}
+
+static const struct hkv_block_hdr *item_hdr(const struct item *it)
+{
+	return (const struct hkv_block_hdr *)it->blk;
+}
+
+static int item_expired(const struct item *it)
+{
+	uint32_t e = item_hdr(it)->exptime;
+
+	return e && e <= now_unix();
+}
+
+static uint64_t item_version(const struct item *it)
+{
+	return (it->blk_off / HKV_BLOCK_ALIGN) << 28 | (it->gen & 0xfffffff);
+}
+
+static uint64_t meta_live(const struct item *it)
+{
+	return hkv_meta_make(HKV_BLK_LIVE, it->cls, it->gen);
+}
+
+static void remember(struct hkv_client *c, const struct key *k, const struct item *it)
+{
+	struct hkv_loc loc = {.hash = k->h, .slot_addr = it->slot_off, .slot = it->slot,
+			      .gen = it->gen, .blen = it->blen, .stamp_ns = hkv_now_ns()};
+
+	hkv_cache_put(&c->cache, &loc);
+}
+
+/* Does a slot point at a plausible block? Garbage never leads to a bad READ. */
+static int slot_sane(const struct hkv_client *c, uint64_t s)
+{
+	uint32_t cls = hkv_slot_class(s);
+
+	return cls < c->g.nclasses &&
+	       hkv_block_range_ok(&c->g, hkv_slot_off(s), c->g.class_size[cls]);
+}
+
+/* ---- finding a key ---------------------------------------------------------- */
+
+/* Fill it from a validated block copy at blk (avail bytes). */
+static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, uint64_t slot,
+			    int pos)
+{
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+
+	it->slot_off = slot_off;
+	it->slot = slot;
+	it->blk_off = hkv_slot_off(slot);
+	it->cls = hkv_slot_class(slot);
+	it->gen = hkv_meta_gen(h->meta);
+	it->state = hkv_meta_state(h->meta);
+	it->blk = blk;
+	it->blen = HKV_BLOCK_HDR + h->klen + h->vlen;
+	it->pos = pos;
+}
+
+/* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
+static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
+{
+	struct hkv_loc *loc = hkv_cache_find(&c->cache, k->h, hkv_now_ns());
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
+	struct hkv_wr wr;
+	int ret;
+
+	if (!loc) {
+		c->stats.cache_misses++;
+		return 1;
+	}
+	if (!slot_sane(c, loc->slot) || loc->blen > c->g.class_size[hkv_slot_class(loc->slot)] ||
+	    loc->blen > c->read_cap) {
+		hkv_cache_drop(&c->cache, k->h);
+		return 1;
+	}
+	wr = hkv_wr_read(c, c->rblk, hkv_slot_off(loc->slot), loc->blen);
+	ret = hkv_exec(c, &wr, 1);
+	if (ret)
+		return ret;
+	if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_gen(h->meta) != loc->gen ||
+	    hkv_meta_class(h->meta) != hkv_slot_class(loc->slot) ||
+	    hkv_block_check(&c->g, c->rblk, loc->blen, k->p, k->len) ||
+	    HKV_BLOCK_HDR + h->klen + h->vlen != loc->blen) {
+		hkv_cache_drop(&c->cache, k->h); /* replaced, reused or torn: ask the index */
+		c->stats.cache_misses++;
+		return 1;
+	}
+	item_from_block(it, c->rblk, loc->slot_addr, loc->slot, -1);
+	loc->stamp_ns = hkv_now_ns();
+	c->stats.cache_hits++;
+	return 0;
+}
+
+/*
+ * Cold find: READ both buckets (after any `lead` requests, e.g. the WRITE of
+ * a new block), then the blocks of slots whose fingerprint matches, and take
+ * the first in canonical order that holds the key with the generation its
+ * slot names. Fills *v with what the buckets held. 0 found, HKV_ENOTFOUND.
+ */
+static int find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
+		     struct hkv_wr *lead, int nlead)
+{
+	for (int attempt = 0;; attempt++) {
+		struct hkv_wr wrs[MAX_CANDIDATES + 4];
+		int cand[CANON_SLOTS], ncand = 0, n = 0, torn = 0, ret;
+		size_t used = 0;
+
+		for (int i = 0; i < nlead; i++)
+			wrs[n++] = lead[i];
+		nlead = 0; /* the lead requests go out once */
+		wrs[n++] = hkv_wr_read(c, c->bkt, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+		wrs[n++] = hkv_wr_read(c, c->bkt + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
+				       HKV_BUCKET_SIZE);
+		ret = hkv_exec(c, wrs, n);
+		if (ret)
+			return ret;
+		memcpy(v->slot, c->bkt, sizeof(v->slot));
+		for (int p = 0; p < CANON_SLOTS; p++)
+			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
+				cand[ncand++] = p;
+		if (!ncand)
+			return HKV_ENOTFOUND;
+		n = 0;
+		for (int i = 0; i < ncand && n < MAX_CANDIDATES; i++) {
+			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[i]])];
+
+			if (used + sz > c->read_cap)
+				break;
+			wrs[n++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[i]]), sz);
+			used += sz;
+		}
+		ret = hkv_exec(c, wrs, n);
+		if (ret)
+			return ret;
+		used = 0;
+		for (int i = 0; i < n; i++) {
+			uint64_t s = v->slot[cand[i]];
+			uint8_t *blk = c->rblk + used;
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
+			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
+
+			used += sz;
+			if (chk == HKV_ENOTFOUND)
+				continue; /* another key with the same fingerprint */
+			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
+			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
+				torn++; /* being rewritten, reused since, or garbage */
+				continue;
+			}
+			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
+			if (it->state == HKV_BLK_LIVE)
+				remember(c, k, it);
+			return 0;
+		}
+		if (!torn && ncand <= n)
+			return HKV_ENOTFOUND;
+		if (attempt >= 8) {
+			/* A slot whose block never validates is garbage, not our key. */
+			c->stats.corrupt_reads += (uint64_t)torn;
+			return HKV_ENOTFOUND;
+		}
+		c->stats.op[HKV_OP_GET].retries++;
+	}
+}
+
+static int find(struct hkv_client *c, const struct key *k, struct item *it, struct view *v)
+{
+	int ret = find_warm(c, k, it);
+
+	return ret <= 0 ? ret : find_cold(c, k, it, v, NULL, 0);
+}
+
+/* ---- publishing --------------------------------------------------------------- */
+
+#define CONFLICT 1 /* internal: lost a race, look again */
+#define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
+
+static int append_frees(struct hkv_client *c, struct hkv_wr *wrs, int n)
+{
+	return n + hkv_take_frees(c, wrs + n, 4);
+}
+
+/* The old block's mark did not apply: it was reused (ABA on the slot) or is
+ * being replaced by someone else. If we nevertheless won the slot and the
+ * block is LIVE, mark it now so no warm reader takes it as current. */
+static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t seen)
+{
+	struct hkv_wr wr;
+
+	if (hkv_meta_state(seen) != HKV_BLK_LIVE)
+		return;
+	hkv_warn("client %u: block 0x%llx reused under a slot (ABA); marking it", c->client_id,
+		 (unsigned long long)old->blk_off);
+	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen,
+			(seen & ~3ull) | HKV_BLK_OBSOLETE);
+	hkv_exec(c, &wr, 1);
+}
+
+/*
+ * [WRITE new block?, frees, CAS old meta LIVE->OBSOLETE, CAS slot old->new].
+ * 0 when the slot swung to new (old block freed), CONFLICT, or <0.
+ */
+static int publish_replace(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+			   uint32_t blen, int with_write)
+{
+	struct hkv_wr wrs[8];
+	int n = 0, ret;
+
+	if (with_write)
+		wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(new_slot), blen);
+	n = append_frees(c, wrs, n);
+	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
+			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
+	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, new_slot);
+	ret = hkv_exec(c, wrs, n);
+	if (ret)
+		return ret;
+	if (c->atom[1] != old->slot)
+		return CONFLICT;
+	if (c->atom[0] != meta_live(old))
+		repair_mark(c, old, c->atom[0]);
+	hkv_free_block(c, old->blk_off, old->cls);
+	return 0;
+}
+
+/* [frees, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or <0. */
+static int publish_remove(struct hkv_client *c, const struct item *old)
+{
+	struct hkv_wr wrs[8];
+	int n = append_frees(c, wrs, 0), ret;
+
+	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
+			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
+	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, 0);
+	ret = hkv_exec(c, wrs, n);
+	if (ret)
+		return ret;
+	if (c->atom[1] != old->slot)
+		return CONFLICT;
+	if (c->atom[0] != meta_live(old))
+		repair_mark(c, old, c->atom[0]);
+	hkv_free_block(c, old->blk_off, old->cls);
+	return 0;
+}
+
+/*
+ * After our insert at `pos`, other entries of the same key may exist (two
+ * clients inserted at once into different empty slots). The entry first in
+ * canonical order wins: if one precedes ours we withdraw ours (*yielded),
+ * later ones we remove. Reads the candidate blocks: rare, extra round trips.
+ */
+static int resolve_duplicates(struct hkv_client *c, const struct key *k, int pos,
+			      const struct item *ours, int *yielded)
+{
+	const uint64_t *re = (const uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
+	uint8_t *blk = c->rblk;
+
+	*yielded = 0;
+	for (int p = 0; p < CANON_SLOTS; p++) {
+		uint64_t s = re[p];
+		struct hkv_wr wr;
+		struct item dup;
+		uint32_t sz;
+		int ret;
+
+		if (p == pos || !s || hkv_slot_fp(s) != k->fp || !slot_sane(c, s))
+			continue;
+		sz = c->g.class_size[hkv_slot_class(s)];
+		wr = hkv_wr_read(c, blk, hkv_slot_off(s), sz);
+		ret = hkv_exec(c, &wr, 1);
+		if (ret)
+			return ret;
+		if (hkv_block_check(&c->g, blk, sz, k->p, k->len) ||
+		    (hkv_meta_gen(((struct hkv_block_hdr *)blk)->meta) & 0x7ff) != hkv_slot_ver(s))
+			continue;
+		item_from_block(&dup, blk, slot_off_of(c, k, p), s, p);
+		if (p < pos) {
+			*yielded = 1;
+			return publish_remove(c, ours) < 0 ? HKV_ETRANSPORT : 0;
+		}
+		ret = publish_remove(c, &dup);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+/*
+ * [WRITE new block?, frees, CAS empty slot 0->new, READ b1, READ b2]: the
+ * re-read shows whether someone inserted the same key elsewhere meanwhile.
+ * 0 inserted, CONFLICT (slot taken: look again), YIELDED (withdrawn in favour
+ * of an earlier duplicate; a set is linearized just before that one, an add
+ * fails), <0.
+ */
+static int publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,
+			  uint32_t blen, int with_write, struct item *ours)
+{
+	uint8_t *re = c->bkt + 2 * HKV_BUCKET_SIZE;
+	struct hkv_wr wrs[10];
+	int n = 0, ret, yielded;
+
+	if (with_write)
+		wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(new_slot), blen);
+	n = append_frees(c, wrs, n);
+	wrs[n++] = hkv_wr_cas(c, &c->atom[1], slot_off_of(c, k, pos), 0, new_slot);
+	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
+			       HKV_BUCKET_SIZE);
+	ret = hkv_exec(c, wrs, n);
+	if (ret)
+		return ret;
+	if (c->atom[1] != 0)
+		return CONFLICT;
+	item_from_block(ours, c->wblk, slot_off_of(c, k, pos), new_slot, pos);
+	ours->blk = c->wblk;
+	for (int p = 0; p < CANON_SLOTS; p++) {
+		uint64_t s;
+
+		memcpy(&s, re + p * 8, 8);
+		if (p != pos && s && hkv_slot_fp(s) == k->fp) {
+			ret = resolve_duplicates(c, k, pos, ours, &yielded);
+			if (ret)
+				return ret;
+			return yielded ? YIELDED : 0;
+		}
+	}
+	return 0;
+}
+
+/* ---- building blocks ---------------------------------------------------------- */
+
+struct value {
+	const void *p1, *p2; /* value = p1 . p2 */
+	size_t l1, l2;
+	uint32_t flags, exptime;
+};
+
+/* Allocate and fill the new block in wblk; sets *slot (to publish) and *blen. */
+static int build_block(struct hkv_client *c, const struct key *k, const struct value *v,
+		       uint64_t *slot, uint32_t *blen)
+{
+	struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->wblk;
+	size_t vlen = v->l1 + v->l2, total = HKV_BLOCK_HDR + k->len + vlen;
+	uint64_t off;
+	uint32_t gen;
+	int cls, ret;
+
+	if (vlen > c->max_value || total > c->max_block)
+		return HKV_ETOOBIG;
+	cls = hkv_class_for(&c->g, (uint32_t)total);
+	if (cls < 0)
+		return HKV_ETOOBIG;
+	ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+	if (ret)
+		return ret;
+	memset(h, 0, sizeof(*h));
+	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
+	h->vlen = (uint32_t)vlen;
+	h->flags = v->flags;
+	h->klen = k->len;
+	h->exptime = v->exptime;
+	h->atime = now_unix();
+	memcpy(c->wblk + HKV_BLOCK_HDR, k->p, k->len);
+	if (v->l1)
+		memcpy(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
+	if (v->l2)
+		memcpy(c->wblk + HKV_BLOCK_HDR + k->len + v->l1, v->p2, v->l2);
+	h->crc = hkv_block_crc(h, c->wblk + HKV_BLOCK_HDR);
+	*slot = hkv_slot_make(k->fp, (uint32_t)cls, gen, off);
+	*blen = (uint32_t)total;
+	return 0;
+}
+
+static void unbuild_block(struct hkv_client *c, uint64_t slot)
+{
+	hkv_unalloc_block(c, hkv_slot_off(slot), hkv_slot_class(slot));
+}
+
+/* ---- stores ------------------------------------------------------------------ */
+
+enum store_mode { STORE_SET, STORE_ADD, STORE_REPLACE, STORE_CAS };
+
+/*
+ * Where to insert: the first empty slot of the emptier of the two buckets
+ * (two-choice balancing keeps the index loadable past 90%). Duplicates from
+ * concurrent inserts are resolved by canonical order, not by this choice.
+ */
+static int pick_empty(const struct view *v)
+{
+	int free[2] = {0, 0}, first[2] = {-1, -1}, b;
+
+	for (int p = 0; p < CANON_SLOTS; p++) {
+		if (v->slot[p])
+			continue;
+		b = p / HKV_BUCKET_SLOTS;
+		if (first[b] < 0)
+			first[b] = p;
+		free[b]++;
+	}
+	b = free[1] > free[0] ? 1 : 0;
+	return first[b];
+}
+
+#define NO_CACHE 2 /* internal: no usable cache entry, nothing was sent */
+
+/* A blind update through the location cache: one round trip when it holds. */
+static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, uint32_t blen,
+		      uint64_t *slot_off)
+{
+	struct hkv_loc *loc = hkv_cache_find(&c->cache, k->h, hkv_now_ns());
+	struct item old;
+	int ret;
+
+	if (!loc || !slot_sane(c, loc->slot))
+		return NO_CACHE;
+	old = (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
+			    .blk_off = hkv_slot_off(loc->slot), .cls = hkv_slot_class(loc->slot),
+			    .gen = loc->gen};
+	*slot_off = loc->slot_addr;
+	ret = publish_replace(c, &old, slot, blen, 1);
+	if (ret == CONFLICT)
+		hkv_cache_drop(&c->cache, k->h);
+	return ret;
+}
+
+/* The new block is in the index at slot_off: remember where. */
+static void stored(struct hkv_client *c, const struct key *k, uint64_t slot, uint64_t slot_off)
+{
+	struct item it;
+
+	item_from_block(&it, c->wblk, slot_off, slot, -1);
+	remember(c, k, &it);
+}
+
+/* One attempt of the cold path; sets *slot_off on success. */
+static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode mode,
+		      uint64_t version, uint64_t slot, uint32_t blen, int *written,
+		      uint64_t *slot_off)
+{
+	struct hkv_wr lead = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
+	struct item it, ours;
+	struct view view;
+	int ret, pos;
+
+	ret = find_cold(c, k, &it, &view, &lead, !*written);
+	*written = 1; /* the new block went out with the bucket reads */
+	if (ret && ret != HKV_ENOTFOUND)
+		return ret;
+	if (!ret && !item_expired(&it)) {
+		if (mode == STORE_ADD)
+			return HKV_EEXISTS;
+		if (mode == STORE_CAS && item_version(&it) != version)
+			return HKV_EVERSION;
+		*slot_off = it.slot_off;
+		return publish_replace(c, &it, slot, blen, 0);
+	}
+	if (mode == STORE_REPLACE || mode == STORE_CAS)
+		return HKV_ENOTFOUND;
+	if (!ret) { /* expired: take its place */
+		*slot_off = it.slot_off;
+		return publish_replace(c, &it, slot, blen, 0);
+	}
+	pos = pick_empty(&view);
+	if (pos < 0)
+		return HKV_EFULL;
+	*slot_off = slot_off_of(c, k, pos);
+	return publish_insert(c, k, pos, slot, blen, 0, &ours);
+}
+
+static int store(struct hkv_client *c, const struct key *k, enum store_mode mode,
+		 const struct value *v, uint64_t version)
+{
+	uint64_t slot, slot_off = 0;
+	uint32_t blen;
+	int ret, written = 0;
+
+	ret = build_block(c, k, v, &slot, &blen);
+	if (ret)
+		return ret;
+	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
+	written = ret == CONFLICT;
+	for (int attempt = 0; ret > 0 && attempt < HKV_MAX_RETRIES; attempt++) {
+		if (attempt)
+			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
+		ret = store_cold(c, k, mode, version, slot, blen, &written, &slot_off);
+		if (ret == YIELDED) /* our block is already withdrawn and freed */
+			return mode == STORE_ADD ? HKV_EEXISTS : 0;
+	}
+	if (ret > 0)
+		ret = HKV_EAGAIN;
+	if (ret) {
+		unbuild_block(c, slot);
+		return ret;
+	}
+	stored(c, k, slot, slot_off);
+	return 0;
+}
+
+/* ---- read-modify-write --------------------------------------------------------- */
+
+/* Builds the new value of an item from the old one into *v (may use scratch). */
+typedef int (*rmw_fn)(struct hkv_client *c, const struct item *old, struct value *v, void *arg);
+
+/* Find the key, derive its new value, publish it in place of the old; retry on races. */
+static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *arg,
+		  enum hkv_op op)
+{
+	for (int attempt = 0; attempt < HKV_MAX_RETRIES; attempt++) {
+		struct value v;
+		struct item it;
+		struct view view;
+		uint64_t slot;
+		uint32_t blen;
+		int ret = attempt ? find_cold(c, k, &it, &view, NULL, 0) : find(c, k, &it, &view);
+
+		if (ret)
+			return ret;
+		if (item_expired(&it))
+			return HKV_ENOTFOUND;
+		ret = fn(c, &it, &v, arg);
+		if (!ret)
+			ret = build_block(c, k, &v, &slot, &blen);
+		if (ret)
+			return ret;
+		ret = publish_replace(c, &it, slot, blen, 1);
+		if (ret <= 0) {
+			if (ret)
+				unbuild_block(c, slot);
+			else
+				stored(c, k, slot, it.slot_off);
+			return ret;
+		}
+		unbuild_block(c, slot);
+		hkv_cache_drop(&c->cache, k->h);
+		c->stats.op[op].retries++;
+	}
+	return HKV_EAGAIN;
+}
+
+struct incr_arg {
+	uint64_t delta, result;
+	int decr;
+	char digits[24];
+};
+
+static int parse_u64(const uint8_t *p, size_t len, uint64_t *out)
+{
+	uint64_t v = 0;
+	size_t i = 0;
+
+	while (len && p[len - 1] == ' ') /* memcached may pad a decremented value */
+		len--;
+	if (!len || len > 20)
+		return HKV_ENOTNUM;
+	for (; i < len; i++) {
+		if (p[i] < '0' || p[i] > '9' || v > (UINT64_MAX - (uint64_t)(p[i] - '0')) / 10)
+			return HKV_ENOTNUM;
+		v = v * 10 + (uint64_t)(p[i] - '0');
+	}
+	*out = v;
+	return 0;
+}
+
+static int incr_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	struct incr_arg *a = arg;
+	const struct hkv_block_hdr *h = item_hdr(old);
+	uint64_t cur;
+	int ret = parse_u64(old->blk + HKV_BLOCK_HDR + h->klen, h->vlen, &cur);
+
+	if (ret)
+		return ret;
+	if (a->decr)
+		a->result = a->delta > cur ? 0 : cur - a->delta;
+	else
+		a->result = cur + a->delta; /* wraps at 2^64, as memcached does */
+	*v = (struct value){.p1 = a->digits, .flags = h->flags, .exptime = h->exptime};
+	v->l1 = (size_t)snprintf(a->digits, sizeof(a->digits), "%llu",
+				 (unsigned long long)a->result);
+	return 0;
+}
+
+struct append_arg {
+	const void *data;
+	size_t len;
+	int prepend;
+};
+
+static int append_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	struct append_arg *a = arg;
+	const struct hkv_block_hdr *h = item_hdr(old);
+	const uint8_t *oldv = old->blk + HKV_BLOCK_HDR + h->klen;
+
+	*v = (struct value){.flags = h->flags, .exptime = h->exptime};
+	v->p1 = a->prepend ? a->data : oldv;
+	v->l1 = a->prepend ? a->len : h->vlen;
+	v->p2 = a->prepend ? oldv : a->data;
+	v->l2 = a->prepend ? h->vlen : a->len;
+	return 0;
+}
+
+static int touch_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	const struct hkv_block_hdr *h = item_hdr(old);
+
+	*v = (struct value){.p1 = old->blk + HKV_BLOCK_HDR + h->klen, .l1 = h->vlen,
+			    .flags = h->flags, .exptime = *(uint32_t *)arg};
+	return 0;
+}
+
+/* ---- public operations ---------------------------------------------------------- */
+
+struct op_scope {
+	struct hkv_conn_stats before;
+	enum hkv_op op;
+};
+
+static void op_begin(struct hkv_client *c, struct op_scope *s, enum hkv_op op)
+{
+	s->before = c->conn->stats;
+	s->op = op;
+}
+
+static int op_end(struct hkv_client *c, const struct op_scope *s, int ret)
+{
+	struct hkv_op_stats *o = &c->stats.op[s->op];
+	const struct hkv_conn_stats *now = &c->conn->stats;
+
+	o->count++;
+	o->round_trips += now->round_trips - s->before.round_trips;
+	o->bytes_read += now->bytes_read - s->before.bytes_read;
+	o->bytes_written += now->bytes_written - s->before.bytes_written;
+	if (c->npending >= HKV_PENDING_FREES / 2 && !c->conn->error)
+		hkv_flush_frees(c); /* rarely: frees normally ride on writes */
+	return ret;
+}
+
+static void fill_info(const struct item *it, struct hkv_item_info *info)
+{
+	if (!info)
+		return;
+	info->version = item_version(it);
+	info->flags = item_hdr(it)->flags;
+	info->exptime = item_hdr(it)->exptime;
+}
+
+HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       size_t *vlen, struct hkv_item_info *info)
+{
+	struct op_scope sc;
+	struct item it;
+	struct view view;
+	struct key k;
+	int ret = key_init(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_GET);
+	ret = find(c, &k, &it, &view);
+	if (!ret && item_expired(&it))
+		ret = HKV_ENOTFOUND;
+	if (!ret) {
+		const struct hkv_block_hdr *h = item_hdr(&it);
+
+		*vlen = h->vlen;
+		if (h->vlen > cap)
+			ret = -ENOSPC;
+		else if (h->vlen)
+			memcpy(buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+		fill_info(&it, info);
+	}
+	return op_end(c, &sc, ret);
+}
+
+static int store_op(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
+		    uint64_t version, enum hkv_op op)
+{
+	struct value v = {.p1 = val, .l1 = vlen};
+	struct op_scope sc;
+	struct key k;
+	int ret = key_init(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	if (vlen && !val)
+		return -EINVAL;
+	if (opts) {
+		v.flags = opts->flags;
+		v.exptime = abs_exptime(opts->exptime);
+	}
+	op_begin(c, &sc, op);
+	return op_end(c, &sc, store(c, &k, mode, &v, version));
+}
+
+HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_SET, 0, HKV_OP_SET);
+}
+
+HKV_EXPORT int hkv_add(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_ADD, 0, HKV_OP_ADD);
+}
+
+HKV_EXPORT int hkv_replace(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			   size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_REPLACE, 0, HKV_OP_REPLACE);
+}
+
+HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, uint64_t version, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_CAS, version, HKV_OP_CAS);
+}
+
+static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn fn, void *arg,
+		     enum hkv_op op)
+{
+	struct op_scope sc;
+	struct key k;
+	int ret = key_init(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, op);
+	return op_end(c, &sc, modify(c, &k, fn, arg, op));
+}
+
+HKV_EXPORT int hkv_append(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			  size_t vlen, int prepend)
+{
+	struct append_arg a = {.data = val, .len = vlen, .prepend = prepend};
+
+	if (vlen && !val)
+		return -EINVAL;
+	return modify_op(c, key, klen, append_fn, &a, HKV_OP_APPEND);
+}
+
+static int incr_op(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+		   uint64_t *result, int decr)
+{
+	struct incr_arg a = {.delta = delta, .decr = decr};
+	int ret = modify_op(c, key, klen, incr_fn, &a, HKV_OP_INCR);
+
+	if (!ret && result)
+		*result = a.result;
+	return ret;
+}
+
+HKV_EXPORT int hkv_incr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result)
+{
+	return incr_op(c, key, klen, delta, result, 0);
+}
+
+HKV_EXPORT int hkv_decr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result)
+{
+	return incr_op(c, key, klen, delta, result, 1);
+}
+
+HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int64_t exptime)
+{
+	uint32_t e = abs_exptime(exptime);
+
+	return modify_op(c, key, klen, touch_fn, &e, HKV_OP_TOUCH);
+}
+
+static int delete_once(struct hkv_client *c, const struct key *k, int warm)
+{
+	struct hkv_loc *loc = warm ? hkv_cache_find(&c->cache, k->h, hkv_now_ns()) : NULL;
+	struct item it;
+	struct view view;
+	int ret, expired;
+
+	if (loc && slot_sane(c, loc->slot)) {
+		it = (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
+				   .blk_off = hkv_slot_off(loc->slot),
+				   .cls = hkv_slot_class(loc->slot), .gen = loc->gen};
+		hkv_cache_drop(&c->cache, k->h);
+		return publish_remove(c, &it);
+	}
+	ret = find_cold(c, k, &it, &view, NULL, 0);
+	if (ret)
+		return ret;
+	expired = item_expired(&it);
+	hkv_cache_drop(&c->cache, k->h);
+	ret = publish_remove(c, &it);
+	return ret == 0 && expired ? HKV_ENOTFOUND : ret;
+}
+
+HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
+{
+	struct op_scope sc;
+	struct key k;
+	int ret = key_init(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_DELETE);
+	ret = delete_once(c, &k, 1);
+	for (int attempt = 0; ret == CONFLICT && attempt < HKV_MAX_RETRIES; attempt++) {
+		c->stats.op[HKV_OP_DELETE].retries++;
+		ret = delete_once(c, &k, 0);
+	}
+	return op_end(c, &sc, ret == CONFLICT ? HKV_EAGAIN : ret);
+}
+
+/*
+ * Multi-get: the keys with a usable cached location are read in one chain
+ * (one round trip for all of them); the rest, and any whose block turned out
+ * stale, take the single-key path.
+ */
+HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
+{
+	struct op_scope sc;
+	size_t i = 0;
+
+	op_begin(c, &sc, HKV_OP_MGET);
+	while (i < n) {
+		struct hkv_wr wrs[32];
+		size_t idx[32], used = 0, first = i;
+		int nw = 0, ret;
+
+		for (; i < n && nw < 32; i++) {
+			struct key k;
+			struct hkv_loc *loc;
+
+			items[i].status = key_init(c, &k, items[i].key, items[i].klen);
+			if (items[i].status)
+				continue;
+			items[i].status = CONFLICT; /* not read yet */
+			loc = hkv_cache_find(&c->cache, k.h, hkv_now_ns());
+			if (!loc || !slot_sane(c, loc->slot) || loc->blen > c->read_cap)
+				continue;
+			if (used + loc->blen > c->read_cap)
+				break;
+			idx[nw] = i;
+			wrs[nw++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
+			used += loc->blen;
+		}
+		ret = nw ? hkv_exec(c, wrs, nw) : 0;
+		if (ret)
+			return op_end(c, &sc, ret);
+		used = 0;
+		for (int w = 0; w < nw; w++) {
+			struct hkv_mget_item *m = &items[idx[w]];
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)(c->rblk + used);
+			struct key k;
+			struct hkv_loc *loc;
+
+			key_init(c, &k, m->key, m->klen);
+			loc = hkv_cache_find(&c->cache, k.h, hkv_now_ns());
+			if (loc && hkv_meta_state(h->meta) == HKV_BLK_LIVE &&
+			    hkv_meta_gen(h->meta) == loc->gen &&
+			    !hkv_block_check(&c->g, h, loc->blen, k.p, k.len)) {
+				struct item it;
+
+				item_from_block(&it, (uint8_t *)h, loc->slot_addr, loc->slot, -1);
+				m->vlen = h->vlen;
+				m->status = item_expired(&it) ? HKV_ENOTFOUND
+					    : h->vlen > m->cap ? -ENOSPC : 0;
+				if (!m->status)
+					memcpy(m->buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+				fill_info(&it, &m->info);
+			}
+			used += loc ? loc->blen : 0;
+		}
+		for (size_t j = first; j < i; j++)
+			if (items[j].status == CONFLICT)
+				items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
+							  items[j].cap, &items[j].vlen, &items[j].info);
+	}
+	return op_end(c, &sc, 0);
+}

@@ -1,0 +1,230 @@
+/* layout.c - geometry, size classes, hashing and block validation; see layout.h. */
+#include "common/layout.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "hatchkv_err.h"
+
+#define ALIGN_UP(x, a) (((x) + (a)-1) & ~((uint64_t)(a)-1))
+
+/* 64..1024 in steps of 64, then 8 classes per doubling (<= 12.5% waste). */
+static uint32_t build_classes(uint32_t *sizes, uint32_t max)
+{
+	uint32_t n = 0, s;
+
+	for (s = 64; s <= 1024 && s <= max; s += 64)
+		sizes[n++] = s;
+	for (int k = 1; n < HKV_NCLASSES_MAX; k++) {
+		double f = 1024.0;
+
+		for (int i = 0; i < k; i++)
+			f *= 1.0905077326652577; /* 2^(1/8) */
+		s = (uint32_t)ALIGN_UP((uint64_t)f, 64);
+		if (s > max)
+			break;
+		if (s > sizes[n - 1])
+			sizes[n++] = s;
+	}
+	if (n < HKV_NCLASSES_MAX && sizes[n - 1] < max)
+		sizes[n++] = max; /* one block per segment */
+	return n;
+}
+
+int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
+		      uint64_t index_slots, uint32_t flags)
+{
+	uint64_t fixed, per_seg, nb = 1, avail;
+
+	memset(g, 0, sizeof(*g));
+	if (seg_size < (64u << 10) || (seg_size & (seg_size - 1)))
+		return -EINVAL;
+	if (!index_slots)
+		index_slots = total / 256;
+	while (nb * HKV_BUCKET_SLOTS < index_slots)
+		nb <<= 1;
+	if (nb < 2)
+		nb = 2;
+	g->magic = HKV_LAYOUT_MAGIC;
+	g->version = HKV_LAYOUT_VERSION;
+	g->flags = flags;
+	g->total_size = total;
+	g->seg_size = seg_size;
+	g->nbuckets = nb;
+	g->bitmap_bytes = (uint32_t)ALIGN_UP(seg_size / HKV_BLOCK_ALIGN / 8, 8);
+	fixed = HKV_HEADER_SIZE + ALIGN_UP(nb * HKV_BUCKET_SIZE, 4096) + 3 * 4096;
+	per_seg = (uint64_t)seg_size + 8 + g->bitmap_bytes;
+	if (total < fixed + per_seg)
+		return -EINVAL;
+	g->nsegs = (uint32_t)((total - fixed) / per_seg);
+	for (;;) { /* alignment padding may cost a segment */
+		g->seg_table_off = HKV_HEADER_SIZE;
+		g->bitmap_off = ALIGN_UP(g->seg_table_off + (uint64_t)g->nsegs * 8, 4096);
+		g->index_off = ALIGN_UP(g->bitmap_off + (uint64_t)g->nsegs * g->bitmap_bytes, 4096);
+		g->data_off = ALIGN_UP(g->index_off + nb * HKV_BUCKET_SIZE, 4096);
+		avail = g->data_off + (uint64_t)g->nsegs * seg_size;
+		if (avail <= total || g->nsegs == 0)
+			break;
+		g->nsegs--;
+	}
+	if (!g->nsegs)
+		return -EINVAL;
+	g->nclasses = build_classes(g->class_size, seg_size);
+	return 0;
+}
+
+void hkv_geometry_seal(struct hkv_geometry *g)
+{
+	g->crc = hkv_crc32c(0, g, offsetof(struct hkv_geometry, crc));
+}
+
+int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len)
+{
+	if (g->magic != HKV_LAYOUT_MAGIC)
+		return HKV_ECORRUPT;
+	if (g->crc != hkv_crc32c(0, g, offsetof(struct hkv_geometry, crc)))
+		return HKV_ECORRUPT;
+	if (g->version != HKV_LAYOUT_VERSION)
+		return HKV_EPROTO;
+	if (g->total_size > region_len || !g->nsegs || !g->nbuckets ||
+	    (g->nbuckets & (g->nbuckets - 1)) || g->nclasses == 0 ||
+	    g->nclasses > HKV_NCLASSES_MAX || g->seg_size < (64u << 10) ||
+	    g->data_off + (uint64_t)g->nsegs * g->seg_size > g->total_size ||
+	    g->index_off + g->nbuckets * HKV_BUCKET_SIZE > g->data_off ||
+	    g->bitmap_bytes * 8ull < g->seg_size / HKV_BLOCK_ALIGN ||
+	    (g->data_off + (uint64_t)g->nsegs * g->seg_size) / HKV_BLOCK_ALIGN >> HKV_SLOT_OFF_BITS)
+		return HKV_ECORRUPT;
+	for (uint32_t i = 0; i < g->nclasses; i++)
+		if (g->class_size[i] % HKV_BLOCK_ALIGN || g->class_size[i] > g->seg_size ||
+		    (i && g->class_size[i] <= g->class_size[i - 1]))
+			return HKV_ECORRUPT;
+	return 0;
+}
+
+int hkv_class_for(const struct hkv_geometry *g, uint32_t bytes)
+{
+	uint32_t lo = 0, hi = g->nclasses;
+
+	while (lo < hi) {
+		uint32_t mid = (lo + hi) / 2;
+
+		if (g->class_size[mid] < bytes)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < g->nclasses ? (int)lo : -1;
+}
+
+/* ---- hashing ------------------------------------------------------------------ */
+
+static inline uint64_t mix64(uint64_t a, uint64_t b)
+{
+	__uint128_t r = (__uint128_t)a * b;
+
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+uint64_t hkv_hash64(const void *key, size_t len)
+{
+	const uint8_t *p = key;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ (len * 0xff51afd7ed558ccdull), w;
+
+	for (; len >= 8; p += 8, len -= 8) {
+		memcpy(&w, p, 8);
+		h = mix64(h ^ w, 0xc4ceb9fe1a85ec53ull);
+	}
+	w = 0;
+	memcpy(&w, p, len);
+	h = mix64(h ^ w ^ (uint64_t)len << 56, 0xd6e8feb86659fd93ull);
+	return mix64(h, 0x94d049bb133111ebull) ^ h;
+}
+
+/* CRC32C: SSE4.2 instruction when present, else a table. */
+static uint32_t crc_table[8][256];
+
+static void crc_table_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+		crc_table[0][i] = c;
+	}
+	for (uint32_t i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			crc_table[t][i] =
+				(crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+static uint32_t crc_soft(uint32_t crc, const uint8_t *p, size_t len)
+{
+	while (len--)
+		crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
+	return crc;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p,
+							  size_t len)
+{
+	uint64_t c = crc, w;
+
+	for (; len >= 8; p += 8, len -= 8) {
+		memcpy(&w, p, 8);
+		c = __builtin_ia32_crc32di(c, w);
+	}
+	crc = (uint32_t)c;
+	while (len--)
+		crc = __builtin_ia32_crc32qi(crc, *p++);
+	return crc;
+}
+
+static int crc_use_hw;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+	__builtin_cpu_init();
+	crc_use_hw = __builtin_cpu_supports("sse4.2");
+	if (!crc_use_hw)
+		crc_table_init();
+}
+
+uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	pthread_once(&crc_once, crc_init);
+	crc = ~crc;
+	crc = crc_use_hw ? crc_hw(crc, buf, len) : crc_soft(crc, buf, len);
+	return ~crc;
+}
+
+/* ---- blocks ----------------------------------------------------------------- */
+
+uint32_t hkv_block_crc(const struct hkv_block_hdr *h, const void *kv)
+{
+	uint32_t gen = hkv_meta_gen(h->meta);
+	uint32_t crc = hkv_crc32c(0, &gen, 4);
+
+	crc = hkv_crc32c(crc, &h->vlen, 16); /* vlen, flags, klen, rsv, exptime */
+	return hkv_crc32c(crc, kv, (size_t)h->klen + h->vlen);
+}
+
+int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avail,
+		    const void *key, uint16_t klen)
+{
+	const struct hkv_block_hdr *h = blk;
+	uint32_t cls = hkv_meta_class(h->meta);
+
+	if (hkv_meta_state(h->meta) == HKV_BLK_UNUSED || cls >= g->nclasses ||
+	    h->klen == 0 || h->klen > HKV_MAX_KEY ||
+	    (uint64_t)HKV_BLOCK_HDR + h->klen + h->vlen > avail ||
+	    (uint64_t)HKV_BLOCK_HDR + h->klen + h->vlen > g->class_size[cls])
+		return HKV_ECORRUPT;
+	if (h->crc != hkv_block_crc(h, (const uint8_t *)blk + HKV_BLOCK_HDR))
+		return HKV_ECORRUPT;
+	if (h->klen != klen || memcmp((const uint8_t *)blk + HKV_BLOCK_HDR, key, klen))
+		return HKV_ENOTFOUND;
+	return 0;
+}

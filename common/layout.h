@@ -1,0 +1,231 @@
+/*
+ * layout.h - the remote region's format: what server and clients agree on.
+ *
+ * Region (one registered memory region, offsets from its base, each part
+ * 4 KiB aligned; sizes from struct hkv_geometry in the header):
+ *
+ *   +----------------+ 0
+ *   | header 4 KiB   |  magic, layout version, geometry, header checksum
+ *   +----------------+ seg_table_off
+ *   | segment table  |  nsegs x 8 B: who owns each segment (one CAS word)
+ *   +----------------+ bitmap_off
+ *   | free bitmaps   |  nsegs x bitmap_bytes: bit i = block i freed (FAA)
+ *   +----------------+ index_off
+ *   | hash index     |  nbuckets x 128 B buckets of 16 slots
+ *   +----------------+ data_off
+ *   | segments       |  nsegs x seg_size, each carved into one size class
+ *   +----------------+ total_size
+ *
+ * Slot (8 B, the CAS word of the index; 0 = empty):
+ *   63        54 53     47 46       36 35                           0
+ *   +-----------+---------+-----------+-----------------------------+
+ *   | fp (10)   | class(7)| ver (11)  | block offset / 64 (36)      |
+ *   +-----------+---------+-----------+-----------------------------+
+ *   fp: key hash fingerprint; class: block size class (how much a cold GET
+ *   reads); ver: low bits of the block's generation (ABA guard);
+ *   offset: block address in 64 B units from the region base.
+ *
+ * Block (64 B aligned, class size bytes):
+ *   0  u64 meta     state(2) | class(7) | rsv(23) | gen(32)   -- CAS word
+ *   8  u32 crc      CRC32C of gen, bytes 12..27 and key+value
+ *   12 u32 vlen
+ *   16 u32 flags    client flags (memcached)
+ *   20 u16 klen
+ *   22 u16 rsv
+ *   24 u32 exptime  absolute Unix seconds, 0 = never
+ *   28 u32 atime    last access, seconds (written by readers, not in crc)
+ *   32 key bytes, then value bytes
+ *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
+ *   about to be by the writer that marked it). gen: bumped by the segment's
+ *   owner each time it reuses the address; never repeats for an address.
+ *
+ * Segment table entry (8 B CAS word):
+ *   state(8) | class(8) | owner client id(16) | epoch(32)
+ *   state: 0 free (never carved), 1 owned, 2 orphaned (owner gone; its
+ *   live blocks stay, its free blocks are in the bitmap, adoptable).
+ */
+#ifndef HKV_LAYOUT_H
+#define HKV_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
+#define HKV_LAYOUT_VERSION 1
+#define HKV_HEADER_SIZE    4096
+#define HKV_BUCKET_SLOTS   16
+#define HKV_BUCKET_SIZE    128
+#define HKV_BLOCK_ALIGN    64
+#define HKV_BLOCK_HDR      32
+#define HKV_MAX_KEY        250
+#define HKV_NCLASSES_MAX   128
+#define HKV_MAX_CLIENTS    65535
+
+/* ---- geometry (in the header; every client validates it) ----------------- */
+
+struct hkv_geometry {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t flags; /* HKV_GEOM_F_* */
+	uint64_t total_size;
+	uint64_t seg_table_off;
+	uint64_t bitmap_off;
+	uint64_t index_off;
+	uint64_t data_off;
+	uint64_t nbuckets; /* power of two */
+	uint32_t nsegs;
+	uint32_t seg_size; /* power of two, >= 64 KiB */
+	uint32_t bitmap_bytes; /* per segment */
+	uint32_t nclasses;
+	uint64_t boot_id;   /* random per server start */
+	uint64_t reserved[6];
+	uint32_t class_size[HKV_NCLASSES_MAX];
+	uint32_t pad;
+	uint32_t crc; /* CRC32C of everything above */
+};
+
+#define HKV_GEOM_F_CACHE 0x1 /* cache mode: evict instead of failing when full */
+
+/* Lay out a region of `total` bytes; 0 or -EINVAL if too small. */
+int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
+		      uint64_t index_slots, uint32_t flags);
+/* Seal (compute crc) / check a geometry read from a region. 0 or HKV_ECORRUPT/EPROTO. */
+void hkv_geometry_seal(struct hkv_geometry *g);
+int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len);
+/* Smallest class whose size holds `bytes`, or -1 if none. */
+int hkv_class_for(const struct hkv_geometry *g, uint32_t bytes);
+
+/* ---- slot ------------------------------------------------------------------ */
+
+#define HKV_SLOT_FP_BITS    10
+#define HKV_SLOT_CLASS_BITS 7
+#define HKV_SLOT_VER_BITS   11
+#define HKV_SLOT_OFF_BITS   36
+
+static inline uint64_t hkv_slot_make(uint32_t fp, uint32_t cls, uint32_t gen, uint64_t off)
+{
+	return (uint64_t)(fp & 0x3ff) << 54 | (uint64_t)(cls & 0x7f) << 47 |
+	       (uint64_t)(gen & 0x7ff) << 36 | ((off / HKV_BLOCK_ALIGN) & 0xfffffffffull);
+}
+
+static inline uint32_t hkv_slot_fp(uint64_t s)
+{
+	return (uint32_t)(s >> 54);
+}
+
+static inline uint32_t hkv_slot_class(uint64_t s)
+{
+	return (uint32_t)(s >> 47) & 0x7f;
+}
+
+static inline uint32_t hkv_slot_ver(uint64_t s)
+{
+	return (uint32_t)(s >> 36) & 0x7ff;
+}
+
+static inline uint64_t hkv_slot_off(uint64_t s)
+{
+	return (s & 0xfffffffffull) * HKV_BLOCK_ALIGN;
+}
+
+/* ---- block ----------------------------------------------------------------- */
+
+enum hkv_block_state { HKV_BLK_UNUSED = 0, HKV_BLK_LIVE = 1, HKV_BLK_OBSOLETE = 2 };
+
+struct hkv_block_hdr {
+	uint64_t meta;
+	uint32_t crc;
+	uint32_t vlen;
+	uint32_t flags;
+	uint16_t klen;
+	uint16_t rsv;
+	uint32_t exptime;
+	uint32_t atime;
+};
+
+static inline uint64_t hkv_meta_make(enum hkv_block_state st, uint32_t cls, uint32_t gen)
+{
+	return (uint64_t)st | (uint64_t)(cls & 0x7f) << 2 | (uint64_t)gen << 32;
+}
+
+static inline enum hkv_block_state hkv_meta_state(uint64_t m)
+{
+	return (enum hkv_block_state)(m & 3);
+}
+
+static inline uint32_t hkv_meta_class(uint64_t m)
+{
+	return (uint32_t)(m >> 2) & 0x7f;
+}
+
+static inline uint32_t hkv_meta_gen(uint64_t m)
+{
+	return (uint32_t)(m >> 32);
+}
+
+/* The block's checksum over gen, lengths, flags, exptime, key and value. */
+uint32_t hkv_block_crc(const struct hkv_block_hdr *h, const void *kv);
+
+/*
+ * Validate a block read from remote memory against what the reader expects:
+ * returns 0 if its header is sane, lengths fit `avail` bytes and the class,
+ * the crc matches, and the key equals key/klen; HKV_ENOTFOUND if it is a
+ * valid block of another key; HKV_ECORRUPT otherwise (torn, reused, garbage).
+ */
+int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avail,
+		    const void *key, uint16_t klen);
+
+/* ---- segment table --------------------------------------------------------- */
+
+enum hkv_seg_state { HKV_SEG_FREE = 0, HKV_SEG_OWNED = 1, HKV_SEG_ORPHAN = 2 };
+
+static inline uint64_t hkv_seg_make(enum hkv_seg_state st, uint32_t cls, uint32_t owner,
+				    uint32_t epoch)
+{
+	return (uint64_t)st | (uint64_t)(cls & 0xff) << 8 | (uint64_t)(owner & 0xffff) << 16 |
+	       (uint64_t)epoch << 32;
+}
+
+static inline enum hkv_seg_state hkv_seg_state(uint64_t e)
+{
+	return (enum hkv_seg_state)(e & 0xff);
+}
+
+static inline uint32_t hkv_seg_class(uint64_t e)
+{
+	return (uint32_t)(e >> 8) & 0xff;
+}
+
+static inline uint32_t hkv_seg_owner(uint64_t e)
+{
+	return (uint32_t)(e >> 16) & 0xffff;
+}
+
+static inline uint32_t hkv_seg_epoch(uint64_t e)
+{
+	return (uint32_t)(e >> 32);
+}
+
+/* ---- hashing ----------------------------------------------------------------- */
+
+uint64_t hkv_hash64(const void *key, size_t len);
+uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* The two candidate buckets and the fingerprint of a key hash. */
+static inline void hkv_buckets_of(const struct hkv_geometry *g, uint64_t h, uint64_t *b1,
+				  uint64_t *b2)
+{
+	uint64_t mask = g->nbuckets - 1;
+
+	*b1 = h & mask;
+	*b2 = (h >> 32 ^ h >> 17) & mask;
+	if (*b2 == *b1)
+		*b2 = *b1 ^ 1;
+}
+
+static inline uint32_t hkv_fp_of(uint64_t h)
+{
+	return (uint32_t)(h >> 54);
+}
+
+#endif /* HKV_LAYOUT_H */

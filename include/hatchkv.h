@@ -1,0 +1,188 @@
+/*
+ * hatchkv.h - client library of hatchkv, a remote-memory key-value store.
+ *
+ * A client handle connects to a memory server and then does every
+ * operation itself with one-sided RDMA (or the same-host shm transport):
+ * lookups are RDMA Reads, writes are an RDMA Write of a new block published
+ * by a compare-and-swap on an 8-byte index slot. The server's CPU is not
+ * involved. Operations are linearizable per key.
+ *
+ *   struct hkv_config *cfg = hkv_config_new();
+ *   hkv_config_set_server(cfg, "verbs://192.0.2.1:7700");   or "shm:/tmp/hatchkv.sock"
+ *   hkv_config_set_token_file(cfg, "hatchkv.token");
+ *   struct hkv_client *c;
+ *   if (hkv_open(cfg, &c) == 0) {
+ *           hkv_set(c, "k", 1, "v", 1, NULL);
+ *           ...
+ *           hkv_close(c);
+ *   }
+ *   hkv_config_free(cfg);
+ *
+ * Threads: a handle is used by one thread at a time (one handle per thread
+ * is the model; open as many as you like per process). Configs are
+ * read-only after hkv_open() and may be shared.
+ *
+ * Errors: int functions return 0 or a negative code (hatchkv_err.h);
+ * hkv_strerror() names it. Keys are 1..250 bytes of any value; values up to
+ * the server's largest block (1 MiB by default; hkv_config_set_max_value()
+ * lowers the limit).
+ */
+#ifndef HATCHKV_H
+#define HATCHKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hatchkv_err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HKV_VERSION_NUMBER 0x000100 /* 0.1.0: major << 16 | minor << 8 | patch */
+
+/* "0.1.0"; static storage. */
+HKV_EXPORT const char *hkv_version(void);
+
+/* ---- configuration -------------------------------------------------------- */
+
+struct hkv_config;
+
+/* New config with defaults (timeout 5000 ms, location cache 65536 entries). NULL + errno. */
+HKV_EXPORT struct hkv_config *hkv_config_new(void);
+HKV_EXPORT void hkv_config_free(struct hkv_config *cfg);
+/*
+ * Add a memory server: "shm:/path/to/control.sock" or "verbs://host:port"
+ * (port = the server's control port). The list may grow to several servers
+ * in later versions; this version uses exactly one (hkv_open fails with
+ * -ENOTSUP for more). The string is copied.
+ */
+HKV_EXPORT int hkv_config_add_server(struct hkv_config *cfg, const char *uri);
+/* The shared secret, directly or from a file (read at hkv_open). Copied. */
+HKV_EXPORT int hkv_config_set_token(struct hkv_config *cfg, const char *token);
+HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *path);
+/* How long any one remote wait may take before HKV_ETIMEDOUT. */
+HKV_EXPORT int hkv_config_set_timeout_ms(struct hkv_config *cfg, int ms);
+/* Largest value this handle writes or reads (<= the server's limit). */
+HKV_EXPORT int hkv_config_set_max_value(struct hkv_config *cfg, size_t bytes);
+/* Entries of the key -> location cache (0 disables it; rounded to 2^n). */
+HKV_EXPORT int hkv_config_set_cache_entries(struct hkv_config *cfg, size_t n);
+
+/* ---- handles ---------------------------------------------------------------- */
+
+struct hkv_client;
+
+/*
+ * Connect: authenticate on the control plane, open the data connection,
+ * read and validate the region header. Returns 0 and *out, or an error:
+ * HKV_EAUTH (token refused), HKV_EPROTO (version mismatch), HKV_ECORRUPT
+ * (region header fails validation), HKV_EDISCONNECTED, -ECONNREFUSED, ...
+ */
+HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out);
+/* Return unused memory to the server's free lists and disconnect. */
+HKV_EXPORT void hkv_close(struct hkv_client *c);
+
+/* ---- operations ----------------------------------------------------------- */
+
+struct hkv_item_info {
+	uint64_t version; /* changes with every write of the key; for hkv_cas() */
+	uint32_t flags;   /* opaque client flags stored with the value */
+	uint32_t exptime; /* absolute Unix time it expires, 0 = never */
+};
+
+struct hkv_write_opts {
+	uint32_t flags;  /* stored with the value */
+	int64_t exptime; /* memcached rules: 0 never, <= 30 days relative seconds,
+			    else absolute Unix time; negative: already expired */
+};
+
+/*
+ * Read key. Copies the value into buf (cap bytes) and sets *vlen to its
+ * length. If cap is too small, copies nothing, sets *vlen and returns
+ * -ENOSPC. info may be NULL. HKV_ENOTFOUND when absent or expired.
+ */
+HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       size_t *vlen, struct hkv_item_info *info);
+
+/* Store unconditionally. opts may be NULL. */
+HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts);
+/* Store only if absent (else HKV_EEXISTS). */
+HKV_EXPORT int hkv_add(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts);
+/* Store only if present (else HKV_ENOTFOUND). */
+HKV_EXPORT int hkv_replace(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			   size_t vlen, const struct hkv_write_opts *opts);
+/* Store only if the item's version is still `version` (else HKV_EVERSION). */
+HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, uint64_t version, const struct hkv_write_opts *opts);
+/* Append / prepend to an existing value (HKV_ENOTFOUND if absent). */
+HKV_EXPORT int hkv_append(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			  size_t vlen, int prepend);
+/* Remove (HKV_ENOTFOUND if absent). */
+HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen);
+/*
+ * Add delta to a value that is a decimal unsigned 64-bit number (memcached
+ * rules: incr wraps at 2^64, decr stops at 0). *result gets the new value.
+ * HKV_ENOTFOUND if absent, HKV_ENOTNUM if not a number.
+ */
+HKV_EXPORT int hkv_incr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result);
+HKV_EXPORT int hkv_decr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result);
+/* Change only the expiry time (HKV_ENOTFOUND if absent). */
+HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int64_t exptime);
+
+/* One key of a multi-get: in key/klen/buf/cap; out vlen/status/info. */
+struct hkv_mget_item {
+	const void *key;
+	size_t klen;
+	void *buf;
+	size_t cap;
+	size_t vlen;
+	int status; /* as hkv_get() returns */
+	struct hkv_item_info info;
+};
+
+/* Read n keys with batched round trips. Returns 0 (see each status) or an error. */
+HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n);
+
+/* ---- counters --------------------------------------------------------------- */
+
+enum hkv_op {
+	HKV_OP_GET,
+	HKV_OP_SET,
+	HKV_OP_ADD,
+	HKV_OP_REPLACE,
+	HKV_OP_CAS,
+	HKV_OP_APPEND,
+	HKV_OP_DELETE,
+	HKV_OP_INCR,
+	HKV_OP_TOUCH,
+	HKV_OP_MGET,
+	HKV_OP_NTYPES
+};
+
+struct hkv_op_stats {
+	uint64_t count;
+	uint64_t round_trips;
+	uint64_t bytes_read;
+	uint64_t bytes_written;
+	uint64_t retries; /* restarts after a conflict or a torn read */
+};
+
+struct hkv_client_stats {
+	struct hkv_op_stats op[HKV_OP_NTYPES];
+	uint64_t cache_hits, cache_misses; /* location cache */
+	uint64_t segments_claimed, segments_adopted;
+	uint64_t blocks_freed, blocks_harvested;
+	uint64_t corrupt_reads; /* blocks that failed validation */
+};
+
+/* Counters of this handle since hkv_open(). */
+HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HATCHKV_H */

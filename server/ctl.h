@@ -1,0 +1,34 @@
+/*
+ * ctl.h - the server's control plane on libevent: accepts TCP (verbs) or
+ * unix-socket (shm) connections, checks the shared token in constant time,
+ * answers WELCOME (client id, one-time ticket, data endpoint) or ERROR, and
+ * closes. Bounded: at most HKV_CTL_MAX_CONNS at once, bodies of at most
+ * HKV_CTL_BODY_MAX bytes, 5 s to send a request; anything else is refused
+ * and logged, and the server keeps serving.
+ */
+#ifndef HKV_SERVER_CTL_H
+#define HKV_SERVER_CTL_H
+
+#include <event2/event.h>
+
+#include "server/store.h"
+
+#define HKV_CTL_MAX_CONNS 256
+
+struct hkv_ctl;
+
+struct hkv_ctl_opts {
+	enum hkv_transport_kind kind;
+	const char *host;          /* TCP bind address (verbs) */
+	const char *port;          /* TCP port (verbs) */
+	const char *path;          /* unix socket path (shm) */
+	const char *data_endpoint; /* told to clients: rdma_cm port or shm data socket */
+	const char *token;
+	size_t token_len;
+};
+
+struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,
+			       const struct hkv_ctl_opts *o);
+void hkv_ctl_destroy(struct hkv_ctl *ctl);
+
+#endif /* HKV_SERVER_CTL_H */

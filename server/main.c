@@ -1,0 +1,224 @@
+/*
+ * hatchkv-server - the memory server: registers one region with the NIC,
+ * announces it to authenticated clients, and stays out of the data path.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "common/log.h"
+#include "common/token.h"
+#include "common/transport.h"
+#include "server/ctl.h"
+#include "server/store.h"
+
+struct server_opts {
+	enum hkv_transport_kind kind;
+	const char *host, *port, *socket_path, *token_file;
+	struct hkv_store_opts store;
+	char data_port[16], data_path[128];
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hatchkv-server [options]\n"
+		"  -t, --transport shm|verbs  data plane (default: verbs if an RDMA device exists)\n"
+		"  -l, --listen ADDR          verbs: address to serve on (default 0.0.0.0)\n"
+		"  -p, --port PORT            verbs: control TCP port; rdma_cm uses PORT+1 (7700)\n"
+		"  -s, --socket PATH          shm: control socket; data socket is PATH.data\n"
+		"                             (default /tmp/hatchkv.sock)\n"
+		"  -m, --memory SIZE          region size, e.g. 512M, 4G (default 1G)\n"
+		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 4M);\n"
+		"                             the largest item is one segment\n"
+		"  -i, --index-slots N        index slots (default memory/256)\n"
+		"  -k, --token-file PATH      shared secret; created if missing (hatchkv.token)\n"
+		"  -c, --cache                cache mode: evict when full instead of failing\n"
+		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
+		"  -h, --help\n");
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: break;
+	}
+	if (end == s || *end || !v)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct server_opts *o)
+{
+	static const struct option opts[] = {
+		{"transport", required_argument, NULL, 't'}, {"listen", required_argument, NULL, 'l'},
+		{"port", required_argument, NULL, 'p'},      {"socket", required_argument, NULL, 's'},
+		{"memory", required_argument, NULL, 'm'},    {"segment-size", required_argument, NULL, 'S'},
+		{"index-slots", required_argument, NULL, 'i'}, {"token-file", required_argument, NULL, 'k'},
+		{"cache", no_argument, NULL, 'c'},           {"verbose", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+	uint64_t v;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:cvh", opts, NULL)) != -1) {
+		switch (c) {
+		case 't':
+			if (!(o->kind = hkv_transport_parse(optarg)))
+				return fprintf(stderr, "unknown transport '%s'\n", optarg), -1;
+			break;
+		case 'l': o->host = optarg; break;
+		case 'p': o->port = optarg; break;
+		case 's': o->socket_path = optarg; break;
+		case 'm':
+			if (parse_size(optarg, &o->store.memory))
+				return fprintf(stderr, "bad --memory '%s'\n", optarg), -1;
+			break;
+		case 'S':
+			if (parse_size(optarg, &v) || v > (1u << 30))
+				return fprintf(stderr, "bad --segment-size '%s'\n", optarg), -1;
+			o->store.seg_size = (uint32_t)v;
+			break;
+		case 'i':
+			if (parse_size(optarg, &o->store.index_slots))
+				return fprintf(stderr, "bad --index-slots '%s'\n", optarg), -1;
+			break;
+		case 'k': o->token_file = optarg; break;
+		case 'c': o->store.cache_mode = 1; break;
+		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -1;
+		}
+	}
+	if (optind != argc)
+		return usage(stderr), -1;
+	return 0;
+}
+
+struct server {
+	struct event_base *base;
+	struct hkv_store store;
+	struct hkv_listener *data;
+	struct hkv_ctl *ctl;
+};
+
+static void on_data_event(evutil_socket_t fd, short what, void *arg)
+{
+	hkv_listener_dispatch(((struct server *)arg)->data);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	hkv_info("server: %s, shutting down", strsignal((int)sig));
+	event_base_loopbreak(((struct server *)arg)->base);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	hkv_store_tick(&((struct server *)arg)->store);
+}
+
+static int start_data_plane(struct server *sv, struct server_opts *o)
+{
+	struct hkv_listener_cfg lc = {
+		.kind = o->kind,
+		.host = o->host,
+		.region = sv->store.region.base,
+		.region_len = sv->store.region.length,
+		.region_fd = sv->store.region.fd,
+		.on_connect = hkv_store_on_connect,
+		.on_disconnect = hkv_store_on_disconnect,
+		.arg = &sv->store,
+	};
+
+	snprintf(o->data_port, sizeof(o->data_port), "%d", atoi(o->port) + 1);
+	snprintf(o->data_path, sizeof(o->data_path), "%s.data", o->socket_path);
+	lc.port = o->data_port;
+	lc.path = o->data_path;
+	sv->data = hkv_listener_create(&lc);
+	if (!sv->data) {
+		hkv_err("server: cannot start the %s data plane: %s",
+			o->kind == HKV_TRANSPORT_SHM ? "shm" : "verbs", hkv_strerror(-errno));
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct server_opts o = {
+		.host = "0.0.0.0",
+		.port = "7700",
+		.socket_path = "/tmp/hatchkv.sock",
+		.token_file = "hatchkv.token",
+		.store = {.memory = 1ull << 30, .seg_size = 4u << 20},
+	};
+	struct hkv_ctl_opts co;
+	struct server sv = {0};
+	struct event *ev_data, *ev_int, *ev_term, *ev_tick;
+	struct timeval one_sec = {1, 0};
+	char token[HKV_TOKEN_MAX + 1];
+	int tlen, rc = 1;
+
+	hkv_log_set_prog("hatchkv-server");
+	signal(SIGPIPE, SIG_IGN);
+	if (parse_args(argc, argv, &o))
+		return 2;
+	if (!o.kind)
+		o.kind = hkv_verbs_available() ? HKV_TRANSPORT_VERBS : HKV_TRANSPORT_SHM;
+	tlen = hkv_token_load(o.token_file, token, sizeof(token), 1);
+	if (tlen < 0) {
+		hkv_err("server: token file %s: %s", o.token_file, hkv_strerror(tlen));
+		return 1;
+	}
+	if (hkv_store_init(&sv.store, &o.store))
+		return 1;
+	sv.base = event_base_new();
+	if (!sv.base || start_data_plane(&sv, &o))
+		goto out;
+	co = (struct hkv_ctl_opts){.kind = o.kind, .host = o.host, .port = o.port,
+				   .path = o.socket_path, .token = token, .token_len = (size_t)tlen,
+				   .data_endpoint = o.kind == HKV_TRANSPORT_SHM ? o.data_path : o.data_port};
+	sv.ctl = hkv_ctl_create(sv.base, &sv.store, &co);
+	if (!sv.ctl) {
+		hkv_err("server: cannot listen for control connections: %s", strerror(errno));
+		goto out;
+	}
+	ev_data = event_new(sv.base, hkv_listener_fd(sv.data), EV_READ | EV_PERSIST, on_data_event, &sv);
+	ev_int = evsignal_new(sv.base, SIGINT, on_signal, &sv);
+	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
+	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
+	event_add(ev_data, NULL);
+	event_add(ev_int, NULL);
+	event_add(ev_term, NULL);
+	event_add(ev_tick, &one_sec);
+	if (o.kind == HKV_TRANSPORT_SHM)
+		hkv_info("server: ready, transport shm, control socket %s", o.socket_path);
+	else
+		hkv_info("server: ready, transport verbs, control %s:%s, rdma_cm port %s", o.host,
+			 o.port, o.data_port);
+	event_base_dispatch(sv.base);
+	event_free(ev_tick);
+	event_free(ev_term);
+	event_free(ev_int);
+	event_free(ev_data);
+	rc = 0;
+out:
+	hkv_ctl_destroy(sv.ctl);
+	hkv_listener_destroy(sv.data);
+	if (sv.base)
+		event_base_free(sv.base);
+	hkv_store_fini(&sv.store);
+	return rc;
+}

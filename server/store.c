@@ -1,0 +1,155 @@
+/* store.c - see store.h. */
+#include "server/store.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+#include "common/transport_int.h"
+
+#define TICKET_TTL_NS (10ull * 1000000000ull)
+
+int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
+{
+	struct hkv_geometry g;
+	int ret;
+
+	memset(s, 0, sizeof(*s));
+	s->region.fd = -1;
+	ret = hkv_geometry_init(&g, o->memory, o->seg_size, o->index_slots,
+				o->cache_mode ? HKV_GEOM_F_CACHE : 0);
+	if (ret) {
+		hkv_err("store: --memory %llu is too small for --segment-size %u",
+			(unsigned long long)o->memory, o->seg_size);
+		return ret;
+	}
+	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id))
+		return -errno;
+	hkv_geometry_seal(&g);
+	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
+	if (!s->clients)
+		return -ENOMEM;
+	ret = hkv_region_create(&s->region, o->memory, o->memory_file, NULL);
+	if (ret) {
+		hkv_err("store: cannot create a %llu-byte region: %s",
+			(unsigned long long)o->memory, strerror(-ret));
+		hkv_free(s->clients);
+		return ret;
+	}
+	s->geom = s->region.base;
+	memcpy(s->geom, &g, sizeof(g));
+	s->next_id = 1;
+	hkv_info("store: region %llu MiB%s: index %llu buckets (%llu slots), %u segments of %u KiB, "
+		 "%u size classes (%u..%u B)%s",
+		 (unsigned long long)(s->region.length >> 20), s->region.hugetlb ? " (hugetlb)" : "",
+		 (unsigned long long)g.nbuckets, (unsigned long long)g.nbuckets * HKV_BUCKET_SLOTS,
+		 g.nsegs, g.seg_size >> 10, g.nclasses, g.class_size[0],
+		 g.class_size[g.nclasses - 1], o->cache_mode ? ", cache mode" : "");
+	return 0;
+}
+
+void hkv_store_fini(struct hkv_store *s)
+{
+	hkv_region_destroy(&s->region);
+	hkv_free(s->clients);
+	s->clients = NULL;
+}
+
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w)
+{
+	uint64_t now = hkv_now_ns();
+
+	for (uint32_t tries = 0; tries < HKV_MAX_CLIENTS; tries++) {
+		uint32_t id = s->next_id;
+		struct hkv_client_rec *c = &s->clients[id];
+
+		s->next_id = id % HKV_MAX_CLIENTS + 1; /* round robin: ids are reused late */
+		if (c->connected || c->ticket_expiry_ns > now)
+			continue;
+		if (getrandom(c->ticket, HKV_TICKET_LEN, 0) != HKV_TICKET_LEN)
+			return -errno;
+		c->ticket_expiry_ns = now + TICKET_TTL_NS;
+		memset(w, 0, sizeof(*w));
+		w->client_id = id;
+		memcpy(w->ticket, c->ticket, HKV_TICKET_LEN);
+		return 0;
+	}
+	return -EUSERS;
+}
+
+static int ticket_equal(const uint8_t *a, const uint8_t *b)
+{
+	uint8_t diff = 0;
+
+	for (int i = 0; i < HKV_TICKET_LEN; i++) /* constant time */
+		diff |= a[i] ^ b[i];
+	return diff == 0;
+}
+
+int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out)
+{
+	struct hkv_store *s = arg;
+	struct hkv_data_hello h;
+	struct hkv_client_rec *c;
+
+	if (len != sizeof(h))
+		return HKV_EPROTO;
+	memcpy(&h, hello, sizeof(h));
+	if (h.client_id == 0 || h.client_id > HKV_MAX_CLIENTS)
+		return HKV_EAUTH;
+	c = &s->clients[h.client_id];
+	if (c->connected || c->ticket_expiry_ns < hkv_now_ns() || !ticket_equal(c->ticket, h.ticket)) {
+		hkv_warn("store: data connection with a bad or stale ticket (client %u) refused",
+			 h.client_id);
+		return HKV_EAUTH;
+	}
+	c->ticket_expiry_ns = 0;
+	c->connected = 1;
+	s->nconnected++;
+	out->cookie = h.client_id;
+	hkv_info("store: client %u connected (%u connected)", h.client_id, s->nconnected);
+	return 0;
+}
+
+/*
+ * The client's connection is gone, so nothing it posts can land any more
+ * (the transport destroyed its queue pair first). Its segments keep their
+ * live blocks; mark them orphaned so a client short of memory adopts them.
+ */
+void hkv_store_on_disconnect(void *arg, uint64_t cookie)
+{
+	struct hkv_store *s = arg;
+	uint64_t *table = (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
+	uint32_t id = (uint32_t)cookie, n = 0;
+
+	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected)
+		return;
+	s->clients[id].connected = 0;
+	s->nconnected--;
+	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
+		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE);
+
+		if (hkv_seg_state(e) != HKV_SEG_OWNED || hkv_seg_owner(e) != id)
+			continue;
+		/* Only the owner changes an owned entry, and it is gone: a CAS keeps
+		 * us honest against a garbage-writing client anyway. */
+		if (__atomic_compare_exchange_n(&table[i], &e,
+						hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(e), 0,
+							     hkv_seg_epoch(e) + 1),
+						0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			n++;
+	}
+	s->orphaned_segments += n;
+	hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption", id, n);
+}
+
+void hkv_store_tick(struct hkv_store *s)
+{
+	uint64_t now = hkv_now_ns();
+
+	for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++)
+		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now)
+			s->clients[id].ticket_expiry_ns = 0;
+}

@@ -1,0 +1,57 @@
+/*
+ * store.h - the memory server's side of the store: it owns the region, lays
+ * out its header (common/layout.h), hands out client ids and one-time data
+ * plane tickets, and when a client's data connection is gone marks that
+ * client's segments orphaned so other clients can adopt them.
+ *
+ * It never touches keys or values: every key-value operation is done by
+ * clients with one-sided RDMA. Its work is per connection, never per op.
+ * Single-threaded: called from the server's event loop only.
+ */
+#ifndef HKV_SERVER_STORE_H
+#define HKV_SERVER_STORE_H
+
+#include <stdint.h>
+
+#include "common/ctl_proto.h"
+#include "common/layout.h"
+#include "common/region.h"
+#include "common/transport.h"
+
+struct hkv_store_opts {
+	uint64_t memory;     /* region bytes */
+	uint32_t seg_size;   /* segment bytes (power of two) */
+	uint64_t index_slots;/* 0: derived from memory */
+	int cache_mode;      /* evict instead of failing when full */
+	const char *memory_file; /* NULL: anonymous memfd */
+};
+
+struct hkv_client_rec {
+	uint8_t ticket[HKV_TICKET_LEN];
+	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
+	int connected;
+};
+
+struct hkv_store {
+	struct hkv_region region;
+	struct hkv_geometry *geom; /* in the region, offset 0 */
+	struct hkv_client_rec *clients; /* indexed by client id (1..HKV_MAX_CLIENTS) */
+	uint32_t next_id;
+	uint64_t orphaned_segments;
+	uint32_t nconnected;
+};
+
+int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
+void hkv_store_fini(struct hkv_store *s);
+
+/* Control plane: a client authenticated; fill its welcome (id + ticket). */
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w);
+
+/* Transport callbacks (arg = the store). */
+int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out);
+void hkv_store_on_disconnect(void *arg, uint64_t cookie);
+
+/* Expire tickets not redeemed in time; called from a timer. */
+void hkv_store_tick(struct hkv_store *s);
+
+#endif /* HKV_SERVER_STORE_H */

@@ -1,0 +1,173 @@
+/* hkvserver.c - see hkvserver.h. */
+#include "tests/support/hkvserver.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int exe_dir(char *buf, size_t cap)
+{
+	ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+	char *slash;
+
+	if (n <= 0)
+		return -errno;
+	buf[n] = 0;
+	slash = strrchr(buf, '/');
+	*slash = 0;
+	return 0;
+}
+
+int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
+		    const char *const *extra)
+{
+	static int seq;
+	char bin[4096], sock[160], log[160];
+	const char *argv[32];
+	const char *addr = getenv("HKV_RDMA_ADDR");
+	int argc = 0;
+
+	memset(s, 0, sizeof(*s));
+	s->verbs = verbs;
+	snprintf(s->dir, sizeof(s->dir), "/tmp/hkvtest-%d-%d", (int)getpid(), seq);
+	snprintf(s->port, sizeof(s->port), "%d", 30000 + (int)(getpid() % 15000) * 2 + seq * 2);
+	seq++;
+	mkdir(s->dir, 0700);
+	snprintf(s->token_file, sizeof(s->token_file), "%s/token", s->dir);
+	snprintf(sock, sizeof(sock), "%s/ctl.sock", s->dir);
+	snprintf(log, sizeof(log), "%s/server.log", s->dir);
+	if (verbs)
+		snprintf(s->uri, sizeof(s->uri), "verbs://%s:%s", addr ? addr : "192.0.2.1", s->port);
+	else
+		snprintf(s->uri, sizeof(s->uri), "shm:%s", sock);
+	if (exe_dir(bin, sizeof(bin) - 32))
+		return -errno;
+	strcat(bin, "/hatchkv-server");
+	argv[argc++] = bin;
+	argv[argc++] = "--transport";
+	argv[argc++] = verbs ? "verbs" : "shm";
+	argv[argc++] = "--socket";
+	argv[argc++] = sock;
+	argv[argc++] = "--port";
+	argv[argc++] = s->port;
+	argv[argc++] = "--memory";
+	argv[argc++] = memory;
+	argv[argc++] = "--segment-size";
+	argv[argc++] = segment;
+	argv[argc++] = "--token-file";
+	argv[argc++] = s->token_file;
+	if (verbs) {
+		argv[argc++] = "--listen";
+		argv[argc++] = addr ? addr : "192.0.2.1";
+	}
+	for (int i = 0; extra && extra[i] && argc < 30; i++)
+		argv[argc++] = extra[i];
+	argv[argc] = NULL;
+	fflush(NULL);
+	s->pid = fork();
+	if (s->pid < 0)
+		return -errno;
+	if (s->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the test */
+		if (!getenv("HKV_TEST_SERVER_LOG_STDERR") &&
+		    (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout)))
+			_exit(126);
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	/* ready once a client can authenticate */
+	for (int i = 0; i < 400; i++) {
+		struct hkv_config *cfg;
+		struct hkv_client *c;
+		int status;
+
+		if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+			fprintf(stderr, "hkvserver: server exited early, see %s\n", log);
+			s->pid = 0;
+			return -ECHILD;
+		}
+		if (access(s->token_file, R_OK) == 0 && (cfg = hkvserver_config(s))) {
+			int ret = hkv_open(cfg, &c);
+
+			hkv_config_free(cfg);
+			if (!ret) {
+				hkv_close(c);
+				return 0;
+			}
+		}
+		usleep(25000);
+	}
+	hkvserver_kill(s);
+	return -ETIMEDOUT;
+}
+
+struct hkv_config *hkvserver_config(const struct hkvserver *s)
+{
+	struct hkv_config *cfg = hkv_config_new();
+
+	if (!cfg)
+		return NULL;
+	if (hkv_config_add_server(cfg, s->uri) || hkv_config_set_token_file(cfg, s->token_file)) {
+		hkv_config_free(cfg);
+		return NULL;
+	}
+	return cfg;
+}
+
+struct hkv_client *hkvserver_client(const struct hkvserver *s)
+{
+	struct hkv_config *cfg = hkvserver_config(s);
+	struct hkv_client *c = NULL;
+	int ret = cfg ? hkv_open(cfg, &c) : -ENOMEM;
+
+	hkv_config_free(cfg);
+	if (ret) {
+		fprintf(stderr, "hkvserver: cannot open a client on %s: %s\n", s->uri,
+			hkv_strerror(ret));
+		abort();
+	}
+	return c;
+}
+
+static void cleanup_dir(struct hkvserver *s)
+{
+	char path[200];
+
+	if (getenv("HKV_TEST_KEEP"))
+		return;
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	unlink(path);
+	unlink(s->token_file);
+	rmdir(s->dir);
+}
+
+void hkvserver_stop(struct hkvserver *s)
+{
+	if (s->pid > 0) {
+		kill(s->pid, SIGTERM);
+		waitpid(s->pid, NULL, 0);
+		s->pid = 0;
+	}
+	cleanup_dir(s);
+}
+
+void hkvserver_kill(struct hkvserver *s)
+{
+	if (s->pid > 0) {
+		kill(s->pid, SIGKILL);
+		waitpid(s->pid, NULL, 0);
+		s->pid = 0;
+	}
+}
+
+int hkvserver_want_verbs(int argc, char **argv)
+{
+	return argc > 1 && !strcmp(argv[1], "verbs");
+}

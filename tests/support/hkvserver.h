@@ -1,0 +1,39 @@
+/*
+ * hkvserver.h - run a real hatchkv-server process for black-box tests and
+ * benchmarks: started by fork + exec of the binary beside the running
+ * executable, on a private socket / port, with its own token file; waited
+ * for until its control plane answers; stopped with SIGTERM or killed.
+ */
+#ifndef HKV_TEST_HKVSERVER_H
+#define HKV_TEST_HKVSERVER_H
+
+#include <sys/types.h>
+
+#include "hatchkv.h"
+
+struct hkvserver {
+	pid_t pid;
+	int verbs;
+	char dir[128];       /* private directory: socket, token, log */
+	char uri[256];       /* for hkv_config_add_server */
+	char token_file[256];
+	char port[16];
+};
+
+/*
+ * Start a server: verbs when `verbs`, else shm; memory/segment are
+ * hatchkv-server size strings ("32M"); extra: more arguments or NULL.
+ * Returns 0 or -errno.
+ */
+int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
+		    const char *const *extra);
+/* A config for it (caller frees). */
+struct hkv_config *hkvserver_config(const struct hkvserver *s);
+/* Open a client handle on it; aborts the test program on failure. */
+struct hkv_client *hkvserver_client(const struct hkvserver *s);
+void hkvserver_stop(struct hkvserver *s);
+void hkvserver_kill(struct hkvserver *s);
+/* Does the environment ask for / offer the verbs transport? */
+int hkvserver_want_verbs(int argc, char **argv);
+
+#endif

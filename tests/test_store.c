@@ -1,0 +1,380 @@
+/*
+ * test_store.c - the store through its public API against a real
+ * hatchkv-server process:
+ *
+ *   test_store shm     (unit tier)
+ *   test_store verbs   (rdma tier, Soft-RoCE guest)
+ *
+ * Semantics of every operation and its error codes, expiry, round trips per
+ * operation read from the counters, a long random operation sequence checked
+ * against an in-memory reference model in a region small enough that blocks
+ * are reused all the time, the index load factor when it first fills, and
+ * memory coming back from a client that closed.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/transport.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/hkvserver.h"
+
+HKV_TEST_MAIN_DEFS;
+
+static int use_verbs;
+
+static int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
+		   struct hkv_item_info *info)
+{
+	size_t vlen = 0;
+	int ret = hkv_get(c, key, strlen(key), buf, cap - 1, &vlen, info);
+
+	buf[ret ? 0 : vlen] = 0;
+	return ret;
+}
+
+static int set_str(struct hkv_client *c, const char *key, const char *val)
+{
+	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+}
+
+static void test_semantics(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct hkv_item_info info, info2;
+	char buf[256], big[300];
+	uint64_t n;
+	size_t vlen;
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	CHECK_RC(get_str(c, "nope", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	CHECK_RC(set_str(c, "a", "1"), 0);
+	CHECK_RC(get_str(c, "a", buf, sizeof(buf), &info), 0);
+	CHECK(!strcmp(buf, "1"));
+	CHECK_RC(set_str(c, "a", "two"), 0);
+	CHECK_RC(get_str(c, "a", buf, sizeof(buf), &info2), 0);
+	CHECK(!strcmp(buf, "two") && info2.version != info.version);
+	/* add / replace */
+	CHECK_RC(hkv_add(c, "a", 1, "x", 1, NULL), HKV_EEXISTS);
+	CHECK_RC(hkv_add(c, "b", 1, "bee", 3, NULL), 0);
+	CHECK_RC(hkv_replace(c, "zz", 2, "x", 1, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_replace(c, "b", 1, "B", 1, NULL), 0);
+	CHECK_RC(get_str(c, "b", buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "B"));
+	/* cas against the version of a get */
+	CHECK_RC(get_str(c, "a", buf, sizeof(buf), &info), 0);
+	CHECK_RC(hkv_cas(c, "a", 1, "three", 5, info.version, NULL), 0);
+	CHECK_RC(hkv_cas(c, "a", 1, "four", 4, info.version, NULL), HKV_EVERSION);
+	CHECK_RC(hkv_cas(c, "none", 4, "x", 1, info.version, NULL), HKV_ENOTFOUND);
+	CHECK_RC(get_str(c, "a", buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "three"));
+	/* incr / decr, memcached rules */
+	CHECK_RC(set_str(c, "n", "10"), 0);
+	CHECK_RC(hkv_incr(c, "n", 1, 5, &n), 0);
+	CHECK(n == 15);
+	CHECK_RC(hkv_decr(c, "n", 1, 100, &n), 0);
+	CHECK(n == 0);
+	CHECK_RC(set_str(c, "n", "18446744073709551615"), 0);
+	CHECK_RC(hkv_incr(c, "n", 1, 2, &n), 0);
+	CHECK(n == 1);
+	CHECK_RC(hkv_incr(c, "a", 1, 1, &n), HKV_ENOTNUM);
+	CHECK_RC(hkv_incr(c, "missing", 7, 1, &n), HKV_ENOTFOUND);
+	/* append / prepend keep flags */
+	{
+		struct hkv_write_opts o = {.flags = 0xabcd};
+
+		CHECK_RC(hkv_set(c, "ap", 2, "mid", 3, &o), 0);
+	}
+	CHECK_RC(hkv_append(c, "ap", 2, "-end", 4, 0), 0);
+	CHECK_RC(hkv_append(c, "ap", 2, "start-", 6, 1), 0);
+	CHECK_RC(get_str(c, "ap", buf, sizeof(buf), &info), 0);
+	CHECK(!strcmp(buf, "start-mid-end") && info.flags == 0xabcd);
+	CHECK_RC(hkv_append(c, "nokey", 5, "x", 1, 0), HKV_ENOTFOUND);
+	/* delete */
+	CHECK_RC(hkv_delete(c, "b", 1), 0);
+	CHECK_RC(hkv_delete(c, "b", 1), HKV_ENOTFOUND);
+	CHECK_RC(get_str(c, "b", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	/* limits and bad input */
+	memset(big, 'k', sizeof(big));
+	CHECK_RC(hkv_set(c, big, 251, "v", 1, NULL), HKV_ETOOBIG);
+	CHECK_RC(hkv_set(c, big, 250, "v", 1, NULL), 0);
+	CHECK_RC(hkv_get(c, big, 250, buf, sizeof(buf), &vlen, NULL), 0);
+	CHECK_RC(hkv_set(c, "", 0, "v", 1, NULL), -EINVAL);
+	{
+		size_t huge = 128 << 10; /* > a 64 KiB segment */
+		char *v = calloc(1, huge);
+
+		CHECK_RC(hkv_set(c, "huge", 4, v, huge, NULL), HKV_ETOOBIG);
+		free(v);
+	}
+	CHECK_RC(hkv_get(c, "ap", 2, buf, 3, &vlen, NULL), -ENOSPC);
+	CHECK(vlen == strlen("start-mid-end"));
+	/* binary keys and values, empty value */
+	{
+		const uint8_t bk[4] = {0, 1, 0xff, '\n'}, bv[5] = {0, 0, 7, 0, 0xfe};
+		uint8_t out[8];
+
+		CHECK_RC(hkv_set(c, bk, 4, bv, 5, NULL), 0);
+		CHECK_RC(hkv_get(c, bk, 4, out, sizeof(out), &vlen, NULL), 0);
+		CHECK(vlen == 5 && !memcmp(out, bv, 5));
+		CHECK_RC(hkv_set(c, "empty", 5, NULL, 0, NULL), 0);
+		CHECK_RC(hkv_get(c, "empty", 5, out, sizeof(out), &vlen, NULL), 0);
+		CHECK(vlen == 0);
+	}
+	/* multi-get */
+	{
+		struct hkv_mget_item it[4] = {0};
+		char b0[16], b1[16], b2[16], b3[16];
+		const char *keys[4] = {"a", "nokey", "ap", "n"};
+		char *bufs[4] = {b0, b1, b2, b3};
+
+		for (int i = 0; i < 4; i++)
+			it[i] = (struct hkv_mget_item){.key = keys[i], .klen = strlen(keys[i]),
+						       .buf = bufs[i], .cap = 16};
+		CHECK_RC(hkv_mget(c, it, 4), 0);
+		CHECK(it[0].status == 0 && it[0].vlen == 5 && !memcmp(b0, "three", 5));
+		CHECK(it[1].status == HKV_ENOTFOUND);
+		CHECK(it[2].status == 0 && it[2].vlen == 13);
+		CHECK(it[3].status == 0 && it[3].vlen == 1 && b3[0] == '1');
+	}
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+static void test_expiry(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct hkv_write_opts past = {.exptime = -1}, soon = {.exptime = 1}, later = {.exptime = 100};
+	struct hkv_item_info info;
+	char buf[64];
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	CHECK_RC(hkv_set(c, "gone", 4, "x", 1, &past), 0);
+	CHECK_RC(get_str(c, "gone", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_add(c, "gone", 4, "back", 4, NULL), 0); /* expired counts as absent */
+	CHECK_RC(hkv_set(c, "soon", 4, "x", 1, &soon), 0);
+	CHECK_RC(hkv_set(c, "later", 5, "y", 1, &later), 0);
+	CHECK_RC(get_str(c, "later", buf, sizeof(buf), &info), 0);
+	CHECK(info.exptime >= (uint32_t)time(NULL) + 98);
+	CHECK_RC(get_str(c, "soon", buf, sizeof(buf), NULL), 0);
+	sleep(2);
+	CHECK_RC(get_str(c, "soon", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_replace(c, "soon", 4, "z", 1, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_touch(c, "later", 5, -1), 0);
+	CHECK_RC(get_str(c, "later", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+static uint64_t rt_of(struct hkv_client *c, enum hkv_op op, uint64_t *bytes_read)
+{
+	struct hkv_client_stats st;
+
+	hkv_client_stats(c, &st);
+	if (bytes_read)
+		*bytes_read = st.op[op].bytes_read;
+	return st.op[op].round_trips;
+}
+
+/* The round-trip budget of each operation, from the transport counters. */
+static void test_round_trips(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c, *c2;
+	char val[1000], buf[1100];
+	uint64_t rt0, rt1, b0, b1;
+	size_t vlen;
+
+	memset(val, 'v', sizeof(val));
+	CHECK(hkvserver_start(&s, use_verbs, "32M", "256K", NULL) == 0);
+	c = hkvserver_client(&s);
+	c2 = hkvserver_client(&s);
+	CHECK_RC(hkv_set(c, "warm-up", 7, val, sizeof(val), NULL), 0); /* claims a segment */
+	rt0 = rt_of(c, HKV_OP_SET, NULL);
+	CHECK_RC(hkv_set(c, "key", 3, val, sizeof(val), NULL), 0); /* cold insert */
+	rt1 = rt_of(c, HKV_OP_SET, NULL);
+	printf("# insert: %llu round trips\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 <= 3);
+	rt0 = rt1;
+	CHECK_RC(hkv_set(c, "key", 3, val, sizeof(val), NULL), 0); /* warm update */
+	rt1 = rt_of(c, HKV_OP_SET, NULL);
+	printf("# warm update: %llu round trips\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 1);
+	rt0 = rt_of(c, HKV_OP_GET, &b0);
+	CHECK_RC(hkv_get(c, "key", 3, buf, sizeof(buf), &vlen, NULL), 0); /* warm get */
+	rt1 = rt_of(c, HKV_OP_GET, &b1);
+	printf("# warm get: %llu round trips, %llu bytes read for a %zu-byte block\n",
+	       (unsigned long long)(rt1 - rt0), (unsigned long long)(b1 - b0), 32 + 3 + vlen);
+	CHECK(rt1 - rt0 == 1);
+	CHECK(b1 - b0 <= 32 + 3 + vlen + 64);
+	rt0 = rt_of(c2, HKV_OP_GET, NULL);
+	CHECK_RC(hkv_get(c2, "key", 3, buf, sizeof(buf), &vlen, NULL), 0); /* cold get */
+	rt1 = rt_of(c2, HKV_OP_GET, NULL);
+	printf("# cold get: %llu round trips\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 2);
+	CHECK(vlen == sizeof(val) && !memcmp(buf, val, vlen));
+	rt0 = rt_of(c, HKV_OP_DELETE, NULL);
+	CHECK_RC(hkv_delete(c, "key", 3), 0); /* warm delete */
+	rt1 = rt_of(c, HKV_OP_DELETE, NULL);
+	printf("# warm delete: %llu round trips\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 1);
+	CHECK_RC(hkv_get(c2, "key", 3, buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
+	hkv_close(c2);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+#define FUZZ_KEYS 300
+#define FUZZ_OPS  30000
+
+struct model {
+	int present;
+	uint32_t len;
+	uint32_t seed;
+};
+
+static void make_value(uint8_t *v, uint32_t len, uint32_t seed)
+{
+	for (uint32_t i = 0; i < len; i++)
+		v[i] = (uint8_t)(seed * 2654435761u >> (i % 24)) ^ (uint8_t)i;
+}
+
+/* Random operations by one client, checked against a trivial map. */
+static void test_reference_fuzz(void)
+{
+	static struct model m[FUZZ_KEYS];
+	static uint8_t val[9000], got[9000];
+	struct hkvserver s;
+	struct hkv_client *c;
+	char key[32];
+	unsigned seed = 12345;
+
+	CHECK(hkvserver_start(&s, use_verbs, "6M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	memset(m, 0, sizeof(m));
+	for (int i = 0; i < FUZZ_OPS; i++) {
+		int kid = (int)(rand_r(&seed) % FUZZ_KEYS), op = (int)(rand_r(&seed) % 10), ret;
+		size_t klen = (size_t)snprintf(key, sizeof(key), "key-%d", kid), vlen;
+		uint32_t len = (uint32_t)(rand_r(&seed) % 4 == 0 ? rand_r(&seed) % 9000
+								 : rand_r(&seed) % 200);
+		uint32_t vs = (uint32_t)rand_r(&seed);
+
+		make_value(val, len, vs);
+		if (op < 4) {
+			ret = hkv_get(c, key, klen, got, sizeof(got), &vlen, NULL);
+			if (m[kid].present) {
+				CHECK_RC(ret, 0);
+				make_value(val, m[kid].len, m[kid].seed);
+				CHECK(vlen == m[kid].len && !memcmp(got, val, vlen));
+			} else {
+				CHECK_RC(ret, HKV_ENOTFOUND);
+			}
+		} else if (op < 7) {
+			CHECK_RC(hkv_set(c, key, klen, val, len, NULL), 0);
+			m[kid] = (struct model){1, len, vs};
+		} else if (op == 7) {
+			ret = hkv_add(c, key, klen, val, len, NULL);
+			CHECK_RC(ret, m[kid].present ? HKV_EEXISTS : 0);
+			if (!ret)
+				m[kid] = (struct model){1, len, vs};
+		} else if (op == 8) {
+			ret = hkv_replace(c, key, klen, val, len, NULL);
+			CHECK_RC(ret, m[kid].present ? 0 : HKV_ENOTFOUND);
+			if (!ret)
+				m[kid] = (struct model){1, len, vs};
+		} else {
+			CHECK_RC(hkv_delete(c, key, klen), m[kid].present ? 0 : HKV_ENOTFOUND);
+			m[kid].present = 0;
+		}
+	}
+	{
+		struct hkv_client_stats st;
+
+		hkv_client_stats(c, &st);
+		printf("# fuzz: %d ops, %llu blocks freed, %llu harvested, %llu segments claimed\n",
+		       FUZZ_OPS, (unsigned long long)st.blocks_freed,
+		       (unsigned long long)st.blocks_harvested, (unsigned long long)st.segments_claimed);
+		CHECK(st.blocks_harvested > 0); /* the region is small: blocks were reused */
+	}
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+/* Insert until the index refuses: how full is it then? */
+static void test_load_factor(void)
+{
+	const char *extra[] = {"--index-slots", "8192", NULL};
+	struct hkvserver s;
+	struct hkv_client *c;
+	char key[32];
+	int n = 0, ret = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "32M", "256K", extra) == 0);
+	c = hkvserver_client(&s);
+	while (n < 20000) {
+		size_t klen = (size_t)snprintf(key, sizeof(key), "lf-%d", n);
+
+		ret = hkv_set(c, key, klen, "v", 1, NULL);
+		if (ret)
+			break;
+		n++;
+	}
+	printf("# index of 8192 slots: first insert failure after %d items (%.1f%% full): %s\n", n,
+	       100.0 * n / 8192, hkv_strerror(ret));
+	CHECK_RC(ret, HKV_EFULL);
+	CHECK(n >= 0.85 * 8192);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+/* A client fills the store and closes; its memory serves the next client. */
+static void test_memory_returns(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c;
+	char key[32], val[2000];
+	int n1 = 0, n2 = 0, ret;
+
+	memset(val, 'm', sizeof(val));
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	for (ret = 0; !ret; n1++)
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "a-%d", n1), val,
+			      sizeof(val), NULL);
+	CHECK_RC(ret, HKV_EFULL);
+	for (int i = 0; i < n1 - 1; i++)
+		CHECK_RC(hkv_delete(c, key, (size_t)snprintf(key, sizeof(key), "a-%d", i)), 0);
+	hkv_close(c);
+	c = hkvserver_client(&s);
+	for (ret = 0; !ret; n2++)
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "b-%d", n2), val,
+			      sizeof(val), NULL);
+	printf("# first client stored %d items, the next one %d after the first left\n", n1 - 1,
+	       n2 - 1);
+	CHECK(n2 - 1 >= (n1 - 1) * 9 / 10);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+int main(int argc, char **argv)
+{
+	use_verbs = hkvserver_want_verbs(argc, argv);
+	if (use_verbs)
+		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
+	RUN_TEST(test_semantics);
+	RUN_TEST(test_expiry);
+	RUN_TEST(test_round_trips);
+	RUN_TEST(test_reference_fuzz);
+	RUN_TEST(test_load_factor);
+	RUN_TEST(test_memory_returns);
+	return hkv_test_finish();
+}
