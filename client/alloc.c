@@ -284,17 +284,24 @@ static int take_ready(struct hkv_client *c, struct hkv_class_alloc *ca, uint64_t
 	return 1;
 }
 
+/* Keep the next batch resting: harvest ahead once the ready supply runs low. */
+#define HARVEST_AHEAD 32
+
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
-	int harvested = 0, waited = 0, ret;
+	int waited = 0, ret;
 
 	for (;;) {
 		uint64_t now = hkv_now_ns();
 		struct hkv_seg_own *so = ca->segs;
+		int harvest_due = ca->segs && now - ca->last_harvest_ns > HKV_QUARANTINE_NS;
 
-		if (take_ready(c, ca, now, off, gen))
+		if (take_ready(c, ca, now, off, gen)) {
+			if (harvest_due && ca->tail - ca->head < HARVEST_AHEAD)
+				harvest(c, cls); /* errors show up on the next round trip */
 			return 0;
+		}
 		if (so && so->carved < so->nblocks) {
 			uint32_t b = so->carved++;
 
@@ -302,27 +309,27 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 			*off = seg_base(c, so->idx) + (uint64_t)b * c->g.class_size[cls];
 			return 0;
 		}
-		if (ca->head != ca->tail)
-			continue; /* resting blocks become ready within the quarantine */
-		if (!harvested && ca->segs && now - ca->last_harvest_ns > HKV_QUARANTINE_NS) {
-			harvested = 1;
+		if (harvest_due && ca->head == ca->tail) {
 			ret = harvest(c, cls);
 			if (ret < 0)
 				return ret;
 			if (ret > 0)
 				continue;
 		}
+		/* Nothing ready: take more memory while freed blocks rest... */
 		ret = claim_segment(c, cls);
 		if (ret != HKV_EFULL) {
 			if (ret)
 				return ret;
 			continue;
 		}
+		/* ...and when there is none, wait for them. */
+		if (ca->head != ca->tail)
+			continue;
 		if (waited || !ca->segs)
 			return HKV_EFULL;
 		/* Full: frees may still be in flight from other clients; look once more. */
 		waited = 1;
-		harvested = 0;
 		ca->last_harvest_ns = 0;
 		while (hkv_now_ns() - now < 2 * HKV_QUARANTINE_NS)
 			;

@@ -1,11 +1,15 @@
 /*
- * cache.c - key -> location cache of a handle: direct-mapped by key hash,
- * so bounded and O(1). An entry remembers the slot it was found in, the
- * slot's value and the block's generation and length, which lets a GET read
- * just the block (one round trip) and an update CAS the slot directly.
- * Entries are hints: every use is validated against remote memory, and an
- * entry older than HKV_CACHE_MAX_AGE_NS is not used at all (see the ABA
- * argument in docs/design.md).
+ * cache.c - key -> location cache: direct-mapped by key hash, bounded and
+ * O(1), shared by all handles opened from one config (so threads warm it
+ * for each other; reference counted, so either may be freed first). Each entry is a seqlock: a reader copies it and keeps
+ * the copy only if the sequence did not move; a writer that finds the entry
+ * busy skips its update (it is only a cache).
+ *
+ * An entry remembers the slot a key was found in, the slot's value and the
+ * block's generation and length, which lets a GET read just the block (one
+ * round trip) and an update CAS the slot directly. Entries are hints: every
+ * use is validated against remote memory, and an entry older than
+ * HKV_CACHE_MAX_AGE_NS is not used (the ABA argument in docs/design.md).
  */
 #include <errno.h>
 #include <string.h>
@@ -13,54 +17,130 @@
 #include "client/client_int.h"
 #include "common/hkv_alloc.h"
 
-int hkv_cache_init(struct hkv_cache *lc, size_t entries)
+struct hkv_cache *hkv_cache_new(size_t entries)
 {
+	struct hkv_cache *lc = hkv_calloc(1, sizeof(*lc));
 	size_t n = 1;
 
-	lc->e = NULL;
-	lc->mask = 0;
+	if (!lc)
+		return NULL;
+	lc->refs = 1;
 	if (!entries)
-		return 0;
-	while (n < entries)
+		return lc;
+	while (n < entries || n < 2)
 		n <<= 1;
 	lc->e = hkv_calloc(n, sizeof(*lc->e));
-	if (!lc->e)
-		return -ENOMEM;
+	if (!lc->e) {
+		hkv_free(lc);
+		return NULL;
+	}
 	lc->mask = n - 1;
+	return lc;
+}
+
+struct hkv_cache *hkv_cache_ref(struct hkv_cache *lc)
+{
+	__atomic_fetch_add(&lc->refs, 1, __ATOMIC_RELAXED);
+	return lc;
+}
+
+void hkv_cache_unref(struct hkv_cache *lc)
+{
+	if (!lc || __atomic_sub_fetch(&lc->refs, 1, __ATOMIC_ACQ_REL))
+		return;
+	hkv_free(lc->e);
+	hkv_free(lc);
+}
+
+static void unpack(const uint64_t *w, struct hkv_loc *l)
+{
+	l->hash = w[0];
+	l->slot_addr = w[1];
+	l->slot = w[2];
+	l->gen = (uint32_t)w[3];
+	l->blen = (uint32_t)(w[3] >> 32);
+	l->stamp_ns = w[4];
+}
+
+/* Copy entry e if it is stable and holds hash; 1 if so. */
+static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w)
+{
+	uint64_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE), s2;
+
+	if (s1 & 1)
+		return 0;
+	for (int i = 0; i < 5; i++)
+		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	s2 = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
+	return s1 == s2 && w[0] == hash;
+}
+
+/* Two-way set associative: a key may sit in either entry of its pair. */
+static struct hkv_cache_entry *set_of(struct hkv_cache *lc, uint64_t hash)
+{
+	return &lc->e[hash & lc->mask & ~1ull];
+}
+
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, struct hkv_loc *out)
+{
+	uint64_t w[5];
+
+	if (!lc->e)
+		return 0;
+	for (int way = 0; way < 2; way++) {
+		if (read_entry(&set_of(lc, hash)[way], hash, w) && now - w[4] <= HKV_CACHE_MAX_AGE_NS) {
+			unpack(w, out);
+			return 1;
+		}
+	}
 	return 0;
 }
 
-void hkv_cache_fini(struct hkv_cache *lc)
+/* Write w into entry e under its seqlock; skipped if another writer holds it. */
+static void write_entry(struct hkv_cache_entry *e, const uint64_t *w)
 {
-	hkv_free(lc->e);
-	lc->e = NULL;
+	uint64_t s = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
+
+	if ((s & 1) || !__atomic_compare_exchange_n(&e->seq, &s, s + 1, 0, __ATOMIC_ACQUIRE,
+						    __ATOMIC_RELAXED))
+		return;
+	for (int i = 0; i < 5; i++)
+		__atomic_store_n(&e->w[i], w[i], __ATOMIC_RELAXED);
+	__atomic_store_n(&e->seq, s + 2, __ATOMIC_RELEASE);
 }
 
-struct hkv_loc *hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now)
+/* The way holding hash, else (for a put) the one confirmed longer ago. */
+static struct hkv_cache_entry *way_for(struct hkv_cache *lc, uint64_t hash, int for_put)
 {
-	struct hkv_loc *e;
+	struct hkv_cache_entry *set = set_of(lc, hash);
+	uint64_t w0 = __atomic_load_n(&set[0].w[0], __ATOMIC_RELAXED);
+	uint64_t w1 = __atomic_load_n(&set[1].w[0], __ATOMIC_RELAXED);
 
-	if (!lc->e)
+	if (w0 == hash || w1 == hash)
+		return &set[w0 == hash ? 0 : 1];
+	if (!for_put)
 		return NULL;
-	e = &lc->e[hash & lc->mask];
-	if (e->hash != hash || now - e->stamp_ns > HKV_CACHE_MAX_AGE_NS)
-		return NULL;
-	return e;
+	return __atomic_load_n(&set[0].w[4], __ATOMIC_RELAXED) <=
+			       __atomic_load_n(&set[1].w[4], __ATOMIC_RELAXED)
+		       ? &set[0]
+		       : &set[1];
 }
 
-void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc)
+void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *l)
 {
+	uint64_t w[5] = {l->hash, l->slot_addr, l->slot, l->gen | (uint64_t)l->blen << 32,
+			 l->stamp_ns};
+
 	if (lc->e)
-		lc->e[loc->hash & lc->mask] = *loc;
+		write_entry(way_for(lc, l->hash, 1), w);
 }
 
 void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash)
 {
-	struct hkv_loc *e;
+	static const uint64_t zero[5];
+	struct hkv_cache_entry *e = lc->e ? way_for(lc, hash, 0) : NULL;
 
-	if (!lc->e)
-		return;
-	e = &lc->e[hash & lc->mask];
-	if (e->hash == hash)
-		memset(e, 0, sizeof(*e));
+	if (e)
+		write_entry(e, zero); /* a racing put of another key may be lost: harmless */
 }

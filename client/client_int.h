@@ -16,6 +16,7 @@
 #ifndef HKV_CLIENT_INT_H
 #define HKV_CLIENT_INT_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "common/layout.h"
@@ -29,6 +30,8 @@
 #define HKV_PENDING_FREES   64
 
 struct hkv_config {
+	pthread_mutex_t lock;     /* guards the lazily created cache */
+	struct hkv_cache *cache;  /* shared by every handle opened from this config */
 	char *servers[HKV_MAX_SERVERS];
 	int nservers;
 	char *token, *token_file;
@@ -37,26 +40,34 @@ struct hkv_config {
 	size_t cache_entries;
 };
 
-/* ---- location cache (cache.c) ---------------------------------------------- */
+/* ---- location cache (cache.c), shared by the handles of one config ---- */
 
 struct hkv_loc {
 	uint64_t hash;      /* full key hash; 0 = empty entry */
-	uint64_t slot_addr; /* remote address of the index slot */
+	uint64_t slot_addr; /* region offset of the index slot */
 	uint64_t slot;      /* slot value when last seen */
 	uint32_t gen;       /* generation of the block it points to */
 	uint32_t blen;      /* header + key + value bytes of that block */
 	uint64_t stamp_ns;  /* when it was last confirmed */
 };
 
+struct hkv_cache_entry {
+	uint64_t seq; /* seqlock: odd while being written */
+	uint64_t w[5];
+};
+
 struct hkv_cache {
-	struct hkv_loc *e;
+	uint64_t refs; /* the config and each handle hold one */
+	struct hkv_cache_entry *e;
 	uint64_t mask; /* entries - 1; e == NULL when disabled */
 };
 
-int hkv_cache_init(struct hkv_cache *lc, size_t entries);
-void hkv_cache_fini(struct hkv_cache *lc);
-/* The entry for hash if present and young enough, else NULL. */
-struct hkv_loc *hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now);
+struct hkv_cache *hkv_cache_new(size_t entries);
+struct hkv_cache *hkv_cache_ref(struct hkv_cache *lc);
+/* Drop a reference; the last one frees. NULL is fine. */
+void hkv_cache_unref(struct hkv_cache *lc);
+/* Copy the entry for hash into *out if present and young enough; 1 if so. */
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, struct hkv_loc *out);
 void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc);
 void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
@@ -106,7 +117,7 @@ struct hkv_client {
 	uint8_t *rblk, *wblk, *scr;
 	size_t read_cap, scr_cap;
 
-	struct hkv_cache cache;
+	struct hkv_cache *cache; /* the config's, shared (one reference) */
 	struct hkv_seg_own **owned; /* by segment index */
 	struct hkv_class_alloc *classes;
 	struct hkv_pending_free pending[HKV_PENDING_FREES];

@@ -18,9 +18,10 @@ HKV_EXPORT struct hkv_config *hkv_config_new(void)
 		errno = ENOMEM;
 		return NULL;
 	}
+	pthread_mutex_init(&cfg->lock, NULL);
 	cfg->timeout_ms = 5000;
 	cfg->max_value = 1u << 20;
-	cfg->cache_entries = 65536;
+	cfg->cache_entries = 262144;
 	return cfg;
 }
 
@@ -32,6 +33,8 @@ HKV_EXPORT void hkv_config_free(struct hkv_config *cfg)
 		hkv_free(cfg->servers[i]);
 	hkv_free(cfg->token);
 	hkv_free(cfg->token_file);
+	hkv_cache_unref(cfg->cache);
+	pthread_mutex_destroy(&cfg->lock);
 	hkv_free(cfg);
 }
 

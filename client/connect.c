@@ -263,6 +263,20 @@ static int load_token(const struct hkv_config *cfg, char *tok, size_t cap)
 	return hkv_token_load(cfg->token_file, tok, cap, 0) < 0 ? HKV_EAUTH : 0;
 }
 
+/* The config's location cache, made by its first handle (configs are
+ * otherwise read-only after hkv_open; the cache is its one shared part). */
+static int share_cache(const struct hkv_config *cfg_in, struct hkv_client *c)
+{
+	struct hkv_config *cfg = (struct hkv_config *)cfg_in;
+
+	pthread_mutex_lock(&cfg->lock);
+	if (!cfg->cache)
+		cfg->cache = hkv_cache_new(cfg->cache_entries);
+	c->cache = cfg->cache ? hkv_cache_ref(cfg->cache) : NULL;
+	pthread_mutex_unlock(&cfg->lock);
+	return c->cache ? 0 : -ENOMEM;
+}
+
 HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 {
 	char token[HKV_TOKEN_MAX + 1];
@@ -295,7 +309,7 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 	if (!ret)
 		ret = setup_arena(c, cfg->max_value);
 	if (!ret)
-		ret = hkv_cache_init(&c->cache, cfg->cache_entries);
+		ret = share_cache(cfg, c);
 	if (!ret)
 		ret = hkv_alloc_init(c);
 	if (ret) {
@@ -313,7 +327,7 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 	if (c->conn && !c->conn->error && c->classes)
 		hkv_alloc_release(c);
 	hkv_alloc_fini(c);
-	hkv_cache_fini(&c->cache);
+	hkv_cache_unref(c->cache);
 	if (c->conn) {
 		hkv_conn_dereg(c->conn, c->mr);
 		hkv_conn_close(c->conn);

@@ -146,12 +146,17 @@ static uint64_t meta_live(const struct item *it)
 	return hkv_meta_make(HKV_BLK_LIVE, it->cls, it->gen);
 }
 
+static struct hkv_loc *cache_get(struct hkv_client *c, uint64_t hash, struct hkv_loc *tmp)
+{
+	return hkv_cache_find(c->cache, hash, hkv_now_ns(), tmp) ? tmp : NULL;
+}
+
 static void remember(struct hkv_client *c, const struct key *k, const struct item *it)
 {
 	struct hkv_loc loc = {.hash = k->h, .slot_addr = it->slot_off, .slot = it->slot,
 			      .gen = it->gen, .blen = it->blen, .stamp_ns = hkv_now_ns()};
 
-	hkv_cache_put(&c->cache, &loc);
+	hkv_cache_put(c->cache, &loc);
 }
 
 /* Does a slot point at a plausible block? Garbage never leads to a bad READ. */
@@ -185,7 +190,7 @@ static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, ui
 /* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
 static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 {
-	struct hkv_loc *loc = hkv_cache_find(&c->cache, k->h, hkv_now_ns());
+	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc);
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
 	struct hkv_wr wr;
 	int ret;
@@ -196,7 +201,7 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 	}
 	if (!slot_sane(c, loc->slot) || loc->blen > c->g.class_size[hkv_slot_class(loc->slot)] ||
 	    loc->blen > c->read_cap) {
-		hkv_cache_drop(&c->cache, k->h);
+		hkv_cache_drop(c->cache, k->h);
 		return 1;
 	}
 	wr = hkv_wr_read(c, c->rblk, hkv_slot_off(loc->slot), loc->blen);
@@ -207,12 +212,15 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 	    hkv_meta_class(h->meta) != hkv_slot_class(loc->slot) ||
 	    hkv_block_check(&c->g, c->rblk, loc->blen, k->p, k->len) ||
 	    HKV_BLOCK_HDR + h->klen + h->vlen != loc->blen) {
-		hkv_cache_drop(&c->cache, k->h); /* replaced, reused or torn: ask the index */
+		hkv_cache_drop(c->cache, k->h); /* replaced, reused or torn: ask the index */
 		c->stats.cache_misses++;
 		return 1;
 	}
 	item_from_block(it, c->rblk, loc->slot_addr, loc->slot, -1);
-	loc->stamp_ns = hkv_now_ns();
+	if (hkv_now_ns() - loc->stamp_ns > HKV_CACHE_MAX_AGE_NS / 8) {
+		loc->stamp_ns = hkv_now_ns(); /* confirmed: young again (rarely written) */
+		hkv_cache_put(c->cache, loc);
+	}
 	c->stats.cache_hits++;
 	return 0;
 }
@@ -534,7 +542,7 @@ static int pick_empty(const struct view *v)
 static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, uint32_t blen,
 		      uint64_t *slot_off)
 {
-	struct hkv_loc *loc = hkv_cache_find(&c->cache, k->h, hkv_now_ns());
+	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc);
 	struct item old;
 	int ret;
 
@@ -546,7 +554,7 @@ static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, 
 	*slot_off = loc->slot_addr;
 	ret = publish_replace(c, &old, slot, blen, 1);
 	if (ret == CONFLICT)
-		hkv_cache_drop(&c->cache, k->h);
+		hkv_cache_drop(c->cache, k->h);
 	return ret;
 }
 
@@ -658,7 +666,7 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 			return ret;
 		}
 		unbuild_block(c, slot);
-		hkv_cache_drop(&c->cache, k->h);
+		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
 	}
 	return HKV_EAGAIN;
@@ -900,7 +908,7 @@ HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int
 
 static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 {
-	struct hkv_loc *loc = warm ? hkv_cache_find(&c->cache, k->h, hkv_now_ns()) : NULL;
+	struct hkv_loc lc, *loc = warm ? cache_get(c, k->h, &lc) : NULL;
 	struct item it;
 	struct view view;
 	int ret, expired;
@@ -909,14 +917,14 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 		it = (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
 				   .blk_off = hkv_slot_off(loc->slot),
 				   .cls = hkv_slot_class(loc->slot), .gen = loc->gen};
-		hkv_cache_drop(&c->cache, k->h);
+		hkv_cache_drop(c->cache, k->h);
 		return publish_remove(c, &it);
 	}
 	ret = find_cold(c, k, &it, &view, NULL, 0);
 	if (ret)
 		return ret;
 	expired = item_expired(&it);
-	hkv_cache_drop(&c->cache, k->h);
+	hkv_cache_drop(c->cache, k->h);
 	ret = publish_remove(c, &it);
 	return ret == 0 && expired ? HKV_ENOTFOUND : ret;
 }
@@ -938,6 +946,24 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	return op_end(c, &sc, ret == CONFLICT ? HKV_EAGAIN : ret);
 }
 
+/* A block read for a multi-get item: keep it if it is still the key's. */
+static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
+		      uint8_t *blk)
+{
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+	struct item it;
+
+	if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_gen(h->meta) != loc->gen ||
+	    hkv_block_check(&c->g, blk, loc->blen, m->key, (uint16_t)m->klen))
+		return; /* stale: the single-key path will find it */
+	item_from_block(&it, blk, loc->slot_addr, loc->slot, -1);
+	m->vlen = h->vlen;
+	m->status = item_expired(&it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
+	if (!m->status)
+		memcpy(m->buf, blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+	fill_info(&it, &m->info);
+}
+
 /*
  * Multi-get: the keys with a usable cached location are read in one chain
  * (one round trip for all of them); the rest, and any whose block turned out
@@ -951,53 +977,33 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 	op_begin(c, &sc, HKV_OP_MGET);
 	while (i < n) {
 		struct hkv_wr wrs[32];
-		size_t idx[32], used = 0, first = i;
+		struct hkv_loc locs[32];
+		size_t idx[32], offs[32], used = 0, first = i;
 		int nw = 0, ret;
 
 		for (; i < n && nw < 32; i++) {
 			struct key k;
-			struct hkv_loc *loc;
 
 			items[i].status = key_init(c, &k, items[i].key, items[i].klen);
 			if (items[i].status)
 				continue;
 			items[i].status = CONFLICT; /* not read yet */
-			loc = hkv_cache_find(&c->cache, k.h, hkv_now_ns());
-			if (!loc || !slot_sane(c, loc->slot) || loc->blen > c->read_cap)
+			if (!cache_get(c, k.h, &locs[nw]) || !slot_sane(c, locs[nw].slot) ||
+			    locs[nw].blen > c->read_cap)
 				continue;
-			if (used + loc->blen > c->read_cap)
+			if (used + locs[nw].blen > c->read_cap)
 				break;
 			idx[nw] = i;
-			wrs[nw++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
-			used += loc->blen;
+			offs[nw] = used;
+			wrs[nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(locs[nw].slot),
+					      locs[nw].blen);
+			used += locs[nw++].blen;
 		}
 		ret = nw ? hkv_exec(c, wrs, nw) : 0;
 		if (ret)
 			return op_end(c, &sc, ret);
-		used = 0;
-		for (int w = 0; w < nw; w++) {
-			struct hkv_mget_item *m = &items[idx[w]];
-			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)(c->rblk + used);
-			struct key k;
-			struct hkv_loc *loc;
-
-			key_init(c, &k, m->key, m->klen);
-			loc = hkv_cache_find(&c->cache, k.h, hkv_now_ns());
-			if (loc && hkv_meta_state(h->meta) == HKV_BLK_LIVE &&
-			    hkv_meta_gen(h->meta) == loc->gen &&
-			    !hkv_block_check(&c->g, h, loc->blen, k.p, k.len)) {
-				struct item it;
-
-				item_from_block(&it, (uint8_t *)h, loc->slot_addr, loc->slot, -1);
-				m->vlen = h->vlen;
-				m->status = item_expired(&it) ? HKV_ENOTFOUND
-					    : h->vlen > m->cap ? -ENOSPC : 0;
-				if (!m->status)
-					memcpy(m->buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
-				fill_info(&it, &m->info);
-			}
-			used += loc ? loc->blen : 0;
-		}
+		for (int w = 0; w < nw; w++)
+			mget_take(c, &items[idx[w]], &locs[w], c->rblk + offs[w]);
 		for (size_t j = first; j < i; j++)
 			if (items[j].status == CONFLICT)
 				items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,

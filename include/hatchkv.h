@@ -48,7 +48,7 @@ HKV_EXPORT const char *hkv_version(void);
 
 struct hkv_config;
 
-/* New config with defaults (timeout 5000 ms, location cache 65536 entries). NULL + errno. */
+/* New config with defaults (timeout 5000 ms, location cache 262144 entries). NULL + errno. */
 HKV_EXPORT struct hkv_config *hkv_config_new(void);
 HKV_EXPORT void hkv_config_free(struct hkv_config *cfg);
 /*
@@ -65,7 +65,8 @@ HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *pat
 HKV_EXPORT int hkv_config_set_timeout_ms(struct hkv_config *cfg, int ms);
 /* Largest value this handle writes or reads (<= the server's limit). */
 HKV_EXPORT int hkv_config_set_max_value(struct hkv_config *cfg, size_t bytes);
-/* Entries of the key -> location cache (0 disables it; rounded to 2^n). */
+/* Entries of the key -> location cache (0 disables it; rounded to 2^n). The cache
+ * is shared by every handle opened from this config, across threads. */
 HKV_EXPORT int hkv_config_set_cache_entries(struct hkv_config *cfg, size_t n);
 
 /* ---- handles ---------------------------------------------------------------- */

@@ -1,0 +1,665 @@
+/*
+ * hatchkv-bench - YCSB core workloads against hatchkv and, side by side in
+ * the same invocation, memcached over TCP.
+ *
+ *   hatchkv-bench --compare [--quick] [--json FILE]     start servers, run all
+ *   hatchkv-bench --system hatchkv --server URI --token-file F -w A ...
+ *   hatchkv-bench --system memcached --memcached HOST:PORT -w B ...
+ *
+ * A run = load phase (records inserted, split over threads) then run phase
+ * per workload: operations chosen by the workload's mix and key chooser,
+ * each timed (read-modify-write as one operation) into per-thread log-linear
+ * histograms, merged at the end. Output: YCSB's text report, optional JSON.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/drivers.h"
+#include "bench/hist.h"
+#include "bench/ycsb.h"
+#include "common/transport.h"
+#include "hatchkv.h"
+#include "tests/support/hkvserver.h"
+
+#define MAX_THREADS 64
+
+struct opts {
+	const char *workloads;
+	uint64_t records, operations, warmup;
+	double duration, target;
+	int threads;
+	size_t fieldcount, fieldlength;
+	const char *system, *uri, *token_file, *memcached, *json;
+	int compare, quick, verbs;
+	pid_t server_pid;
+};
+
+struct result {
+	char system[16], workload, transport[8];
+	double runtime_ms, throughput, server_cpu;
+	struct hist h[YOP_N];
+	uint64_t ok[YOP_N], notfound[YOP_N], err[YOP_N];
+	struct drv_counters cnt[YOP_N];
+};
+
+struct run;
+
+struct worker {
+	struct run *run;
+	int id;
+	pthread_t tid;
+	struct driver *drv;
+	struct ycsb_rng rng;
+	struct ycsb_chooser chooser;
+	struct hist h[YOP_N];
+	uint64_t ok[YOP_N], notfound[YOP_N], err[YOP_N];
+	struct drv_counters cnt[YOP_N];
+	uint8_t *val, *buf;
+	int failed;
+};
+
+struct run {
+	const struct opts *o;
+	const struct ycsb_workload *w; /* NULL: load phase */
+	const char *system;
+	size_t vlen;
+	atomic_uint_fast64_t next_insert; /* key numbers handed to inserts */
+	atomic_uint_fast64_t done;
+	uint64_t ops_per_thread;
+	struct worker wk[MAX_THREADS];
+};
+
+static volatile sig_atomic_t stop_requested;
+static struct hkv_config *hkv_cfg; /* the hatchkv run's shared config */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static struct driver *open_driver(const struct opts *o, const char *system)
+{
+	if (!strcmp(system, "memcached"))
+		return driver_open_memcached(o->memcached);
+	return driver_open_hatchkv(hkv_cfg);
+}
+
+/* ---- one operation ----------------------------------------------------------- */
+
+static void account(struct worker *w, enum ycsb_op op, int ret)
+{
+	if (!ret)
+		w->ok[op]++;
+	else if (ret == HKV_ENOTFOUND)
+		w->notfound[op]++;
+	else if (w->err[op]++ == 0)
+		fprintf(stderr, "hatchkv-bench: %s failed: %s\n", ycsb_op_names[op], hkv_strerror(ret));
+}
+
+static int do_write(struct worker *w, uint64_t keynum)
+{
+	char key[32];
+	size_t klen = ycsb_key(keynum, key, sizeof(key));
+	size_t field = ycsb_rand(&w->rng) % w->run->o->fieldcount, fl = w->run->o->fieldlength;
+
+	/* an update rewrites one field; the store is value-opaque, so the whole
+	 * record goes out, as YCSB's key-value bindings do */
+	for (size_t i = 0; i < fl; i += 8) {
+		uint64_t r = ycsb_rand(&w->rng);
+
+		for (size_t j = 0; j < 8 && i + j < fl; j++)
+			w->val[field * fl + i + j] = (uint8_t)(' ' + (r >> (8 * j)) % 95);
+	}
+	return w->drv->ops->write(w->drv, key, klen, w->val, w->run->vlen);
+}
+
+static int do_read(struct worker *w, uint64_t keynum)
+{
+	char key[32];
+	size_t klen = ycsb_key(keynum, key, sizeof(key)), vlen;
+
+	return w->drv->ops->read(w->drv, key, klen, w->buf, w->run->vlen + 64, &vlen);
+}
+
+static void one_op(struct worker *w, int measure)
+{
+	struct run *r = w->run;
+	enum ycsb_op op = ycsb_next_op(r->w, &w->rng);
+	uint64_t latest = atomic_load(&r->next_insert), key, t0;
+	struct drv_counters c0, c1;
+	int ret;
+
+	key = op == YOP_INSERT ? atomic_fetch_add(&r->next_insert, 1)
+			       : ycsb_choose(&w->chooser, &w->rng, latest);
+	w->drv->ops->counters(w->drv, &c0);
+	t0 = now_ns();
+	switch (op) {
+	case YOP_READ:
+		ret = do_read(w, key);
+		break;
+	case YOP_RMW:
+		ret = do_read(w, key);
+		if (!ret)
+			ret = do_write(w, key);
+		break;
+	default:
+		ret = do_write(w, key);
+		break;
+	}
+	if (!measure)
+		return;
+	hist_add(&w->h[op], now_ns() - t0);
+	w->drv->ops->counters(w->drv, &c1);
+	w->cnt[op].round_trips += c1.round_trips - c0.round_trips;
+	w->cnt[op].bytes_read += c1.bytes_read - c0.bytes_read;
+	w->cnt[op].bytes_written += c1.bytes_written - c0.bytes_written;
+	account(w, op, ret);
+}
+
+/* ---- phases ------------------------------------------------------------------ */
+
+static void *load_main(void *arg)
+{
+	struct worker *w = arg;
+	const struct opts *o = w->run->o;
+
+	for (uint64_t k = (uint64_t)w->id; k < o->records && !stop_requested; k += (uint64_t)o->threads) {
+		int ret = do_write(w, k);
+
+		if (ret) {
+			fprintf(stderr, "hatchkv-bench: load of record %llu failed: %s\n",
+				(unsigned long long)k, hkv_strerror(ret));
+			w->failed = 1;
+			break;
+		}
+		atomic_fetch_add(&w->run->done, 1);
+	}
+	return NULL;
+}
+
+static void *run_main(void *arg)
+{
+	struct worker *w = arg;
+	const struct opts *o = w->run->o;
+	double per_thread_rate = o->target > 0 ? o->target / o->threads : 0;
+	uint64_t start = now_ns(), end = o->duration > 0 ? start + (uint64_t)(o->duration * 1e9) : 0;
+
+	for (uint64_t i = 0; i < o->warmup; i++)
+		one_op(w, 0);
+	start = now_ns();
+	for (uint64_t i = 0; !stop_requested; i++) {
+		if (end ? now_ns() >= end : i >= w->run->ops_per_thread)
+			break;
+		if (per_thread_rate > 0) /* open-loop pacing to the target rate */
+			while (now_ns() < start + (uint64_t)((double)i * 1e9 / per_thread_rate))
+				;
+		one_op(w, 1);
+		atomic_fetch_add(&w->run->done, 1);
+	}
+	return NULL;
+}
+
+static void progress(struct run *r, uint64_t total, uint64_t t0)
+{
+	uint64_t done = atomic_load(&r->done);
+	double secs = (double)(now_ns() - t0) / 1e9, rate = secs > 0 ? (double)done / secs : 0;
+
+	fprintf(stdout, "\r  %s %c: %llu ops, %.0f ops/s, ETA %.0f s   ", r->system,
+		r->w ? r->w->name : 'L', (unsigned long long)done, rate,
+		rate > 0 && total > done ? (double)(total - done) / rate : 0.0);
+	fflush(stdout);
+}
+
+static uint64_t proc_cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut = 0, st = 0;
+	FILE *f;
+
+	if (pid <= 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+	fclose(f);
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return 0;
+	return ut + st;
+}
+
+/* Run one phase with o->threads workers; fills res for run phases. */
+static int phase(const struct opts *o, const char *system, const struct ycsb_workload *w,
+		 struct result *res, pid_t server_pid)
+{
+	static struct run r; /* big: per-thread histograms */
+	uint64_t total, t0, cpu0;
+	int failed = 0, tty = isatty(1);
+
+	memset(&r, 0, sizeof(r));
+	r.o = o;
+	r.w = w;
+	r.system = system;
+	r.vlen = o->fieldcount * o->fieldlength;
+	atomic_store(&r.next_insert, o->records);
+	r.ops_per_thread = o->operations / (uint64_t)o->threads;
+	total = w ? (o->duration > 0 ? 0 : r.ops_per_thread * (uint64_t)o->threads) : o->records;
+	for (int i = 0; i < o->threads; i++) {
+		struct worker *wk = &r.wk[i];
+
+		wk->run = &r;
+		wk->id = i;
+		ycsb_rng_seed(&wk->rng, 0x5eed0000ull + (uint64_t)i * 7919 + (w ? (uint64_t)w->name : 0));
+		if (w)
+			ycsb_chooser_init(&wk->chooser, w->dist, o->records);
+		for (int k = 0; k < YOP_N; k++)
+			hist_init(&wk->h[k]);
+		wk->val = malloc(r.vlen + 64);
+		wk->buf = malloc(r.vlen + 64);
+		ycsb_fill_record(wk->val, r.vlen, &wk->rng);
+		wk->drv = open_driver(o, system);
+		if (!wk->drv)
+			return -1;
+	}
+	cpu0 = proc_cpu_ticks(server_pid);
+	t0 = now_ns();
+	for (int i = 0; i < o->threads; i++)
+		pthread_create(&r.wk[i].tid, NULL, w ? run_main : load_main, &r.wk[i]);
+	for (int i = 0; i < o->threads; i++) {
+		while (tty && pthread_tryjoin_np(r.wk[i].tid, NULL) == EBUSY) {
+			progress(&r, total, t0);
+			usleep(200000);
+		}
+		if (!tty)
+			pthread_join(r.wk[i].tid, NULL);
+	}
+	if (tty)
+		printf("\r%70s\r", "");
+	if (res) {
+		double secs = (double)(now_ns() - t0) / 1e9;
+
+		memset(res, 0, sizeof(*res));
+		snprintf(res->system, sizeof(res->system), "%s", system);
+		res->workload = w ? w->name : 'L';
+		snprintf(res->transport, sizeof(res->transport), "%s",
+			 strcmp(system, "hatchkv") ? "tcp" : o->verbs ? "verbs" : "shm");
+		res->runtime_ms = secs * 1e3;
+		res->throughput = (double)atomic_load(&r.done) / secs;
+		res->server_cpu = server_pid > 0 ? 100.0 * (double)(proc_cpu_ticks(server_pid) - cpu0) /
+							   (double)sysconf(_SC_CLK_TCK) / secs
+						 : -1;
+		for (int k = 0; k < YOP_N; k++)
+			hist_init(&res->h[k]);
+	}
+	for (int i = 0; i < o->threads; i++) {
+		struct worker *wk = &r.wk[i];
+
+		failed |= wk->failed;
+		for (int k = 0; res && k < YOP_N; k++) {
+			hist_merge(&res->h[k], &wk->h[k]);
+			res->ok[k] += wk->ok[k];
+			res->notfound[k] += wk->notfound[k];
+			res->err[k] += wk->err[k];
+			res->cnt[k].round_trips += wk->cnt[k].round_trips;
+			res->cnt[k].bytes_read += wk->cnt[k].bytes_read;
+			res->cnt[k].bytes_written += wk->cnt[k].bytes_written;
+		}
+		wk->drv->ops->close(wk->drv);
+		free(wk->val);
+		free(wk->buf);
+	}
+	return failed ? -1 : 0;
+}
+
+/* ---- reports ------------------------------------------------------------------ */
+
+static double us(uint64_t ns)
+{
+	return (double)ns / 1e3;
+}
+
+static void report_text(const struct result *r)
+{
+	printf("# %s, workload %c, transport %s\n", r->system, r->workload, r->transport);
+	printf("[OVERALL], RunTime(ms), %.0f\n", r->runtime_ms);
+	printf("[OVERALL], Throughput(ops/sec), %.1f\n", r->throughput);
+	if (r->server_cpu >= 0)
+		printf("[OVERALL], ServerCPU(%%), %.2f\n", r->server_cpu);
+	for (int k = 0; k < YOP_N; k++) {
+		const struct hist *h = &r->h[k];
+		const char *n = ycsb_op_names[k];
+
+		if (!h->count)
+			continue;
+		printf("[%s], Operations, %llu\n", n, (unsigned long long)h->count);
+		printf("[%s], AverageLatency(us), %.2f\n", n, us(h->sum_ns) / (double)h->count);
+		printf("[%s], MinLatency(us), %.2f\n", n, us(h->min_ns));
+		printf("[%s], MaxLatency(us), %.2f\n", n, us(h->max_ns));
+		printf("[%s], 50thPercentileLatency(us), %.2f\n", n, us(hist_quantile(h, 0.50)));
+		printf("[%s], 95thPercentileLatency(us), %.2f\n", n, us(hist_quantile(h, 0.95)));
+		printf("[%s], 99thPercentileLatency(us), %.2f\n", n, us(hist_quantile(h, 0.99)));
+		printf("[%s], 99.9thPercentileLatency(us), %.2f\n", n, us(hist_quantile(h, 0.999)));
+		if (r->cnt[k].round_trips)
+			printf("[%s], RoundTripsPerOp, %.3f\n", n,
+			       (double)r->cnt[k].round_trips / (double)h->count);
+		printf("[%s], Return=OK, %llu\n", n, (unsigned long long)r->ok[k]);
+		if (r->notfound[k])
+			printf("[%s], Return=NOT_FOUND, %llu\n", n, (unsigned long long)r->notfound[k]);
+		if (r->err[k])
+			printf("[%s], Return=ERROR, %llu\n", n, (unsigned long long)r->err[k]);
+	}
+}
+
+static void json_op(FILE *f, const struct result *r, int k, int *first)
+{
+	static const char *const keys[YOP_N] = {"read", "update", "insert", "scan", "rmw"};
+	const struct hist *h = &r->h[k];
+	double n = (double)h->count;
+
+	if (!h->count)
+		return;
+	fprintf(f, "%s\n      \"%s\": {\"count\": %llu, \"avg_us\": %.3f, \"min_us\": %.3f, "
+		   "\"max_us\": %.3f, \"p50_us\": %.3f, \"p95_us\": %.3f, \"p99_us\": %.3f, "
+		   "\"p999_us\": %.3f, \"round_trips_per_op\": %.4f, \"bytes_read_per_op\": %.1f, "
+		   "\"bytes_written_per_op\": %.1f, \"not_found\": %llu, \"errors\": %llu, \"cdf\": [",
+		*first ? "" : ",", keys[k], (unsigned long long)h->count, us(h->sum_ns) / n,
+		us(h->min_ns), us(h->max_ns), us(hist_quantile(h, 0.5)), us(hist_quantile(h, 0.95)),
+		us(hist_quantile(h, 0.99)), us(hist_quantile(h, 0.999)),
+		(double)r->cnt[k].round_trips / n, (double)r->cnt[k].bytes_read / n,
+		(double)r->cnt[k].bytes_written / n, (unsigned long long)r->notfound[k],
+		(unsigned long long)r->err[k]);
+	for (int q = 1; q <= 100; q++) {
+		double frac = q < 100 ? q / 100.0 : 0.999;
+
+		fprintf(f, "%s[%.3f, %.3f]", q > 1 ? ", " : "", us(hist_quantile(h, frac)), frac);
+	}
+	fprintf(f, "]}");
+	*first = 0;
+}
+
+static int report_json(const char *path, const struct result *rs, int n, const struct opts *o)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f) {
+		fprintf(stderr, "hatchkv-bench: cannot write %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	fprintf(f, "[");
+	for (int i = 0; i < n; i++) {
+		const struct result *r = &rs[i];
+		int first = 1;
+
+		fprintf(f, "%s\n  {\"system\": \"%s\", \"workload\": \"%c\", \"transport\": \"%s\", "
+			   "\"threads\": %d, \"records\": %llu, \"record_bytes\": %zu, "
+			   "\"runtime_ms\": %.1f, \"throughput_ops_per_sec\": %.1f, "
+			   "\"server_cpu_percent\": %.3f,\n    \"ops\": {",
+			i ? "," : "", r->system, r->workload, r->transport, o->threads,
+			(unsigned long long)o->records, o->fieldcount * o->fieldlength, r->runtime_ms,
+			r->throughput, r->server_cpu);
+		for (int k = 0; k < YOP_N; k++)
+			json_op(f, r, k, &first);
+		fprintf(f, "}}");
+	}
+	fprintf(f, "\n]\n");
+	return fclose(f) ? -1 : 0;
+}
+
+/* ---- orchestration ------------------------------------------------------------ */
+
+static int run_system(const struct opts *o, const char *system, pid_t server_pid,
+		      struct result *out, int *nout)
+{
+	struct result load;
+	int ret = -1;
+
+	if (!strcmp(system, "hatchkv") && !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
+		return -1;
+	printf("== %s: loading %llu records of %zu bytes with %d threads\n", system,
+	       (unsigned long long)o->records, o->fieldcount * o->fieldlength, o->threads);
+	fflush(stdout);
+	if (phase(o, system, NULL, &load, server_pid))
+		goto out;
+	printf("   loaded in %.0f ms (%.0f inserts/s)\n", load.runtime_ms, load.throughput);
+	for (const char *p = o->workloads; *p; p++) {
+		const struct ycsb_workload *w = ycsb_workload(*p);
+		struct result *r = &out[(*nout)++];
+
+		if (phase(o, system, w, r, server_pid))
+			goto out;
+		report_text(r);
+		fflush(stdout);
+	}
+	ret = 0;
+out:
+	hkv_config_free(hkv_cfg);
+	hkv_cfg = NULL;
+	return ret;
+}
+
+static pid_t start_memcached(const char *port, int threads)
+{
+	char t[8];
+	pid_t pid;
+
+	snprintf(t, sizeof(t), "%d", threads);
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-m",
+		       "2048", "-t", t, "-u", "root", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; pid > 0 && i < 200; i++) {
+		char hp[32];
+		struct driver *d;
+
+		snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
+		usleep(25000);
+		if ((d = driver_open_memcached(hp))) {
+			d->ops->close(d);
+			return pid;
+		}
+	}
+	return -1;
+}
+
+static const struct result *find_result(const struct result *rs, int n, const char *sys, char w)
+{
+	for (int i = 0; i < n; i++)
+		if (!strcmp(rs[i].system, sys) && rs[i].workload == w)
+			return &rs[i];
+	return NULL;
+}
+
+static void compare_table(const struct result *rs, int n, const char *workloads)
+{
+	printf("\n== hatchkv vs memcached (same workload, keys, values, %s)\n",
+	       "client threads");
+	printf("%-8s %14s %14s %8s %12s %12s %8s %10s %8s\n", "workload", "hatchkv ops/s",
+	       "memcached ops/s", "ratio", "hkv GET p50", "mc GET p50", "ratio", "hkv RT/GET",
+	       "srv CPU%");
+	for (const char *p = workloads; *p; p++) {
+		const struct result *h = find_result(rs, n, "hatchkv", *p);
+		const struct result *m = find_result(rs, n, "memcached", *p);
+		double hp50, mp50;
+
+		if (!h || !m)
+			continue;
+		hp50 = us(hist_quantile(&h->h[YOP_READ], 0.5));
+		mp50 = us(hist_quantile(&m->h[YOP_READ], 0.5));
+		printf("%-8c %14.0f %14.0f %8.2f %10.2fus %10.2fus %8.3f %10.3f %8.2f\n", *p,
+		       h->throughput, m->throughput, h->throughput / m->throughput, hp50, mp50,
+		       mp50 > 0 ? hp50 / mp50 : 0,
+		       h->h[YOP_READ].count ? (double)h->cnt[YOP_READ].round_trips /
+						      (double)h->h[YOP_READ].count
+					    : 0,
+		       h->server_cpu);
+	}
+}
+
+static int compare(struct opts *o)
+{
+	static struct result rs[16];
+	struct hkvserver srv;
+	char port[16];
+	pid_t mc;
+	int n = 0, ret;
+	char mem[32];
+
+	snprintf(mem, sizeof(mem), "%lluM",
+		 (unsigned long long)(o->records * (o->fieldcount * o->fieldlength + 200) * 3 / 1000000 + 64));
+	printf("== starting hatchkv-server (%s, %s) and memcached (loopback TCP)\n",
+	       o->verbs ? "verbs" : "shm", mem);
+	if (hkvserver_start(&srv, o->verbs, mem, "1M", NULL)) {
+		fprintf(stderr, "hatchkv-bench: cannot start hatchkv-server\n");
+		return 1;
+	}
+	snprintf(port, sizeof(port), "%d", 21000 + (int)(getpid() % 20000));
+	mc = start_memcached(port, o->threads);
+	if (mc < 0) {
+		fprintf(stderr, "hatchkv-bench: cannot start memcached (apt-get install memcached)\n");
+		hkvserver_stop(&srv);
+		return 1;
+	}
+	o->uri = srv.uri;
+	o->token_file = srv.token_file;
+	static char hp[32];
+	snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
+	o->memcached = hp;
+	ret = run_system(o, "hatchkv", srv.pid, rs, &n);
+	if (!ret)
+		ret = run_system(o, "memcached", mc, rs, &n);
+	kill(mc, SIGTERM);
+	waitpid(mc, NULL, 0);
+	hkvserver_stop(&srv);
+	if (ret)
+		return 1;
+	compare_table(rs, n, o->workloads);
+	return o->json && report_json(o->json, rs, n, o) ? 1 : 0;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hatchkv-bench [options]\n"
+		"  --compare              start hatchkv-server and memcached, run both\n"
+		"  --quick                small sizes (finishes in well under 3 minutes)\n"
+		"  -w, --workloads ABCDF  YCSB core workloads to run (E needs range scans: refused)\n"
+		"  -s, --system hatchkv|memcached\n"
+		"  --server URI           hatchkv server (shm:/path or verbs://host:port)\n"
+		"  --token-file PATH      hatchkv token file\n"
+		"  --memcached HOST:PORT  memcached text protocol endpoint\n"
+		"  --transport shm|verbs  for --compare (default: verbs if an RDMA device exists)\n"
+		"  -r, --records N        records loaded (default 100000)\n"
+		"  -n, --operations N     operations per workload (default 200000)\n"
+		"  -d, --duration SECS    run each workload this long instead of -n\n"
+		"  -t, --threads N        client threads (default 2)\n"
+		"  --warmup N             unmeasured operations per thread first (default 1000)\n"
+		"  --target OPS           aggregate target rate (default: as fast as possible)\n"
+		"  --fieldcount N --fieldlength B   record shape (default 10 x 100)\n"
+		"  --server-pid PID       report this process's CPU use as server_cpu_percent\n"
+		"  --json FILE            write results as JSON\n");
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	static const struct option lo[] = {
+		{"compare", no_argument, NULL, 'C'},      {"quick", no_argument, NULL, 'Q'},
+		{"workloads", required_argument, NULL, 'w'}, {"system", required_argument, NULL, 's'},
+		{"server", required_argument, NULL, 'S'}, {"token-file", required_argument, NULL, 'k'},
+		{"memcached", required_argument, NULL, 'm'}, {"transport", required_argument, NULL, 'T'},
+		{"records", required_argument, NULL, 'r'}, {"operations", required_argument, NULL, 'n'},
+		{"duration", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
+		{"warmup", required_argument, NULL, 'W'}, {"target", required_argument, NULL, 'R'},
+		{"fieldcount", required_argument, NULL, 'F'}, {"fieldlength", required_argument, NULL, 'L'},
+		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'C': o->compare = 1; break;
+		case 'Q': o->quick = 1; break;
+		case 'w': o->workloads = optarg; break;
+		case 's': o->system = optarg; break;
+		case 'S': o->uri = optarg; break;
+		case 'k': o->token_file = optarg; break;
+		case 'm': o->memcached = optarg; break;
+		case 'T': o->verbs = hkv_transport_parse(optarg) == HKV_TRANSPORT_VERBS; break;
+		case 'r': o->records = strtoull(optarg, NULL, 10); break;
+		case 'n': o->operations = strtoull(optarg, NULL, 10); break;
+		case 'd': o->duration = atof(optarg); break;
+		case 't': o->threads = atoi(optarg); break;
+		case 'W': o->warmup = strtoull(optarg, NULL, 10); break;
+		case 'R': o->target = atof(optarg); break;
+		case 'F': o->fieldcount = strtoul(optarg, NULL, 10); break;
+		case 'L': o->fieldlength = strtoul(optarg, NULL, 10); break;
+		case 'P': o->server_pid = atoi(optarg); break;
+		case 'j': o->json = optarg; break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -1;
+		}
+	}
+	if (o->quick) {
+		o->records = 20000;
+		o->operations = 40000;
+	}
+	for (const char *p = o->workloads; *p; p++) {
+		if (*p == 'E' || *p == 'e') {
+			fprintf(stderr, "hatchkv-bench: workload E needs range scans, which a hash "
+					"index cannot serve; run A, B, C, D or F\n");
+			return -1;
+		}
+		if (!ycsb_workload(*p)) {
+			fprintf(stderr, "hatchkv-bench: unknown workload '%c'\n", *p);
+			return -1;
+		}
+	}
+	if (o->threads < 1 || o->threads > MAX_THREADS || !o->records || !o->fieldcount ||
+	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
+				(!o->uri || !o->token_file)) ||
+	    (!o->compare && !strcmp(o->system, "memcached") && !o->memcached)) {
+		usage(stderr);
+		return -1;
+	}
+	return 0;
+}
+
+static void on_sigint(int sig)
+{
+	stop_requested = 1;
+}
+
+int main(int argc, char **argv)
+{
+	static struct result rs[8];
+	struct opts o = {.workloads = "ABCFD", .records = 100000, .operations = 200000,
+			 .threads = 2, .fieldcount = 10, .fieldlength = 100, .system = "hatchkv",
+			 .warmup = 1000};
+	int n = 0;
+
+	o.verbs = hkv_verbs_available();
+	signal(SIGINT, on_sigint);
+	signal(SIGPIPE, SIG_IGN);
+	if (parse(argc, argv, &o))
+		return 2;
+	if (o.compare)
+		return compare(&o);
+	if (run_system(&o, o.system, o.server_pid, rs, &n))
+		return 1;
+	return o.json && report_json(o.json, rs, n, &o) ? 1 : 0;
+}

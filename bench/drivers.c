@@ -1,0 +1,252 @@
+/* drivers.c - see drivers.h. */
+#include "bench/drivers.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "hatchkv.h"
+
+/* ---- hatchkv -------------------------------------------------------------- */
+
+struct hkv_driver {
+	struct driver base;
+	struct hkv_client *c;
+};
+
+static int hkvd_read(struct driver *d, const char *key, size_t klen, uint8_t *buf, size_t cap,
+		     size_t *vlen)
+{
+	return hkv_get(((struct hkv_driver *)d)->c, key, klen, buf, cap, vlen, NULL);
+}
+
+static int hkvd_write(struct driver *d, const char *key, size_t klen, const uint8_t *val,
+		      size_t vlen)
+{
+	return hkv_set(((struct hkv_driver *)d)->c, key, klen, val, vlen, NULL);
+}
+
+static void hkvd_counters(struct driver *d, struct drv_counters *out)
+{
+	struct hkv_client_stats st;
+
+	hkv_client_stats(((struct hkv_driver *)d)->c, &st);
+	memset(out, 0, sizeof(*out));
+	for (int i = 0; i < HKV_OP_NTYPES; i++) {
+		out->round_trips += st.op[i].round_trips;
+		out->bytes_read += st.op[i].bytes_read;
+		out->bytes_written += st.op[i].bytes_written;
+	}
+}
+
+static void hkvd_close(struct driver *d)
+{
+	hkv_close(((struct hkv_driver *)d)->c);
+	free(d);
+}
+
+static const struct driver_ops hkv_driver_ops = {"hatchkv", hkvd_read, hkvd_write, hkvd_counters,
+						 hkvd_close};
+
+struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
+{
+	struct hkv_driver *d = calloc(1, sizeof(*d));
+	int ret = d ? hkv_open(cfg, &d->c) : -ENOMEM;
+
+	if (ret) {
+		fprintf(stderr, "hatchkv-bench: cannot connect: %s\n", hkv_strerror(ret));
+		free(d);
+		return NULL;
+	}
+	d->base.ops = &hkv_driver_ops;
+	return &d->base;
+}
+
+struct hkv_config *driver_hatchkv_config(const char *uri, const char *token_file, size_t keys)
+{
+	struct hkv_config *cfg = hkv_config_new();
+
+	if (cfg && !hkv_config_add_server(cfg, uri) && !hkv_config_set_token_file(cfg, token_file) &&
+	    !hkv_config_set_cache_entries(cfg, keys * 2 > 262144 ? keys * 2 : 262144))
+		return cfg;
+	fprintf(stderr, "hatchkv-bench: bad server '%s' or token file '%s'\n", uri, token_file);
+	hkv_config_free(cfg);
+	return NULL;
+}
+
+/* ---- memcached text protocol -------------------------------------------------- */
+
+struct mc_driver {
+	struct driver base;
+	int fd;
+	char *rbuf; /* buffered reader */
+	size_t rlen, roff, rcap;
+	char *wbuf;
+	size_t wcap;
+};
+
+static int mc_fill(struct mc_driver *m)
+{
+	ssize_t n;
+
+	if (m->roff) {
+		memmove(m->rbuf, m->rbuf + m->roff, m->rlen - m->roff);
+		m->rlen -= m->roff;
+		m->roff = 0;
+	}
+	if (m->rlen == m->rcap)
+		return -EMSGSIZE;
+	n = read(m->fd, m->rbuf + m->rlen, m->rcap - m->rlen);
+	if (n <= 0)
+		return n ? -errno : -ECONNRESET;
+	m->rlen += (size_t)n;
+	return 0;
+}
+
+/* Next line (without \r\n); valid until the next read. */
+static int mc_line(struct mc_driver *m, char **line)
+{
+	for (;;) {
+		char *nl = memchr(m->rbuf + m->roff, '\n', m->rlen - m->roff);
+		int ret;
+
+		if (nl) {
+			*line = m->rbuf + m->roff;
+			if (nl > *line && nl[-1] == '\r')
+				nl[-1] = 0;
+			*nl = 0;
+			m->roff = (size_t)(nl - m->rbuf) + 1;
+			return 0;
+		}
+		if ((ret = mc_fill(m)))
+			return ret;
+	}
+}
+
+static int mc_bytes(struct mc_driver *m, uint8_t *dst, size_t n)
+{
+	while (m->rlen - m->roff < n) {
+		int ret = mc_fill(m);
+
+		if (ret)
+			return ret;
+	}
+	if (dst)
+		memcpy(dst, m->rbuf + m->roff, n);
+	m->roff += n;
+	return 0;
+}
+
+static int mc_send(struct mc_driver *m, const void *p, size_t n)
+{
+	const char *c = p;
+
+	while (n) {
+		ssize_t w = write(m->fd, c, n);
+
+		if (w <= 0)
+			return -errno;
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static int mcd_read(struct driver *d, const char *key, size_t klen, uint8_t *buf, size_t cap,
+		    size_t *vlen)
+{
+	struct mc_driver *m = (struct mc_driver *)d;
+	unsigned long long bytes;
+	unsigned flags;
+	char *line;
+	int n = snprintf(m->wbuf, m->wcap, "get %.*s\r\n", (int)klen, key), ret;
+
+	if ((ret = mc_send(m, m->wbuf, (size_t)n)) || (ret = mc_line(m, &line)))
+		return ret;
+	if (!strcmp(line, "END"))
+		return HKV_ENOTFOUND;
+	if (sscanf(line, "VALUE %*s %u %llu", &flags, &bytes) != 2)
+		return HKV_EPROTO;
+	*vlen = (size_t)bytes;
+	if ((ret = mc_bytes(m, bytes <= cap ? buf : NULL, (size_t)bytes)) || (ret = mc_bytes(m, NULL, 2)))
+		return ret;
+	if ((ret = mc_line(m, &line)))
+		return ret;
+	return strcmp(line, "END") ? HKV_EPROTO : bytes <= cap ? 0 : -ENOSPC;
+}
+
+static int mcd_write(struct driver *d, const char *key, size_t klen, const uint8_t *val,
+		     size_t vlen)
+{
+	struct mc_driver *m = (struct mc_driver *)d;
+	char *line;
+	int n = snprintf(m->wbuf, m->wcap, "set %.*s 0 0 %zu\r\n", (int)klen, key, vlen), ret;
+
+	if ((size_t)n + vlen + 2 > m->wcap)
+		return HKV_ETOOBIG;
+	memcpy(m->wbuf + n, val, vlen);
+	memcpy(m->wbuf + n + vlen, "\r\n", 2);
+	if ((ret = mc_send(m, m->wbuf, (size_t)n + vlen + 2)) || (ret = mc_line(m, &line)))
+		return ret;
+	return strcmp(line, "STORED") ? HKV_EPROTO : 0;
+}
+
+static void mcd_counters(struct driver *d, struct drv_counters *out)
+{
+	memset(out, 0, sizeof(*out));
+}
+
+static void mcd_close(struct driver *d)
+{
+	struct mc_driver *m = (struct mc_driver *)d;
+
+	close(m->fd);
+	free(m->rbuf);
+	free(m->wbuf);
+	free(m);
+}
+
+static const struct driver_ops mc_driver_ops = {"memcached", mcd_read, mcd_write, mcd_counters,
+						mcd_close};
+
+struct driver *driver_open_memcached(const char *hostport)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+	char host[256], *colon;
+	struct mc_driver *m;
+	int one = 1;
+
+	snprintf(host, sizeof(host), "%s", hostport);
+	colon = strrchr(host, ':');
+	if (!colon)
+		return NULL;
+	*colon = 0;
+	if (getaddrinfo(host, colon + 1, &hints, &ai))
+		return NULL;
+	m = calloc(1, sizeof(*m));
+	m->rcap = m->wcap = 2u << 20;
+	m->rbuf = malloc(m->rcap);
+	m->wbuf = malloc(m->wcap);
+	m->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (m->fd < 0 || connect(m->fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		fprintf(stderr, "hatchkv-bench: cannot connect to memcached at %s: %s\n", hostport,
+			strerror(errno));
+		freeaddrinfo(ai);
+		if (m->fd >= 0)
+			close(m->fd);
+		free(m->rbuf);
+		free(m->wbuf);
+		free(m);
+		return NULL;
+	}
+	freeaddrinfo(ai);
+	setsockopt(m->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	m->base.ops = &mc_driver_ops;
+	return &m->base;
+}

@@ -1,0 +1,46 @@
+/*
+ * drivers.h - the systems hatchkv-bench measures, behind one small interface:
+ *   hatchkv    the client library (one handle per thread)
+ *   memcached  the memcached text protocol over TCP (Debian's memcached, or
+ *              hatchkv-memcached later), one connection per thread
+ * Every call is synchronous and returns 0, HKV_ENOTFOUND or another error.
+ */
+#ifndef HKV_BENCH_DRIVERS_H
+#define HKV_BENCH_DRIVERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct drv_counters {
+	uint64_t round_trips, bytes_read, bytes_written; /* hatchkv only */
+};
+
+struct driver;
+
+struct driver_ops {
+	const char *name;
+	int (*read)(struct driver *d, const char *key, size_t klen, uint8_t *buf, size_t cap,
+		    size_t *vlen);
+	int (*write)(struct driver *d, const char *key, size_t klen, const uint8_t *val,
+		     size_t vlen);
+	void (*counters)(struct driver *d, struct drv_counters *out);
+	void (*close)(struct driver *d);
+};
+
+struct driver {
+	const struct driver_ops *ops;
+};
+
+struct hkv_config;
+
+/*
+ * One config per system run, shared by every thread's handle, so they share
+ * the location cache (the loader warms it for the readers), as threads of one
+ * service would. NULL + message on failure.
+ */
+struct hkv_config *driver_hatchkv_config(const char *uri, const char *token_file, size_t keys);
+struct driver *driver_open_hatchkv(const struct hkv_config *cfg);
+/* hostport: "127.0.0.1:11211". NULL + message on failure. */
+struct driver *driver_open_memcached(const char *hostport);
+
+#endif

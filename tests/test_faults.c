@@ -1,0 +1,1402 @@
+/*
+ * test_faults.c - hatchkv under faults, against a real hatchkv-server:
+ *
+ *   test_faults shm     (unit tier)
+ *   test_faults verbs   (rdma tier, Soft-RoCE guest)
+ *
+ * test_garbage: a "vandal" authenticates like any client, then RDMA-WRITEs
+ * random bytes into the index and the data area while reader/writer clients
+ * run sets, gets, multi-gets and deletes. Every get that succeeds must return
+ * a value that was really written for its key; the only errors allowed are
+ * HKV_ENOTFOUND, HKV_ECORRUPT, HKV_EFULL and HKV_EAGAIN; no client crashes;
+ * after the vandal stops a fresh client still reads and writes.
+ *
+ * test_sigkill_writer: a client killed with SIGKILL in a write loop. A fresh
+ * client then sees every key absent or whole, never torn; the dead client's
+ * segments are orphaned when its connection goes, and a new client fills the
+ * store nearly as far as in a store that never had the dead client.
+ *
+ * Clients are separate processes: the test binary runs itself again in a
+ * worker mode ("test_faults worker ROLE URI TOKEN-FILE ID MS FD"), fork +
+ * exec. A bare fork is not an option: RDMA resources already exist in this
+ * process (hkvserver_start opens a client) and librdmacm's device fds do not
+ * work in a forked child. Workers report counters as "name=value" lines on
+ * the pipe FD; their crashes show as the signal in their exit status (and a
+ * backtrace on stderr).
+ *
+ * Values are self-validating: struct val_hdr (magic, length, writer sequence
+ * number, 64-bit hash), then the key, then filler derived from the sequence
+ * number. A value returned for a key either is one some client wrote for that
+ * key, or check_value() says why not.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#if !defined(__SANITIZE_ADDRESS__)
+#include <execinfo.h>
+#endif
+
+#include "common/ctl_proto.h"
+#include "common/layout.h"
+#include "common/token.h"
+#include "common/transport.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/hkvserver.h"
+
+HKV_TEST_MAIN_DEFS;
+
+static int use_verbs;
+
+/* ---- counters, reported by workers as "name=value" --------------------------- */
+
+enum counter {
+	C_OPS,
+	C_GETS,
+	C_HITS,
+	C_SETS,
+	C_SETS_OK,
+	C_DELS,
+	C_MGETS,
+	C_BAD,           /* a value nobody wrote for its key */
+	C_NOTFOUND,      /* the allowed errors: ENOTFOUND, ECORRUPT, EFULL, EAGAIN */
+	C_CORRUPT,
+	C_FULL,
+	C_AGAIN,
+	C_OTHER,         /* any other error: not allowed */
+	C_CORRUPT_READS, /* hkv_client_stats: blocks that failed validation */
+	C_RB_MISS,       /* fresh client: a miss right after its own successful set */
+	C_RB_STALE,      /* fresh client: an older valid value right after its set */
+	C_VANDAL_WRITES,
+	C_VANDAL_BYTES,
+	C_PROGRESS,      /* writer: sets issued so far */
+	NCOUNTERS
+};
+
+static const char *const counter_names[NCOUNTERS] = {
+	[C_OPS] = "ops",
+	[C_GETS] = "gets",
+	[C_HITS] = "hits",
+	[C_SETS] = "sets",
+	[C_SETS_OK] = "sets_ok",
+	[C_DELS] = "dels",
+	[C_MGETS] = "mgets",
+	[C_BAD] = "bad",
+	[C_NOTFOUND] = "notfound",
+	[C_CORRUPT] = "corrupt",
+	[C_FULL] = "full",
+	[C_AGAIN] = "again",
+	[C_OTHER] = "other",
+	[C_CORRUPT_READS] = "corrupt_reads",
+	[C_RB_MISS] = "rb_miss",
+	[C_RB_STALE] = "rb_stale",
+	[C_VANDAL_WRITES] = "vandal_writes",
+	[C_VANDAL_BYTES] = "vandal_bytes",
+	[C_PROGRESS] = "progress",
+};
+
+static unsigned long long cv(const uint64_t *cnt, enum counter i)
+{
+	return (unsigned long long)cnt[i];
+}
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(uint64_t ms)
+{
+	struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+			      .tv_nsec = (long)(ms % 1000) * 1000000};
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+static uint64_t rnd(uint64_t *s) /* xorshift64* */
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 0x2545f4914f6cdd1dull;
+}
+
+static uint64_t seed_of(int id)
+{
+	return (0x9e3779b97f4a7c15ull * (uint64_t)(id + 1) ^ (uint64_t)getpid() << 20 ^
+		(uint64_t)time(NULL)) | 1; /* never 0: xorshift would stay there */
+}
+
+static int write_full(int fd, const void *p, size_t len)
+{
+	const uint8_t *b = p;
+
+	while (len) {
+		ssize_t n = write(fd, b, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		b += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int read_full(int fd, void *p, size_t len)
+{
+	uint8_t *b = p;
+
+	while (len) {
+		ssize_t n = read(fd, b, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		b += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static void key_name(char *buf, size_t cap, char prefix, int i)
+{
+	snprintf(buf, cap, "%c-%04d", prefix, i);
+}
+
+/* ---- self-validating values -------------------------------------------------- */
+
+#define VAL_MAGIC 0x4c415648u /* "HVAL" */
+#define VAL_MAX   4096
+#define FNV_BASIS 0xcbf29ce484222325ull
+
+struct val_hdr {
+	uint32_t magic;
+	uint32_t len; /* of the whole value */
+	uint64_t seq; /* writer id << 40 | counter */
+	uint64_t sum; /* FNV-1a over the value with sum = 0 */
+	uint16_t klen;
+	uint16_t rsv[3];
+};
+
+static uint64_t fnv64(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n--)
+		h = (h ^ *b++) * 0x100000001b3ull;
+	return h;
+}
+
+static uint8_t filler_byte(uint64_t seq, size_t i)
+{
+	uint64_t x = (seq + (uint64_t)(i / 8) * 0x9e3779b97f4a7c15ull) * 0xd6e8feb86659fd93ull;
+
+	return (uint8_t)((x ^ x >> 29) >> (i % 8 * 8));
+}
+
+static uint64_t value_sum(const uint8_t *v, size_t len)
+{
+	struct val_hdr h;
+
+	memcpy(&h, v, sizeof(h));
+	h.sum = 0;
+	return fnv64(fnv64(FNV_BASIS, &h, sizeof(h)), v + sizeof(h), len - sizeof(h));
+}
+
+/* Build the value of `key` with sequence number seq, about len bytes; its length. */
+static size_t make_value(uint8_t *v, size_t len, const char *key, uint64_t seq)
+{
+	size_t klen = strlen(key), head = sizeof(struct val_hdr) + klen;
+	struct val_hdr h = {.magic = VAL_MAGIC, .seq = seq, .klen = (uint16_t)klen};
+
+	if (len < head)
+		len = head;
+	if (len > VAL_MAX)
+		len = VAL_MAX;
+	h.len = (uint32_t)len;
+	memcpy(v, &h, sizeof(h));
+	memcpy(v + sizeof(h), key, klen);
+	for (size_t i = head; i < len; i++)
+		v[i] = filler_byte(seq, i);
+	h.sum = value_sum(v, len);
+	memcpy(v, &h, sizeof(h));
+	return len;
+}
+
+/* NULL if v is a value some writer built for key, else why not. */
+static const char *check_value(const char *key, const uint8_t *v, size_t vlen)
+{
+	size_t klen = strlen(key);
+	struct val_hdr h;
+
+	if (vlen < sizeof(h) + klen)
+		return "too short for a value of this key";
+	memcpy(&h, v, sizeof(h));
+	if (h.magic != VAL_MAGIC)
+		return "no value magic";
+	if (h.len != vlen)
+		return "length differs from the written one";
+	if (h.klen != klen || memcmp(v + sizeof(h), key, klen))
+		return "written for another key";
+	if (h.sum != value_sum(v, vlen))
+		return "checksum mismatch (torn or garbage)";
+	if (h.seq >> 40 == 0 || h.seq >> 40 > 127)
+		return "sequence number of no writer";
+	for (size_t i = sizeof(h) + klen; i < vlen; i++)
+		if (v[i] != filler_byte(h.seq, i))
+			return "filler does not match its sequence number";
+	return NULL;
+}
+
+static void report_bad(const char *who, const char *op, const char *key, const uint8_t *v,
+		       size_t vlen, const char *why)
+{
+	char hex[3 * 48 + 1] = "";
+
+	for (size_t i = 0; i < vlen && i < 48; i++)
+		snprintf(hex + 3 * i, 4, "%02x ", v[i]);
+	fprintf(stderr, "%s: %s(\"%s\") returned a value nobody wrote: %s; %zu bytes: %s\n", who,
+		op, key, why, vlen, hex);
+}
+
+/* ---- a raw data-plane connection (what hkv_open does, by hand) ------------------ */
+
+#define RAW_BUF (64u << 10)
+
+struct raw {
+	struct hkv_conn *conn;
+	struct hkv_geometry g;
+	struct hkv_mr *mr;
+	uint8_t *buf;
+};
+
+struct ctl_ep {
+	enum hkv_transport_kind kind;
+	char host[256], port[16], path[108];
+};
+
+static int ep_parse(const char *uri, struct ctl_ep *ep)
+{
+	const char *colon;
+
+	memset(ep, 0, sizeof(*ep));
+	if (!strncmp(uri, "shm:", 4)) {
+		ep->kind = HKV_TRANSPORT_SHM;
+		snprintf(ep->path, sizeof(ep->path), "%s", uri + 4);
+		return 0;
+	}
+	if (strncmp(uri, "verbs://", 8) || !(colon = strrchr(uri + 8, ':')))
+		return -EINVAL;
+	ep->kind = HKV_TRANSPORT_VERBS;
+	snprintf(ep->host, sizeof(ep->host), "%.*s", (int)(colon - (uri + 8)), uri + 8);
+	snprintf(ep->port, sizeof(ep->port), "%s", colon + 1);
+	return 0;
+}
+
+static int ctl_connect(const struct ctl_ep *ep)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct timeval tmo = {5, 0};
+	int fd, ret;
+
+	if (ep->kind == HKV_TRANSPORT_SHM) {
+		snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", ep->path);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		ret = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sun, sizeof(sun));
+	} else {
+		if (getaddrinfo(ep->host, ep->port, &hints, &ai))
+			return -EHOSTUNREACH;
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		ret = fd < 0 ? -1 : connect(fd, ai->ai_addr, ai->ai_addrlen);
+		freeaddrinfo(ai);
+	}
+	if (ret) {
+		ret = -errno;
+		if (fd >= 0)
+			close(fd);
+		return ret;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
+	return fd;
+}
+
+/* Control plane: AUTH with the token, WELCOME with client id and ticket. */
+static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w)
+{
+	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				.type = HKV_CTL_AUTH, .len = (uint32_t)strlen(token)};
+	uint8_t body[HKV_CTL_BODY_MAX];
+	int fd = ctl_connect(ep), ret = 0;
+
+	if (fd < 0)
+		return fd;
+	if (write_full(fd, &h, sizeof(h)) || write_full(fd, token, h.len) ||
+	    read_full(fd, &h, sizeof(h)))
+		ret = HKV_EDISCONNECTED;
+	else if (h.magic != HKV_CTL_MAGIC || h.version != HKV_CTL_VERSION || h.len > sizeof(body))
+		ret = HKV_EPROTO;
+	else if (read_full(fd, body, h.len))
+		ret = HKV_EDISCONNECTED;
+	else if (h.type == HKV_CTL_ERROR)
+		ret = h.status < 0 ? h.status : HKV_EPROTO;
+	else if (h.type != HKV_CTL_WELCOME || h.len != sizeof(*w))
+		ret = HKV_EPROTO;
+	else
+		memcpy(w, body, sizeof(*w));
+	close(fd);
+	return ret;
+}
+
+/* One READ or WRITE of the scratch buffer against region offset off: one round trip. */
+static int raw_xfer(struct raw *r, uint8_t op, uint64_t off, uint32_t len)
+{
+	const struct hkv_region_desc *rd = hkv_conn_region(r->conn);
+	struct hkv_wr wr = {.opcode = op, .local = r->buf, .mr = r->mr,
+			    .remote_addr = rd->base + off, .rkey = rd->rkey, .length = len};
+
+	return hkv_conn_exec(r->conn, &wr, 1);
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->conn) {
+		hkv_conn_dereg(r->conn, r->mr);
+		hkv_conn_close(r->conn);
+	}
+	free(r->buf);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Open a data connection with a redeemed ticket; read and check the header. */
+static int raw_open(struct raw *r, const char *uri, const char *token_file)
+{
+	char token[HKV_TOKEN_MAX + 1];
+	struct hkv_data_hello hello;
+	struct hkv_ctl_welcome w;
+	struct hkv_conn_cfg cc;
+	struct ctl_ep ep;
+	int ret = ep_parse(uri, &ep);
+
+	memset(r, 0, sizeof(*r));
+	if (!ret && hkv_token_load(token_file, token, sizeof(token), 0) < 0)
+		ret = HKV_EAUTH;
+	if (!ret)
+		ret = ctl_auth(&ep, token, &w);
+	if (!ret && w.transport != ep.kind)
+		ret = HKV_EPROTO;
+	if (ret)
+		return ret;
+	w.data_endpoint[sizeof(w.data_endpoint) - 1] = 0;
+	memset(&hello, 0, sizeof(hello));
+	hello.client_id = w.client_id;
+	memcpy(hello.ticket, w.ticket, HKV_TICKET_LEN);
+	cc = (struct hkv_conn_cfg){.kind = ep.kind, .host = ep.host, .port = w.data_endpoint,
+				   .path = w.data_endpoint, .hello = &hello,
+				   .hello_len = sizeof(hello), .timeout_ms = 5000};
+	r->conn = hkv_conn_open(&cc, NULL, NULL);
+	if (!r->conn)
+		return -errno;
+	r->buf = aligned_alloc(4096, RAW_BUF);
+	r->mr = r->buf ? hkv_conn_reg(r->conn, r->buf, RAW_BUF) : NULL;
+	ret = r->mr ? raw_xfer(r, HKV_WR_READ, 0, sizeof(r->g)) : -ENOMEM;
+	if (!ret) {
+		memcpy(&r->g, r->buf, sizeof(r->g));
+		ret = hkv_geometry_check(&r->g, hkv_conn_region(r->conn)->length);
+	}
+	if (ret)
+		raw_close(r);
+	return ret;
+}
+
+struct seg_census {
+	uint32_t free, owned, orphan, orphan_classes;
+	uint32_t orphan_of_cls; /* orphaned segments of the class asked about */
+};
+
+static int seg_census(struct raw *r, uint32_t cls, struct seg_census *sc)
+{
+	uint8_t seen[256] = {0};
+	int ret = raw_xfer(r, HKV_WR_READ, r->g.seg_table_off, r->g.nsegs * 8);
+
+	memset(sc, 0, sizeof(*sc));
+	for (uint32_t i = 0; !ret && i < r->g.nsegs; i++) {
+		uint64_t e;
+
+		memcpy(&e, r->buf + (size_t)i * 8, 8);
+		switch (hkv_seg_state(e)) {
+		case HKV_SEG_FREE: sc->free++; break;
+		case HKV_SEG_OWNED: sc->owned++; break;
+		case HKV_SEG_ORPHAN:
+			sc->orphan++;
+			sc->orphan_classes += !seen[hkv_seg_class(e)]++;
+			sc->orphan_of_cls += hkv_seg_class(e) == cls;
+			break;
+		}
+	}
+	return ret;
+}
+
+/* ---- worker processes ------------------------------------------------------------ */
+
+struct worker_args {
+	const char *role, *uri, *token_file;
+	int id, ms, fd;
+};
+
+static void emit_counters(int fd, const uint64_t *cnt)
+{
+	char line[1024];
+	size_t n = 0;
+
+	for (int i = 0; i < NCOUNTERS; i++)
+		if (cnt[i])
+			n += (size_t)snprintf(line + n, sizeof(line) - n, "%s=%llu ",
+					      counter_names[i], cv(cnt, (enum counter)i));
+	line[n ? n - 1 : 0] = '\n';
+	write_full(fd, line, n ? n : 1);
+}
+
+#if !defined(__SANITIZE_ADDRESS__)
+static void on_fatal(int sig)
+{
+	static const char msg[] = "test_faults worker: fatal signal; backtrace:\n";
+	void *frames[64];
+	int n = backtrace(frames, 64);
+
+	if (write(2, msg, sizeof(msg) - 1) > 0)
+		backtrace_symbols_fd(frames, n, 2);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+#endif
+
+/* A worker that dies of a signal prints where (ASan builds: ASan does). */
+static void install_crash_handler(void)
+{
+#if !defined(__SANITIZE_ADDRESS__)
+	static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+	void *warm[1];
+
+	backtrace(warm, 1); /* load libgcc now, not inside the handler */
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		signal(sigs[i], on_fatal);
+#endif
+}
+
+static struct hkv_client *worker_client(const struct worker_args *a)
+{
+	struct hkv_config *cfg = hkv_config_new();
+	struct hkv_client *c = NULL;
+	int ret = -ENOMEM;
+
+	if (cfg && !hkv_config_add_server(cfg, a->uri) &&
+	    !hkv_config_set_token_file(cfg, a->token_file))
+		ret = hkv_open(cfg, &c);
+	hkv_config_free(cfg);
+	if (ret)
+		fprintf(stderr, "worker %s %d: cannot open a client: %s\n", a->role, a->id,
+			hkv_strerror(ret));
+	return c;
+}
+
+/* ---- reader/writer clients ------------------------------------------------------- */
+
+#define GKEYS 256 /* keys of the garbage test */
+#define WKEYS 300 /* keys of the killed writer */
+
+struct rw_ctx {
+	struct hkv_client *c;
+	const char *who;
+	uint64_t rs, seq;
+	uint64_t *cnt;
+	uint8_t val[VAL_MAX], got[2 * VAL_MAX];
+	uint8_t mbuf[4][2 * VAL_MAX];
+};
+
+static struct rw_ctx *rw_new(struct hkv_client *c, const char *who, int id, uint64_t *cnt)
+{
+	struct rw_ctx *x = calloc(1, sizeof(*x));
+
+	if (!x)
+		abort();
+	x->c = c;
+	x->who = who;
+	x->rs = seed_of(id);
+	x->seq = (uint64_t)id << 40;
+	x->cnt = cnt;
+	return x;
+}
+
+static void count_err(struct rw_ctx *x, int ret, const char *op, const char *key)
+{
+	switch (ret) {
+	case HKV_ENOTFOUND: x->cnt[C_NOTFOUND]++; break;
+	case HKV_ECORRUPT: x->cnt[C_CORRUPT]++; break;
+	case HKV_EFULL: x->cnt[C_FULL]++; break;
+	case HKV_EAGAIN: x->cnt[C_AGAIN]++; break;
+	default:
+		if (x->cnt[C_OTHER]++ < 5)
+			fprintf(stderr, "%s: %s(\"%s\"): unexpected error %d (%s)\n", x->who, op,
+				key, ret, hkv_strerror(ret));
+	}
+}
+
+static void check_hit(struct rw_ctx *x, const char *op, const char *key, const uint8_t *v,
+		      size_t vlen)
+{
+	const char *why = check_value(key, v, vlen);
+
+	x->cnt[C_HITS]++;
+	if (why && x->cnt[C_BAD]++ < 5)
+		report_bad(x->who, op, key, v, vlen, why);
+}
+
+static size_t random_len(struct rw_ctx *x)
+{
+	return rnd(&x->rs) % 4 ? 40 + rnd(&x->rs) % 360 : 40 + rnd(&x->rs) % (VAL_MAX - 40);
+}
+
+static void rw_get(struct rw_ctx *x, const char *key)
+{
+	size_t vlen = 0;
+	int ret = hkv_get(x->c, key, strlen(key), x->got, sizeof(x->got), &vlen, NULL);
+
+	x->cnt[C_OPS]++;
+	x->cnt[C_GETS]++;
+	if (ret)
+		count_err(x, ret, "get", key);
+	else
+		check_hit(x, "get", key, x->got, vlen);
+}
+
+static int rw_set(struct rw_ctx *x, const char *key, size_t len)
+{
+	int ret;
+
+	len = make_value(x->val, len, key, ++x->seq);
+	ret = hkv_set(x->c, key, strlen(key), x->val, len, NULL);
+	x->cnt[C_OPS]++;
+	x->cnt[C_SETS]++;
+	if (ret)
+		count_err(x, ret, "set", key);
+	else
+		x->cnt[C_SETS_OK]++;
+	return ret;
+}
+
+static void rw_del(struct rw_ctx *x, const char *key)
+{
+	int ret = hkv_delete(x->c, key, strlen(key));
+
+	x->cnt[C_OPS]++;
+	x->cnt[C_DELS]++;
+	if (ret)
+		count_err(x, ret, "delete", key);
+}
+
+static void rw_mget(struct rw_ctx *x)
+{
+	struct hkv_mget_item it[4];
+	char keys[4][16];
+	int ret;
+
+	for (int i = 0; i < 4; i++) {
+		key_name(keys[i], sizeof(keys[i]), 'g', (int)(rnd(&x->rs) % GKEYS));
+		it[i] = (struct hkv_mget_item){.key = keys[i], .klen = strlen(keys[i]),
+					       .buf = x->mbuf[i], .cap = sizeof(x->mbuf[i])};
+	}
+	ret = hkv_mget(x->c, it, 4);
+	x->cnt[C_OPS]++;
+	x->cnt[C_MGETS]++;
+	if (ret) {
+		count_err(x, ret, "mget", keys[0]);
+		return;
+	}
+	for (int i = 0; i < 4; i++) {
+		x->cnt[C_GETS]++;
+		if (it[i].status)
+			count_err(x, it[i].status, "mget", keys[i]);
+		else
+			check_hit(x, "mget", keys[i], x->mbuf[i], it[i].vlen);
+	}
+}
+
+/* One random operation on the garbage test's keys. */
+static void rw_step(struct rw_ctx *x)
+{
+	char key[16];
+	unsigned op = (unsigned)(rnd(&x->rs) % 100);
+
+	key_name(key, sizeof(key), 'g', (int)(rnd(&x->rs) % GKEYS));
+	if (op < 45)
+		rw_get(x, key);
+	else if (op < 80)
+		rw_set(x, key, random_len(x));
+	else if (op < 90)
+		rw_del(x, key);
+	else
+		rw_mget(x);
+}
+
+static int run_rw(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, end = now_ms() + (uint64_t)a->ms;
+	struct hkv_client_stats st;
+	struct hkv_client *c = worker_client(a);
+	struct rw_ctx *x;
+	char who[32];
+
+	if (!c)
+		return 2;
+	snprintf(who, sizeof(who), "client %d", a->id);
+	x = rw_new(c, who, a->id, cnt);
+	while (now_ms() < end)
+		for (int i = 0; i < 32; i++)
+			rw_step(x);
+	hkv_client_stats(c, &st);
+	cnt[C_CORRUPT_READS] = st.corrupt_reads;
+	hkv_close(c);
+	free(x);
+	emit_counters(a->fd, cnt);
+	return cnt[C_BAD] || cnt[C_OTHER] ? 1 : 0;
+}
+
+/* The client that gets killed: sets of 40 B..4 KiB values until SIGKILL (or ms). */
+static int run_writer(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, end = now_ms() + (uint64_t)a->ms;
+	struct hkv_client *c = worker_client(a);
+	struct rw_ctx *x;
+	char key[16];
+
+	if (!c)
+		return 2;
+	x = rw_new(c, "writer", a->id, cnt);
+	for (uint64_t n = 1; !a->ms || now_ms() < end; n++) {
+		key_name(key, sizeof(key), 'w', (int)(rnd(&x->rs) % WKEYS));
+		rw_set(x, key, 40 + rnd(&x->rs) % (VAL_MAX - 40 + 1));
+		if (n == 256)
+			write_full(a->fd, "ready\n", 6);
+		if (n % 512 == 0) {
+			cnt[C_PROGRESS] = n;
+			emit_counters(a->fd, cnt);
+		}
+	}
+	hkv_close(c);
+	free(x);
+	return 0;
+}
+
+/* ---- the vandal ------------------------------------------------------------------ */
+
+/*
+ * Garbage goes only into the hash index and the data area. The header, the
+ * segment table and the free bitmaps are the allocator's own metadata: a
+ * client with write rights can wreck them on purpose (claim every segment,
+ * free other clients' live blocks), which is a question of whom to trust
+ * with write rights, not of read safety. This test is about reads staying
+ * safe over whatever bytes the index and the blocks hold.
+ */
+struct vandal {
+	struct raw r;
+	uint64_t rs;
+	uint64_t bucket[GKEYS][2]; /* both buckets of each test key */
+	uint32_t fp[GKEYS];
+	char key[GKEYS][16];
+};
+
+static void vandal_init(struct vandal *v, int id)
+{
+	v->rs = seed_of(id + 1000);
+	for (int k = 0; k < GKEYS; k++) {
+		uint64_t h;
+
+		key_name(v->key[k], sizeof(v->key[k]), 'g', k);
+		h = hkv_hash64(v->key[k], strlen(v->key[k]));
+		h += !h; /* as the client does */
+		v->fp[k] = hkv_fp_of(h);
+		hkv_buckets_of(&v->r.g, h, &v->bucket[k][0], &v->bucket[k][1]);
+	}
+}
+
+static uint64_t v_index_end(const struct vandal *v)
+{
+	return v->r.g.index_off + v->r.g.nbuckets * HKV_BUCKET_SIZE;
+}
+
+static uint64_t v_data_end(const struct vandal *v)
+{
+	return v->r.g.data_off + (uint64_t)v->r.g.nsegs * v->r.g.seg_size;
+}
+
+/* Offset of one of the buckets a test key lives in. */
+static uint64_t v_key_bucket(struct vandal *v, int *k)
+{
+	*k = (int)(rnd(&v->rs) % GKEYS);
+	return v->r.g.index_off + v->bucket[*k][rnd(&v->rs) % 2] * HKV_BUCKET_SIZE;
+}
+
+/* A block boundary of a random class in a random segment (sometimes just 64 B aligned). */
+static uint64_t v_block_off(struct vandal *v, uint32_t *cls)
+{
+	const struct hkv_geometry *g = &v->r.g;
+	uint32_t csize;
+	uint64_t seg = g->data_off + rnd(&v->rs) % g->nsegs * g->seg_size;
+
+	*cls = (uint32_t)(rnd(&v->rs) % g->nclasses);
+	csize = g->class_size[*cls];
+	if (rnd(&v->rs) % 4 == 0)
+		return seg + rnd(&v->rs) % (g->seg_size / HKV_BLOCK_ALIGN) * HKV_BLOCK_ALIGN;
+	return seg + rnd(&v->rs) % (g->seg_size / csize) * csize;
+}
+
+static void v_fill_random(struct vandal *v, uint32_t len)
+{
+	for (uint32_t i = 0; i < len; i += 8) {
+		uint64_t x = rnd(&v->rs);
+
+		memcpy(v->r.buf + i, &x, len - i < 8 ? len - i : 8);
+	}
+}
+
+/* Random bytes, unaligned, into the index (half the time into a test key's bucket). */
+static uint32_t v_random_index(struct vandal *v, uint64_t *off)
+{
+	uint64_t ilen = v->r.g.nbuckets * HKV_BUCKET_SIZE;
+	uint32_t len = 1 + (uint32_t)(rnd(&v->rs) % 64);
+	int k;
+
+	if (rnd(&v->rs) % 2)
+		*off = v_key_bucket(v, &k) + rnd(&v->rs) % HKV_BUCKET_SIZE;
+	else
+		*off = v->r.g.index_off + rnd(&v->rs) % ilen;
+	if (*off + len > v_index_end(v))
+		len = (uint32_t)(v_index_end(v) - *off);
+	v_fill_random(v, len);
+	return len;
+}
+
+/* A plausible slot: a test key's fingerprint, a sane class and offset, random ver. */
+static uint32_t v_forged_slot(struct vandal *v, uint64_t *off)
+{
+	uint32_t cls;
+	int k;
+	uint64_t b = v_key_bucket(v, &k), s, blk = v_block_off(v, &cls);
+
+	s = hkv_slot_make(v->fp[k], cls, (uint32_t)rnd(&v->rs), blk);
+	memcpy(v->r.buf, &s, 8);
+	*off = b + rnd(&v->rs) % HKV_BUCKET_SLOTS * 8;
+	return 8;
+}
+
+/* Zeroes over a run of slots: entries vanish (their blocks leak). */
+static uint32_t v_zero_slots(struct vandal *v, uint64_t *off)
+{
+	uint32_t len = 8 * (1 + (uint32_t)(rnd(&v->rs) % 8));
+	int k;
+
+	*off = v_key_bucket(v, &k) + rnd(&v->rs) % HKV_BUCKET_SLOTS * 8;
+	if (*off + len > v_index_end(v))
+		len = (uint32_t)(v_index_end(v) - *off);
+	memset(v->r.buf, 0, len);
+	return len;
+}
+
+static uint32_t v_random_data(struct vandal *v, uint64_t *off)
+{
+	uint64_t dlen = v_data_end(v) - v->r.g.data_off;
+	uint32_t len = 1 + (uint32_t)(rnd(&v->rs) % 256);
+
+	*off = v->r.g.data_off + rnd(&v->rs) % dlen;
+	if (*off + len > v_data_end(v))
+		len = (uint32_t)(v_data_end(v) - *off);
+	v_fill_random(v, len);
+	return len;
+}
+
+/* A LIVE block header with a test key after it, but a random CRC. */
+static uint32_t v_fake_header(struct vandal *v, uint64_t *off)
+{
+	int k = (int)(rnd(&v->rs) % GKEYS);
+	size_t klen = strlen(v->key[k]);
+	uint32_t cls;
+	struct hkv_block_hdr h = {.crc = (uint32_t)rnd(&v->rs),
+				  .vlen = (uint32_t)(rnd(&v->rs) % 512),
+				  .klen = (uint16_t)klen};
+
+	*off = v_block_off(v, &cls);
+	h.meta = hkv_meta_make(HKV_BLK_LIVE, cls, (uint32_t)rnd(&v->rs));
+	memcpy(v->r.buf, &h, sizeof(h));
+	memcpy(v->r.buf + sizeof(h), v->key[k], klen);
+	return (uint32_t)(sizeof(h) + klen);
+}
+
+static int vandal_strike(struct vandal *v, uint64_t *cnt)
+{
+	unsigned kind = (unsigned)(rnd(&v->rs) % 100);
+	uint64_t off;
+	uint32_t len;
+
+	if (kind < 30)
+		len = v_random_index(v, &off);
+	else if (kind < 55)
+		len = v_forged_slot(v, &off);
+	else if (kind < 60)
+		len = v_zero_slots(v, &off);
+	else if (kind < 90)
+		len = v_random_data(v, &off);
+	else
+		len = v_fake_header(v, &off);
+	if (off < v->r.g.index_off || off + len > v_data_end(v) ||
+	    (off + len > v_index_end(v) && off < v->r.g.data_off))
+		abort(); /* never outside the index and the data area */
+	cnt[C_VANDAL_WRITES]++;
+	cnt[C_VANDAL_BYTES] += len;
+	return raw_xfer(&v->r, HKV_WR_WRITE, off, len);
+}
+
+/* Quiet for ms/8, garbage for 5ms/8, then gone: clients see before, during, after. */
+static int run_vandal(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, end;
+	uint64_t pace_us = strncmp(a->uri, "verbs:", 6) ? 200 : 1000;
+	struct vandal *v = calloc(1, sizeof(*v));
+	int ret = v ? raw_open(&v->r, a->uri, a->token_file) : -ENOMEM;
+
+	if (ret) {
+		fprintf(stderr, "vandal: cannot connect: %s\n", hkv_strerror(ret));
+		return 2;
+	}
+	vandal_init(v, a->id);
+	sleep_ms((uint64_t)a->ms / 8);
+	end = now_ms() + (uint64_t)a->ms * 5 / 8;
+	while (!ret && now_ms() < end) {
+		ret = vandal_strike(v, cnt);
+		usleep((useconds_t)pace_us);
+	}
+	if (ret)
+		fprintf(stderr, "vandal: a WRITE failed: %s\n", hkv_strerror(ret));
+	raw_close(&v->r);
+	free(v);
+	emit_counters(a->fd, cnt);
+	return ret ? 2 : 0;
+}
+
+static int worker_main(int argc, char **argv)
+{
+	struct worker_args a;
+
+	if (argc != 8) {
+		fprintf(stderr, "usage: test_faults worker ROLE URI TOKEN-FILE ID MS FD\n");
+		return 2;
+	}
+	a = (struct worker_args){.role = argv[2], .uri = argv[3], .token_file = argv[4],
+				 .id = atoi(argv[5]), .ms = atoi(argv[6]), .fd = atoi(argv[7])};
+	install_crash_handler();
+	if (!strcmp(a.role, "rw"))
+		return run_rw(&a);
+	if (!strcmp(a.role, "writer"))
+		return run_writer(&a);
+	if (!strcmp(a.role, "vandal"))
+		return run_vandal(&a);
+	fprintf(stderr, "test_faults worker: unknown role %s\n", a.role);
+	return 2;
+}
+
+/* ---- the parent's side of workers -------------------------------------------------- */
+
+struct worker {
+	pid_t pid;
+	int fd, status, hung, ready, id;
+	const char *role;
+	uint64_t cnt[NCOUNTERS];
+	char buf[4096];
+	size_t len;
+};
+
+/* fork + exec of this binary in worker mode; its counters come back on a pipe. */
+static int spawn_worker(struct worker *w, const struct hkvserver *s, const char *role, int id,
+			int ms)
+{
+	char exe[4096], ids[16], mss[16], fds[16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	int p[2];
+
+	memset(w, 0, sizeof(*w));
+	w->role = role;
+	w->id = id;
+	if (n <= 0 || pipe2(p, O_CLOEXEC))
+		return -errno;
+	exe[n] = 0;
+	snprintf(ids, sizeof(ids), "%d", id);
+	snprintf(mss, sizeof(mss), "%d", ms);
+	snprintf(fds, sizeof(fds), "%d", p[1]);
+	fflush(NULL);
+	w->pid = fork();
+	if (w->pid == 0) {
+		const char *argv[] = {exe, "worker", role, s->uri, s->token_file,
+				      ids, mss, fds, NULL};
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+		fcntl(p[1], F_SETFD, 0);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	if (w->pid < 0) {
+		close(p[0]);
+		return -errno;
+	}
+	w->fd = p[0];
+	return 0;
+}
+
+static void parse_line(struct worker *w, char *line)
+{
+	char *save = NULL;
+
+	for (char *tok = strtok_r(line, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(tok, '=');
+
+		if (!eq) {
+			w->ready |= !strcmp(tok, "ready");
+			continue;
+		}
+		*eq = 0;
+		for (int i = 0; i < NCOUNTERS; i++)
+			if (!strcmp(tok, counter_names[i]))
+				w->cnt[i] = strtoull(eq + 1, NULL, 10);
+	}
+}
+
+/* Read what the worker sent within timeout_ms; >0 if anything came. */
+static int drain(struct worker *w, int timeout_ms)
+{
+	struct pollfd p = {.fd = w->fd, .events = POLLIN};
+	ssize_t n;
+	char *nl;
+
+	if (w->fd < 0) {
+		sleep_ms((uint64_t)timeout_ms);
+		return 0;
+	}
+	if (poll(&p, 1, timeout_ms) <= 0)
+		return 0;
+	n = read(w->fd, w->buf + w->len, sizeof(w->buf) - 1 - w->len);
+	if (n <= 0) {
+		close(w->fd);
+		w->fd = -1;
+		return 0;
+	}
+	w->len += (size_t)n;
+	w->buf[w->len] = 0;
+	while ((nl = strchr(w->buf, '\n'))) {
+		*nl = 0;
+		parse_line(w, w->buf);
+		w->len -= (size_t)(nl + 1 - w->buf);
+		memmove(w->buf, nl + 1, w->len + 1);
+	}
+	if (w->len == sizeof(w->buf) - 1)
+		w->len = 0; /* an endless line: drop it */
+	return 1;
+}
+
+/* The worker was reaped: collect what it still had to say. */
+static void finish_worker(struct worker *w)
+{
+	while (w->fd >= 0 && drain(w, 200))
+		;
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
+	w->pid = 0;
+}
+
+/* Has the worker exited (reaped now)? */
+static int worker_exited(struct worker *w)
+{
+	pid_t r = waitpid(w->pid, &w->status, WNOHANG);
+
+	return r == w->pid || (r < 0 && errno != EINTR);
+}
+
+/* Wait for the worker to exit (killing it after timeout_ms); collect its counters. */
+static void wait_worker(struct worker *w, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+
+	while (!worker_exited(w)) {
+		if (now_ms() > end) {
+			fprintf(stderr, "worker %s %d: still running after %d ms; killed\n",
+				w->role, w->id, timeout_ms);
+			w->hung = 1;
+			kill(w->pid, SIGKILL);
+			waitpid(w->pid, &w->status, 0);
+			break;
+		}
+		drain(w, 20);
+	}
+	finish_worker(w);
+}
+
+static int worker_ok(const struct worker *w)
+{
+	if (!w->hung && WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0)
+		return 1;
+	if (WIFSIGNALED(w->status))
+		fprintf(stderr, "worker %s %d CRASHED: killed by signal %d (%s)\n", w->role, w->id,
+			WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
+	else if (!w->hung)
+		fprintf(stderr, "worker %s %d failed: exit status %d\n", w->role, w->id,
+			WEXITSTATUS(w->status));
+	return 0;
+}
+
+static int server_alive(struct hkvserver *s)
+{
+	if (s->pid > 0 && waitpid(s->pid, NULL, WNOHANG) == s->pid) {
+		fprintf(stderr, "the server died; see %s/server.log\n", s->dir);
+		s->pid = 0; /* reaped: hkvserver_stop must not signal it */
+	}
+	return s->pid > 0;
+}
+
+/* ---- test_garbage ------------------------------------------------------------------- */
+
+#define MAX_RW 3
+
+static void print_rw_counts(const char *what, const uint64_t *c)
+{
+	printf("# %s: %llu ops: %llu gets (%llu hits), %llu sets (%llu ok), %llu deletes, "
+	       "%llu multi-gets\n",
+	       what, cv(c, C_OPS), cv(c, C_GETS), cv(c, C_HITS), cv(c, C_SETS), cv(c, C_SETS_OK),
+	       cv(c, C_DELS), cv(c, C_MGETS));
+	printf("#   errors: ENOTFOUND %llu, ECORRUPT %llu, EFULL %llu, EAGAIN %llu, other %llu; "
+	       "corrupt block reads %llu; values nobody wrote: %llu\n",
+	       cv(c, C_NOTFOUND), cv(c, C_CORRUPT), cv(c, C_FULL), cv(c, C_AGAIN), cv(c, C_OTHER),
+	       cv(c, C_CORRUPT_READS), cv(c, C_BAD));
+}
+
+/*
+ * Set a fresh value and read it straight back. A miss (or an older value)
+ * here is counted and printed, not failed: garbage left in a key's buckets
+ * may hide the key (slots carrying its fingerprint whose blocks never
+ * validate crowd out the real entry), and the issue allows misses for
+ * trashed slots. A value that fails check_value() is a failure.
+ */
+static void set_readback(struct rw_ctx *x, const char *key)
+{
+	struct val_hdr h;
+	size_t len, vlen = 0;
+	const char *why;
+	int ret;
+
+	if (rw_set(x, key, random_len(x)))
+		return;
+	memcpy(&h, x->val, sizeof(h)); /* x->val still holds what was set */
+	len = h.len;
+	ret = hkv_get(x->c, key, strlen(key), x->got, sizeof(x->got), &vlen, NULL);
+	x->cnt[C_OPS]++;
+	x->cnt[C_GETS]++;
+	if (ret == HKV_ENOTFOUND) {
+		x->cnt[C_RB_MISS]++;
+		return;
+	}
+	if (ret) {
+		count_err(x, ret, "get after set", key);
+		return;
+	}
+	x->cnt[C_HITS]++;
+	if (vlen == len && !memcmp(x->got, x->val, len))
+		return;
+	why = check_value(key, x->got, vlen);
+	if (!why) {
+		x->cnt[C_RB_STALE]++;
+		return;
+	}
+	if (x->cnt[C_BAD]++ < 5)
+		report_bad(x->who, "get after set", key, x->got, vlen, why);
+}
+
+/* After the vandal: a new client reads every key, then writes and reads back. */
+static void fresh_client_pass(const struct hkvserver *s, uint64_t *cnt)
+{
+	struct rw_ctx *x = rw_new(hkvserver_client(s), "fresh client", 99, cnt);
+	struct hkv_client_stats st;
+	char key[16];
+
+	for (int i = 0; i < GKEYS; i++) {
+		key_name(key, sizeof(key), 'g', i);
+		rw_get(x, key);
+	}
+	for (int i = 0; i < GKEYS + 64; i++) {
+		key_name(key, sizeof(key), i < GKEYS ? 'g' : 'n', i);
+		set_readback(x, key);
+	}
+	hkv_client_stats(x->c, &st);
+	cnt[C_CORRUPT_READS] = st.corrupt_reads;
+	hkv_close(x->c);
+	free(x);
+}
+
+static void test_garbage(void)
+{
+	const int nrw = use_verbs ? 2 : MAX_RW, ms = use_verbs ? 12000 : 4000;
+	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
+	struct worker w[MAX_RW + 1];
+	struct hkvserver s;
+	int crashed = 0, alive;
+
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", NULL) == 0);
+	for (int i = 0; i <= nrw; i++)
+		if (spawn_worker(&w[i], &s, i < nrw ? "rw" : "vandal", i + 1, ms)) {
+			perror("spawn_worker");
+			abort();
+		}
+	for (int i = 0; i <= nrw; i++) {
+		wait_worker(&w[i], ms + 60000);
+		crashed += !worker_ok(&w[i]);
+		for (int k = 0; k < NCOUNTERS; k++)
+			sum[k] += w[i].cnt[k];
+	}
+	printf("# garbage: %d clients for %.1f s; vandal: %llu WRITEs, %llu bytes into index and "
+	       "data area\n",
+	       nrw, (now_ms() - t0) / 1000.0, cv(sum, C_VANDAL_WRITES), cv(sum, C_VANDAL_BYTES));
+	print_rw_counts("clients", sum);
+	if (server_alive(&s))
+		fresh_client_pass(&s, fresh);
+	print_rw_counts("fresh client after the vandal", fresh);
+	printf("#   its own sets read straight back: %llu missing, %llu older values\n",
+	       cv(fresh, C_RB_MISS), cv(fresh, C_RB_STALE));
+	alive = server_alive(&s);
+	hkvserver_stop(&s);
+	CHECK(alive);
+	CHECK(crashed == 0);
+	CHECK(sum[C_BAD] == 0 && fresh[C_BAD] == 0);
+	CHECK(sum[C_OTHER] == 0 && fresh[C_OTHER] == 0);
+	CHECK(sum[C_VANDAL_WRITES] > 0);
+	CHECK(sum[C_HITS] > 0 && fresh[C_SETS_OK] > 0);
+}
+
+/* ---- test_sigkill_writer ----------------------------------------------------------- */
+
+#define FILL_VLEN 1000
+
+/* How many FILL_VLEN-byte items client c stores before the store is full. */
+static int fill_store(struct hkv_client *c, const char *prefix, int *n)
+{
+	static uint8_t val[FILL_VLEN];
+	char key[32];
+	int ret = 0;
+
+	memset(val, 'f', sizeof(val));
+	for (*n = 0; *n < 1000000; (*n)++) {
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "%s-%d", prefix, *n), val,
+			      sizeof(val), NULL);
+		if (ret)
+			break;
+	}
+	return ret;
+}
+
+/* Let the writer run ~run_ms past its first 256 sets, then SIGKILL it. */
+static int kill_writer(struct worker *w, int run_ms)
+{
+	uint64_t end = now_ms() + 60000;
+	int exited = 0;
+
+	while (!w->ready && !exited && now_ms() < end)
+		if (!(exited = worker_exited(w)))
+			drain(w, 20);
+	end = now_ms() + (uint64_t)run_ms;
+	while (w->ready && !exited && now_ms() < end)
+		if (!(exited = worker_exited(w)))
+			drain(w, 10);
+	if (exited) {
+		finish_worker(w);
+		worker_ok(w);
+		fprintf(stderr, "the writer exited before the kill\n");
+		return -1;
+	}
+	kill(w->pid, SIGKILL);
+	wait_worker(w, 10000);
+	if (!w->ready)
+		fprintf(stderr, "the writer never got going\n");
+	return w->ready && WIFSIGNALED(w->status) && WTERMSIG(w->status) == SIGKILL ? 0 : -1;
+}
+
+/* A writer process on s, SIGKILLed mid-loop; 0 if it died of exactly that. */
+static int run_and_kill_writer(const struct hkvserver *s)
+{
+	uint64_t t0 = now_ms();
+	struct worker w;
+	int ret;
+
+	if (spawn_worker(&w, s, "writer", 50, 0)) {
+		perror("spawn_worker");
+		abort();
+	}
+	ret = kill_writer(&w, 1500);
+	printf("# writer: %llu+ sets (%llu ok, EFULL %llu, EAGAIN %llu, other %llu) in %.1f s, "
+	       "then SIGKILL\n",
+	       cv(w.cnt, C_PROGRESS), cv(w.cnt, C_SETS_OK), cv(w.cnt, C_FULL), cv(w.cnt, C_AGAIN),
+	       cv(w.cnt, C_OTHER), (now_ms() - t0) / 1000.0);
+	return ret;
+}
+
+/* Until the server has orphaned every segment (nobody else is connected). */
+static int wait_orphaned(struct raw *r, struct seg_census *sc, uint64_t *waited_ms)
+{
+	uint64_t t0 = now_ms();
+	int ret;
+
+	while (!(ret = seg_census(r, 0, sc)) && sc->owned && now_ms() - t0 < 15000)
+		sleep_ms(2);
+	*waited_ms = now_ms() - t0;
+	return ret ? ret : sc->owned ? HKV_ETIMEDOUT : 0;
+}
+
+struct key_census {
+	int present, absent, bad, other, del_fail;
+};
+
+/* Every key of the dead writer: absent or a whole value; then delete the survivors. */
+static void census_and_clear(const struct hkvserver *s, struct key_census *kc)
+{
+	uint64_t cnt[NCOUNTERS] = {0};
+	struct rw_ctx *x = rw_new(hkvserver_client(s), "reader after the kill", 98, cnt);
+	char key[16];
+
+	memset(kc, 0, sizeof(*kc));
+	for (int i = 0; i < WKEYS; i++) {
+		size_t vlen = 0;
+		int ret;
+
+		key_name(key, sizeof(key), 'w', i);
+		ret = hkv_get(x->c, key, strlen(key), x->got, sizeof(x->got), &vlen, NULL);
+		if (ret == HKV_ENOTFOUND) {
+			kc->absent++;
+			continue;
+		}
+		if (ret) {
+			kc->other++;
+			fprintf(stderr, "get(\"%s\") after the kill: %s\n", key, hkv_strerror(ret));
+			continue;
+		}
+		check_hit(x, "get after the kill", key, x->got, vlen);
+		kc->present++;
+		ret = hkv_delete(x->c, key, strlen(key));
+		if (ret) {
+			kc->del_fail++;
+			fprintf(stderr, "delete(\"%s\"): %s\n", key, hkv_strerror(ret));
+		}
+	}
+	kc->bad = (int)cnt[C_BAD];
+	hkv_close(x->c); /* returns the frees of the deletes */
+	free(x);
+}
+
+/* The class of the refill's items (keys "a-0".."a-999999" all land in the same one). */
+static uint32_t fill_class(const struct hkv_geometry *g)
+{
+	return (uint32_t)hkv_class_for(g, HKV_BLOCK_HDR + (uint32_t)strlen("a-1000") + FILL_VLEN);
+}
+
+/* After the kill: census of the writer's keys, then refill; counts in *n. */
+static int refill_after_kill(const struct hkvserver *s, struct raw *r, struct key_census *kc,
+			     struct seg_census *sc, int *n)
+{
+	struct hkv_client *c;
+	int ret;
+
+	census_and_clear(s, kc);
+	c = hkvserver_client(s);
+	ret = fill_store(c, "a", n);
+	if (seg_census(r, fill_class(&r->g), sc)) /* while the filler still owns its segments */
+		ret = HKV_ETRANSPORT;
+	hkv_close(c);
+	return ret;
+}
+
+static void test_sigkill_writer(void)
+{
+	struct seg_census before = {0}, after = {0};
+	struct key_census kc = {0};
+	int n_fresh = 0, n_after = 0, ret_fresh, ret_after = -1, killed, ret;
+	uint64_t waited = 0;
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct raw r;
+
+	/* A store that never had the dead client: how many items fit. */
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	ret_fresh = fill_store(c, "f", &n_fresh);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	CHECK_RC(ret_fresh, HKV_EFULL);
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	killed = run_and_kill_writer(&s);
+	ret = raw_open(&r, s.uri, s.token_file);
+	if (!ret)
+		ret = wait_orphaned(&r, &before, &waited);
+	printf("# its segments: %u orphaned within %llu ms of the kill (%u size classes), %u free, "
+	       "%u owned\n",
+	       before.orphan, (unsigned long long)waited, before.orphan_classes, before.free,
+	       before.owned);
+	if (!ret) {
+		ret_after = refill_after_kill(&s, &r, &kc, &after, &n_after);
+		raw_close(&r);
+	}
+	printf("# after the kill: %d keys whole, %d absent, %d torn/invalid, %d other errors\n",
+	       kc.present, kc.absent, kc.bad, kc.other);
+	printf("# items of %d B: %d in a fresh store, %d after the dead client (%.1f%%)\n",
+	       FILL_VLEN, n_fresh, n_after, n_fresh ? 100.0 * n_after / n_fresh : 0.0);
+	printf("#   then %u segments owned by the filler, %u free, %u still orphaned: %u of the "
+	       "filler's class, %u of %u other classes\n",
+	       after.owned, after.free, after.orphan, after.orphan_of_cls,
+	       after.orphan - after.orphan_of_cls, after.orphan_classes - !!after.orphan_of_cls);
+	hkvserver_stop(&s);
+	CHECK(killed == 0);
+	CHECK_RC(ret, 0);
+	CHECK(kc.bad == 0 && kc.other == 0 && kc.del_fail == 0);
+	CHECK(kc.present > 0);
+	CHECK_RC(ret_after, HKV_EFULL);
+	CHECK(n_after >= n_fresh * 9 / 10);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "worker"))
+		return worker_main(argc, argv);
+	use_verbs = hkvserver_want_verbs(argc, argv);
+	if (use_verbs)
+		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
+	RUN_TEST(test_garbage);
+	RUN_TEST(test_sigkill_writer);
+	return hkv_test_finish();
+}

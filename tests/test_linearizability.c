@@ -1,0 +1,1096 @@
+/*
+ * test_linearizability.c - the store under contention, checked for
+ * linearizability against a real hatchkv-server process:
+ *
+ *   test_linearizability shm           (unit tier)
+ *   test_linearizability verbs         (rdma tier, Soft-RoCE guest)
+ *   test_linearizability shm --quick   (fewer ops: the ThreadSanitizer run)
+ *
+ * One server with a small region (4 MiB, 64 KiB segments) and values of
+ * about 3 KiB, so every client's segments fill and blocks are reused all
+ * the time. Worker processes are this binary run again (fork + exec of
+ * /proc/self/exe with a hidden "--worker" mode: RDMA state never crosses a
+ * fork), each with several threads, each thread with its own handle.
+ *
+ *  1. The checker checks itself: hand-made histories, good and bad, and
+ *     random highly concurrent ones, linearizable by construction, then
+ *     with one result made impossible.
+ *  2. Mixed: every thread runs get / set / cas / delete on the hot keys
+ *     r0..r2 and get / incr / decr on the counter c0. Each thread records
+ *     every op (times from CLOCK_MONOTONIC, shared by all processes of a
+ *     host) to a file; the parent merges them and checks each key's
+ *     history (register or counter model, tests/support/lincheck.h).
+ *     Every written value is unique and self-describing, so a get names the
+ *     write it saw, and a torn or stale block cannot pass as a value.
+ *     Several rounds, each with fresh processes (which adopt the segments
+ *     the last ones left) and a history of a few hundred ops per key; the
+ *     parent reads each key between rounds, while nothing runs, for the
+ *     next round's initial state.
+ *  3. Exact count: every thread only does incr(cnt, 1); the final value
+ *     must be procs x threads x N and the values incr returned must be
+ *     exactly 1..total, each once.
+ *
+ * Any error other than "not found" (and "version" from cas) fails the test.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/transport.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/hkvserver.h"
+#include "tests/support/lincheck.h"
+
+HKV_TEST_MAIN_DEFS;
+
+#define MAX_PROCS   4
+#define MAX_THREADS 8
+#define NKEYS       4 /* r0, r1, r2: registers; c0: a counter */
+#define COUNTER_KEY 3
+#define VALUE_CAP   4096
+#define READY_FD    3 /* a worker writes one byte here once its handles are open */
+
+static const char *const key_names[NKEYS] = {"r0", "r1", "r2", "c0"};
+
+struct params {
+	int rounds; /* of the mixed workload, each with fresh processes */
+	int procs, threads;
+	int mix_ops;   /* ops per thread, mixed workload */
+	int count_ops; /* incr per thread, exact count */
+};
+
+/* The Soft-RoCE guest is slow (TCG); the ThreadSanitizer run is short. */
+static const struct params shm_params = {
+	.rounds = 20, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 2000};
+static const struct params quick_params = {
+	.rounds = 4, .procs = 2, .threads = 3, .mix_ops = 200, .count_ops = 500};
+static const struct params verbs_params = {
+	.rounds = 30, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 1000};
+
+static struct params prm;
+static struct hkvserver server;
+static int server_up;
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* ---- values: unique, self-describing, ~3 KiB or tiny --------------------------- */
+
+/*
+ * A write's id, unique over the whole run: round << 56 | (proc + 1) << 48 |
+ * (thread + 1) << 32 | seq. Violation reports print register values as
+ * these, in hex.
+ */
+static uint64_t value_id(unsigned round, unsigned proc, unsigned thread, unsigned seq)
+{
+	return (uint64_t)round << 56 | (uint64_t)(proc + 1) << 48 | (uint64_t)(thread + 1) << 32 |
+	       seq;
+}
+
+/* "w<round>.<proc>.<thread>.<seq>:" and a filler that depends on the id. */
+static size_t make_value(uint64_t id, char *buf)
+{
+	uint64_t h = (id * 0x9e3779b97f4a7c15ull) >> 32;
+	size_t len = (size_t)sprintf(buf, "w%u.%u.%u.%u:", (unsigned)(id >> 56),
+				     (unsigned)(id >> 48 & 0xff) - 1, (unsigned)(id >> 32 & 0xffff) - 1,
+				     (unsigned)id);
+	size_t want = h % 4 == 0 ? len + h % 12 : 3000 + h % 150;
+
+	for (size_t i = len; i < want; i++)
+		buf[i] = (char)('a' + (h + i) % 26);
+	return want;
+}
+
+/* The id of the write whose value buf holds, or LC_GARBAGE. buf[len] is writable. */
+static uint64_t parse_value(char *buf, size_t len, char *scratch)
+{
+	unsigned r, p, t, seq;
+	int used = 0;
+	uint64_t id;
+
+	buf[len] = 0;
+	if (sscanf(buf, "w%u.%u.%u.%u:%n", &r, &p, &t, &seq, &used) != 4 || !used)
+		return LC_GARBAGE;
+	id = value_id(r, p, t, seq);
+	return make_value(id, scratch) == len && !memcmp(buf, scratch, len) ? id : LC_GARBAGE;
+}
+
+static uint64_t parse_counter(const char *buf, size_t len)
+{
+	uint64_t v = 0;
+
+	while (len && buf[len - 1] == ' ')
+		len--;
+	if (!len || len > 19)
+		return LC_GARBAGE;
+	for (size_t i = 0; i < len; i++) {
+		if (buf[i] < '0' || buf[i] > '9')
+			return LC_GARBAGE;
+		v = v * 10 + (uint64_t)(buf[i] - '0');
+	}
+	return v;
+}
+
+/* ---- worker threads -------------------------------------------------------- */
+
+struct rec {
+	int key;
+	struct lc_op op;
+};
+
+static pthread_barrier_t start_line; /* a worker's threads start together */
+
+struct wthread {
+	pthread_t tid;
+	struct hkv_client *c;
+	int round, proc, thread, nops, errors;
+	unsigned seed, seq;
+	struct rec *recs;   /* mixed workload */
+	uint64_t *results;  /* exact count: what each incr returned */
+	size_t n;
+	int have[NKEYS];    /* a get of the key succeeded: */
+	uint64_t ver[NKEYS];  /* its version */
+	uint64_t seen[NKEYS]; /* and value */
+	char wbuf[VALUE_CAP + 1], rbuf[VALUE_CAP + 1], scratch[VALUE_CAP + 1];
+};
+
+static int issue(struct wthread *t, int key, struct lc_op *op, size_t wlen, uint64_t version,
+		 size_t *vlen, struct hkv_item_info *info)
+{
+	const char *k = key_names[key];
+	size_t kl = strlen(k);
+
+	switch (op->kind) {
+	case LC_GET:
+		return hkv_get(t->c, k, kl, t->rbuf, VALUE_CAP, vlen, info);
+	case LC_SET:
+		return hkv_set(t->c, k, kl, t->wbuf, wlen, NULL);
+	case LC_CAS:
+		return hkv_cas(t->c, k, kl, t->wbuf, wlen, version, NULL);
+	case LC_DELETE:
+		return hkv_delete(t->c, k, kl);
+	case LC_INCR:
+		return hkv_incr(t->c, k, kl, op->arg, &op->out);
+	case LC_DECR:
+		return hkv_decr(t->c, k, kl, op->arg, &op->out);
+	default:
+		return -EINVAL;
+	}
+}
+
+/* What a return code means for the history; -1 if it is an error. */
+static int classify(int rc, enum lc_kind kind, enum lc_status *st)
+{
+	if (rc == 0)
+		*st = LC_OK;
+	else if (rc == HKV_ENOTFOUND)
+		*st = LC_NOTFOUND;
+	else if (rc == HKV_EVERSION && kind == LC_CAS)
+		*st = LC_VERSION;
+	else
+		return -1;
+	return 0;
+}
+
+/* A successful get: what it read, and the version for a later cas. */
+static void got_value(struct wthread *t, int key, struct lc_op *op, size_t vlen,
+		      const struct hkv_item_info *info)
+{
+	if (key == COUNTER_KEY) {
+		op->out = parse_counter(t->rbuf, vlen);
+		return;
+	}
+	op->out = parse_value(t->rbuf, vlen, t->scratch);
+	t->have[key] = 1;
+	t->ver[key] = info->version;
+	t->seen[key] = op->out;
+}
+
+/* Run op (kind, arg, expect filled in) on key and record it; -1 on an error. */
+static int run_op(struct wthread *t, int key, struct lc_op *op, uint64_t version)
+{
+	struct hkv_item_info info = {0};
+	size_t wlen = 0, vlen = 0;
+	int rc;
+
+	if (op->kind == LC_SET || op->kind == LC_CAS)
+		wlen = make_value(op->arg, t->wbuf);
+	op->client = t->proc * MAX_THREADS + t->thread;
+	op->call = now_ns();
+	rc = issue(t, key, op, wlen, version, &vlen, &info);
+	op->ret = now_ns();
+	if (classify(rc, op->kind, &op->status)) {
+		fprintf(stderr, "worker %d.%d: %s %s failed after %zu ops: %s\n", t->proc,
+			t->thread, lc_kind_name(op->kind), key_names[key], t->n, hkv_strerror(rc));
+		op->status = LC_UNKNOWN; /* it may or may not have happened */
+		op->ret = INT64_MAX;
+		t->errors++;
+	} else if (op->kind == LC_GET && op->status == LC_OK) {
+		got_value(t, key, op, vlen, &info);
+	}
+	t->recs[t->n++] = (struct rec){key, *op};
+	return op->status == LC_UNKNOWN ? -1 : 0;
+}
+
+static uint64_t next_value(struct wthread *t)
+{
+	return value_id((unsigned)t->round, (unsigned)t->proc, (unsigned)t->thread, ++t->seq);
+}
+
+/*
+ * get 35%, set 20%, cas 25%, delete 20%. A cas uses the version of the
+ * thread's last get of the key (half the time a get made just before it;
+ * with none that found the key, it is a set instead).
+ */
+static int register_op(struct wthread *t, int key)
+{
+	unsigned r = (unsigned)rand_r(&t->seed) % 20;
+	struct lc_op op = {0};
+
+	if (r >= 11 && r < 16 && (!t->have[key] || rand_r(&t->seed) % 2)) {
+		struct lc_op get = {.kind = LC_GET};
+
+		if (run_op(t, key, &get, 0))
+			return -1;
+	}
+	if (r < 7)
+		op.kind = LC_GET;
+	else if (r < 11 || !t->have[key])
+		op.kind = LC_SET;
+	else if (r < 16)
+		op.kind = LC_CAS;
+	else
+		op.kind = LC_DELETE;
+	if (op.kind == LC_SET || op.kind == LC_CAS)
+		op.arg = next_value(t);
+	if (op.kind == LC_CAS)
+		op.expect = t->seen[key];
+	return run_op(t, key, &op, t->ver[key]);
+}
+
+/* get 30%, incr by 1..5 50%, decr by 1..3 20%. */
+static int counter_op(struct wthread *t)
+{
+	unsigned r = (unsigned)rand_r(&t->seed) % 10;
+	struct lc_op op = {.kind = r < 3 ? LC_GET : r < 8 ? LC_INCR : LC_DECR};
+
+	if (op.kind == LC_INCR)
+		op.arg = 1 + (unsigned)rand_r(&t->seed) % 5;
+	else if (op.kind == LC_DECR)
+		op.arg = 1 + (unsigned)rand_r(&t->seed) % 3;
+	return run_op(t, COUNTER_KEY, &op, 0);
+}
+
+static void *mix_thread(void *arg)
+{
+	struct wthread *t = arg;
+
+	pthread_barrier_wait(&start_line);
+	for (int i = 0; i < t->nops; i++) {
+		int key = (int)((unsigned)rand_r(&t->seed) % NKEYS);
+
+		if (rand_r(&t->seed) % 8 == 0)
+			sched_yield(); /* more threads than CPUs: mix their ops up */
+		if (key == COUNTER_KEY ? counter_op(t) : register_op(t, key))
+			break;
+	}
+	return NULL;
+}
+
+static void *count_thread(void *arg)
+{
+	struct wthread *t = arg;
+
+	pthread_barrier_wait(&start_line);
+	for (int i = 0; i < t->nops; i++) {
+		int rc = hkv_incr(t->c, "cnt", 3, 1, &t->results[t->n]);
+
+		if (rc) {
+			fprintf(stderr, "worker %d.%d: incr cnt failed after %zu: %s\n", t->proc,
+				t->thread, t->n, hkv_strerror(rc));
+			t->errors++;
+			break;
+		}
+		t->n++;
+	}
+	return NULL;
+}
+
+/* -- worker processes: --worker MODE URI TOKEN_FILE ROUND PROC THREADS OPS HISTORY -- */
+
+static void write_history(FILE *f, const struct wthread *t)
+{
+	struct hkv_client_stats st;
+
+	for (size_t i = 0; t->recs && i < t->n; i++) {
+		const struct rec *r = &t->recs[i];
+
+		fprintf(f, "op %d %d %d %d %llu %llu %llu %lld %lld\n", r->key, r->op.kind,
+			r->op.status, r->op.client, (unsigned long long)r->op.arg,
+			(unsigned long long)r->op.expect, (unsigned long long)r->op.out,
+			(long long)r->op.call, (long long)r->op.ret);
+	}
+	for (size_t i = 0; t->results && i < t->n; i++)
+		fprintf(f, "res %llu\n", (unsigned long long)t->results[i]);
+	hkv_client_stats(t->c, &st);
+	fprintf(f, "stats %llu %llu %llu %d\n", (unsigned long long)st.blocks_harvested,
+		(unsigned long long)st.segments_claimed,
+		(unsigned long long)st.op[HKV_OP_INCR].retries, t->errors);
+}
+
+/* Open the handles, report ready, wait until the parent closes our stdin. */
+static struct wthread *worker_setup(const struct hkvserver *s, int round, int proc,
+				    int nthreads, int nops, int count_mode)
+{
+	struct wthread *ts = calloc((size_t)nthreads, sizeof(*ts));
+	char c;
+
+	for (int i = 0; ts && i < nthreads; i++) {
+		struct wthread *t = &ts[i];
+
+		*t = (struct wthread){.round = round, .proc = proc, .thread = i, .nops = nops,
+				      .seed = (unsigned)(round * 15485863 + proc * 7919 +
+							 i * 104729 + 1)};
+		if (count_mode)
+			t->results = calloc((size_t)nops, sizeof(*t->results));
+		else
+			t->recs = calloc(2 * (size_t)nops, sizeof(*t->recs));
+		if (!t->results && !t->recs)
+			return NULL;
+		t->c = hkvserver_client(s);
+	}
+	if (!ts || write(READY_FD, "r", 1) != 1)
+		return NULL;
+	close(READY_FD);
+	while (read(0, &c, 1) > 0)
+		;
+	return ts;
+}
+
+static int worker_main(int argc, char **argv)
+{
+	struct hkvserver s = {0};
+	int count_mode, round, proc, nthreads, nops, errors = 0;
+	struct wthread *ts;
+	FILE *f;
+
+	if (argc != 10)
+		return 2;
+	count_mode = !strcmp(argv[2], "count");
+	snprintf(s.uri, sizeof(s.uri), "%s", argv[3]);
+	snprintf(s.token_file, sizeof(s.token_file), "%s", argv[4]);
+	round = atoi(argv[5]);
+	proc = atoi(argv[6]);
+	nthreads = atoi(argv[7]);
+	nops = atoi(argv[8]);
+	ts = worker_setup(&s, round, proc, nthreads, nops, count_mode);
+	if (!ts)
+		return 3;
+	pthread_barrier_init(&start_line, NULL, (unsigned)nthreads);
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&ts[i].tid, NULL, count_mode ? count_thread : mix_thread, &ts[i]);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(ts[i].tid, NULL);
+	f = fopen(argv[9], "w");
+	if (!f)
+		return 4;
+	for (int i = 0; i < nthreads; i++) {
+		write_history(f, &ts[i]);
+		errors += ts[i].errors;
+		hkv_close(ts[i].c);
+	}
+	return fclose(f) || errors ? 1 : 0;
+}
+
+/* ---- the parent: a crew of worker processes ------------------------------------- */
+
+struct history {
+	struct lc_op *ops[NKEYS];
+	size_t n[NKEYS], cap[NKEYS];
+	uint64_t *results;
+	size_t nres, capres;
+	uint64_t harvested, segments, incr_retries;
+	int errors;
+};
+
+struct crew {
+	int n;
+	pid_t pid[MAX_PROCS];
+	char hist[MAX_PROCS][200];
+	int go_fd, ready_fd;
+};
+
+/* fd `from` becomes `to` in a child about to exec (close-on-exec cleared). */
+static void move_fd(int from, int to)
+{
+	if (from == to)
+		fcntl(to, F_SETFD, 0);
+	else
+		dup2(from, to);
+}
+
+static pid_t spawn_worker(const char *mode, int round, int proc, int nops, const char *hist,
+			  int go, int ready)
+{
+	char sround[16], sproc[16], sthreads[16], sops[16];
+	char *argv[] = {"/proc/self/exe", "--worker", (char *)mode, server.uri, server.token_file,
+			sround, sproc, sthreads, sops, (char *)hist, NULL};
+	pid_t pid;
+
+	snprintf(sround, sizeof(sround), "%d", round);
+	snprintf(sproc, sizeof(sproc), "%d", proc);
+	snprintf(sthreads, sizeof(sthreads), "%d", prm.threads);
+	snprintf(sops, sizeof(sops), "%d", nops);
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		move_fd(go, 0);
+		move_fd(ready, READY_FD);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int crew_spawn(struct crew *w, const char *mode, int round, int nops)
+{
+	int go[2], ready[2];
+
+	*w = (struct crew){.go_fd = -1, .ready_fd = -1};
+	if (pipe2(go, O_CLOEXEC))
+		return -1;
+	if (pipe2(ready, O_CLOEXEC)) {
+		close(go[0]);
+		close(go[1]);
+		return -1;
+	}
+	for (int p = 0; p < prm.procs; p++) {
+		snprintf(w->hist[p], sizeof(w->hist[p]), "%s/%s-%d.hist", server.dir, mode, p);
+		w->pid[p] = spawn_worker(mode, round, p, nops, w->hist[p], go[0], ready[1]);
+		if (w->pid[p] < 0)
+			break;
+		w->n++;
+	}
+	close(go[0]);
+	close(ready[1]);
+	w->go_fd = go[1];
+	w->ready_fd = ready[0];
+	return w->n == prm.procs ? 0 : -1;
+}
+
+/* Every worker has its handles open (one byte each), within two minutes. */
+static int crew_ready(struct crew *w)
+{
+	int got = 0;
+	char buf[MAX_PROCS];
+
+	while (got < w->n) {
+		struct pollfd pfd = {.fd = w->ready_fd, .events = POLLIN};
+		ssize_t r;
+
+		if (poll(&pfd, 1, 120000) != 1)
+			return -1;
+		r = read(w->ready_fd, buf, sizeof(buf));
+		if (r <= 0)
+			return -1;
+		got += (int)r;
+	}
+	return 0;
+}
+
+/* Wait for all; 0 if each exited 0. kill_first: stop them first. */
+static int crew_reap(struct crew *w, int kill_first)
+{
+	int bad = 0;
+
+	close(w->go_fd);
+	close(w->ready_fd);
+	for (int p = 0; p < w->n; p++) {
+		int status;
+
+		if (kill_first)
+			kill(w->pid[p], SIGKILL);
+		if (waitpid(w->pid[p], &status, 0) != w->pid[p] || !WIFEXITED(status) ||
+		    WEXITSTATUS(status)) {
+			if (!kill_first)
+				fprintf(stderr, "worker %d (pid %d) failed: status %#x\n", p,
+					(int)w->pid[p], status);
+			bad++;
+		}
+	}
+	return bad ? -1 : 0;
+}
+
+static int add_op(struct history *h, int key, const struct lc_op *op)
+{
+	if (key < 0 || key >= NKEYS)
+		return -1;
+	if (h->n[key] == h->cap[key]) {
+		size_t cap = h->cap[key] ? 2 * h->cap[key] : 256;
+		struct lc_op *p = realloc(h->ops[key], cap * sizeof(*p));
+
+		if (!p)
+			return -1;
+		h->ops[key] = p;
+		h->cap[key] = cap;
+	}
+	h->ops[key][h->n[key]++] = *op;
+	return 0;
+}
+
+static int add_result(struct history *h, uint64_t v)
+{
+	if (h->nres == h->capres) {
+		size_t cap = h->capres ? 2 * h->capres : 1024;
+		uint64_t *p = realloc(h->results, cap * sizeof(*p));
+
+		if (!p)
+			return -1;
+		h->results = p;
+		h->capres = cap;
+	}
+	h->results[h->nres++] = v;
+	return 0;
+}
+
+static int parse_line(struct history *h, const char *line)
+{
+	unsigned long long a, b, c;
+	long long call, ret;
+	int key, kind, status, client, errors;
+	struct lc_op op;
+
+	if (sscanf(line, "op %d %d %d %d %llu %llu %llu %lld %lld", &key, &kind, &status, &client,
+		   &a, &b, &c, &call, &ret) == 9) {
+		op = (struct lc_op){(enum lc_kind)kind, (enum lc_status)status, client, a, b, c,
+				    call, ret};
+		return add_op(h, key, &op);
+	}
+	if (sscanf(line, "res %llu", &a) == 1)
+		return add_result(h, a);
+	if (sscanf(line, "stats %llu %llu %llu %d", &a, &b, &c, &errors) == 4) {
+		h->harvested += a;
+		h->segments += b;
+		h->incr_retries += c;
+		h->errors += errors;
+		return 0;
+	}
+	return -1;
+}
+
+static int load_history(struct history *h, const char *path)
+{
+	char line[256];
+	FILE *f = fopen(path, "r");
+	int ret = f ? 0 : -1;
+
+	while (!ret && f && fgets(line, sizeof(line), f))
+		ret = parse_line(h, line);
+	if (f)
+		fclose(f);
+	if (!getenv("HKV_TEST_KEEP"))
+		unlink(path);
+	if (ret)
+		fprintf(stderr, "cannot read history %s\n", path);
+	return ret;
+}
+
+static void history_free(struct history *h)
+{
+	for (int k = 0; k < NKEYS; k++)
+		free(h->ops[k]);
+	free(h->results);
+}
+
+/*
+ * Spawn the workers, let init() prepare the keys once they are connected,
+ * start them together, wait for them and merge their histories into *h.
+ */
+static int run_crew(const char *mode, int round, int nops, int (*init)(struct hkv_client *),
+		    struct history *h)
+{
+	struct crew w;
+	struct hkv_client *c;
+	int ret = 0;
+
+	if (crew_spawn(&w, mode, round, nops) || crew_ready(&w)) {
+		fprintf(stderr, "%s: workers did not start\n", mode);
+		crew_reap(&w, 1);
+		return -1;
+	}
+	c = hkvserver_client(&server); /* after the forks: no RDMA state is forked */
+	ret = init(c);
+	hkv_close(c);
+	if (ret) {
+		fprintf(stderr, "%s: init failed: %s\n", mode, hkv_strerror(ret));
+		crew_reap(&w, 1);
+		return -1;
+	}
+	ret = crew_reap(&w, 0); /* closing go starts them */
+	for (int p = 0; p < w.n; p++)
+		ret |= load_history(h, w.hist[p]);
+	return ret;
+}
+
+/* ---- 1. the checker on known histories ----------------------------------------------- */
+
+#define OP(kind, st, arg, expect, out, call, ret)                                          \
+	{(kind), (st), 0, (arg), (expect), (out), (call), (ret)}
+
+static enum lc_result check_hand(enum lc_model m, const struct lc_op *ops, size_t n,
+				 uint64_t max_steps)
+{
+	struct lc_limits lim = {.max_steps = max_steps, .max_seconds = 10};
+	struct lc_report rep;
+	enum lc_result r = lc_check(m, m == LC_REGISTER ? LC_ABSENT : 0, ops, n, &lim, &rep);
+
+	lc_report_free(&rep);
+	return r;
+}
+
+#define CHECK_HISTORY(m, ops, want)                                                         \
+	CHECK(check_hand((m), (ops), sizeof(ops) / sizeof((ops)[0]), 0) == (want))
+
+static void test_checker_hand(void)
+{
+	/* Linearizable only in an order that differs from invocation order. */
+	static const struct lc_op reg_ok[] = {
+		OP(LC_SET, LC_OK, 1, 0, 0, 0, 10),
+		OP(LC_GET, LC_OK, 0, 0, 2, 1, 4),  /* sees the set inside it */
+		OP(LC_SET, LC_OK, 2, 0, 0, 2, 3),
+		OP(LC_GET, LC_OK, 0, 0, 1, 11, 12), /* so set(1) went last */
+		OP(LC_CAS, LC_OK, 3, 1, 0, 13, 14),
+		OP(LC_CAS, LC_VERSION, 4, 1, 0, 15, 16),
+		OP(LC_GET, LC_OK, 0, 0, 3, 15, 17),
+		OP(LC_DELETE, LC_OK, 0, 0, 0, 18, 19),
+		OP(LC_GET, LC_NOTFOUND, 0, 0, 0, 20, 21),
+		OP(LC_CAS, LC_NOTFOUND, 5, 3, 0, 20, 22),
+		OP(LC_DELETE, LC_NOTFOUND, 0, 0, 0, 21, 23),
+		OP(LC_SET, LC_UNKNOWN, 6, 0, 0, 24, INT64_MAX), /* may apply, or not */
+		OP(LC_GET, LC_NOTFOUND, 0, 0, 0, 25, 26),
+		OP(LC_GET, LC_OK, 0, 0, 6, 27, 28),
+	};
+	static const struct lc_op stale_read[] = {
+		OP(LC_SET, LC_OK, 1, 0, 0, 0, 1),
+		OP(LC_SET, LC_OK, 2, 0, 0, 2, 3),
+		OP(LC_GET, LC_OK, 0, 0, 1, 4, 5),
+	};
+	static const struct lc_op bad_cas[] = {
+		OP(LC_SET, LC_OK, 1, 0, 0, 0, 1),
+		OP(LC_SET, LC_OK, 2, 0, 0, 2, 3),
+		OP(LC_CAS, LC_OK, 3, 1, 0, 4, 5), /* its version is of value 1: must fail */
+	};
+	/* Two readers see the two writes in opposite orders. */
+	static const struct lc_op crossed[] = {
+		OP(LC_SET, LC_OK, 1, 0, 0, 0, 100), OP(LC_SET, LC_OK, 2, 0, 0, 0, 100),
+		OP(LC_GET, LC_OK, 0, 0, 1, 10, 20), OP(LC_GET, LC_OK, 0, 0, 2, 30, 40),
+		OP(LC_GET, LC_OK, 0, 0, 2, 10, 20), OP(LC_GET, LC_OK, 0, 0, 1, 30, 40),
+	};
+	static const struct lc_op cnt_ok[] = {
+		OP(LC_INCR, LC_OK, 2, 0, 2, 0, 10),
+		OP(LC_INCR, LC_OK, 3, 0, 5, 1, 5), /* returns after, yet linearized after incr 2 */
+		OP(LC_GET, LC_OK, 0, 0, 5, 11, 12),
+		OP(LC_DECR, LC_OK, 10, 0, 0, 13, 14), /* stops at 0 */
+		OP(LC_INCR, LC_OK, 1, 0, 1, 15, 16),
+	};
+	static const struct lc_op lost_update[] = {
+		OP(LC_INCR, LC_OK, 1, 0, 1, 0, 2),
+		OP(LC_INCR, LC_OK, 1, 0, 1, 1, 3),
+	};
+	static const struct lc_op wide[] = {
+		OP(LC_SET, LC_OK, 1, 0, 0, 0, 50), OP(LC_SET, LC_OK, 2, 0, 0, 0, 50),
+		OP(LC_SET, LC_OK, 3, 0, 0, 0, 50), OP(LC_SET, LC_OK, 4, 0, 0, 0, 50),
+		OP(LC_GET, LC_OK, 0, 0, 9, 60, 61),
+	};
+
+	CHECK_HISTORY(LC_REGISTER, reg_ok, LC_LINEARIZABLE);
+	CHECK_HISTORY(LC_REGISTER, stale_read, LC_VIOLATION);
+	CHECK_HISTORY(LC_REGISTER, bad_cas, LC_VIOLATION);
+	CHECK_HISTORY(LC_REGISTER, crossed, LC_VIOLATION);
+	CHECK_HISTORY(LC_COUNTER, cnt_ok, LC_LINEARIZABLE);
+	CHECK_HISTORY(LC_COUNTER, lost_update, LC_VIOLATION);
+	CHECK_HISTORY(LC_REGISTER, wide, LC_VIOLATION);
+	/* a budget too small to decide is reported as such, never as a pass */
+	CHECK(check_hand(LC_REGISTER, wide, 5, 10) == LC_GAVE_UP);
+}
+
+/*
+ * Random histories, linearizable by construction: op i, of a random client,
+ * takes effect at time 100 i + 50, which its interval contains; a client's
+ * intervals do not overlap; results come from running the ops in index
+ * order on a model written here, independently of lincheck.c.
+ */
+#define RH_CLIENTS 6
+#define RH_OPS     400
+
+static void random_times(struct lc_op *ops, size_t n, unsigned *seed)
+{
+	size_t next[RH_OPS], last[RH_CLIENTS];
+	int64_t prev_ret[RH_CLIENTS];
+
+	for (int c = 0; c < RH_CLIENTS; c++) {
+		last[c] = n;
+		prev_ret[c] = -1;
+	}
+	for (size_t i = 0; i < n; i++)
+		ops[i].client = rand_r(seed) % RH_CLIENTS;
+	for (size_t i = n; i-- > 0;) {
+		next[i] = last[ops[i].client];
+		last[ops[i].client] = i;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int64_t p = 100 * (int64_t)i + 50, prev = prev_ret[ops[i].client];
+		int64_t np = next[i] < n ? 100 * (int64_t)next[i] + 50 : p + 1000;
+
+		ops[i].call = prev + 1 + rand_r(seed) % (p - prev);
+		ops[i].ret = p + rand_r(seed) % (np - p);
+		prev_ret[ops[i].client] = ops[i].ret;
+	}
+}
+
+static void random_register_ops(struct lc_op *ops, size_t n, unsigned *seed)
+{
+	uint64_t st = LC_ABSENT, written = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct lc_op *op = &ops[i];
+
+		op->kind = (enum lc_kind)(rand_r(seed) % 4); /* get, set, cas, delete */
+		op->status = st ? LC_OK : LC_NOTFOUND;
+		if (op->kind == LC_GET)
+			op->out = st;
+		if (op->kind == LC_CAS) {
+			op->expect = st && rand_r(seed) % 2 ? st : 1 + rand_r(seed) % (written + 1);
+			op->status = !st ? LC_NOTFOUND : st == op->expect ? LC_OK : LC_VERSION;
+		}
+		if (op->kind == LC_SET || op->kind == LC_CAS)
+			op->arg = ++written;
+		if (op->kind == LC_SET || (op->kind == LC_CAS && op->status == LC_OK))
+			st = op->arg;
+		if (op->kind == LC_SET)
+			op->status = LC_OK;
+		if (op->kind == LC_DELETE)
+			st = LC_ABSENT;
+	}
+}
+
+static void random_counter_ops(struct lc_op *ops, size_t n, unsigned *seed)
+{
+	uint64_t st = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct lc_op *op = &ops[i];
+		unsigned r = rand_r(seed) % 3;
+
+		op->kind = r == 0 ? LC_GET : r == 1 ? LC_INCR : LC_DECR;
+		op->arg = op->kind == LC_INCR ? 1 + rand_r(seed) % 5 : 1 + rand_r(seed) % 3;
+		if (op->kind == LC_INCR)
+			st += op->arg;
+		else if (op->kind == LC_DECR)
+			st = op->arg > st ? 0 : st - op->arg;
+		op->status = LC_OK;
+		op->out = st;
+	}
+}
+
+/* Make a get in the middle return a value first written after it returned. */
+static int mutate_future_read(struct lc_op *ops, size_t n)
+{
+	for (size_t i = n / 2; i < n; i++) {
+		if (ops[i].kind != LC_GET)
+			continue;
+		for (size_t j = i + 1; j < n; j++) {
+			if (ops[j].kind == LC_SET && ops[j].call > ops[i].ret) {
+				ops[i].status = LC_OK;
+				ops[i].out = ops[j].arg;
+				return 1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Make an incr in the middle return more than all the deltas add up to. */
+static int mutate_counter(struct lc_op *ops, size_t n)
+{
+	for (size_t i = n / 2; i < n; i++) {
+		if (ops[i].kind == LC_INCR) {
+			ops[i].out += 1000000;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void check_random(enum lc_model m, unsigned seed)
+{
+	static struct lc_op ops[RH_OPS];
+	struct lc_limits lim = {.max_seconds = 60};
+	struct lc_report ok, bad;
+
+	memset(ops, 0, sizeof(ops));
+	random_times(ops, RH_OPS, &seed);
+	if (m == LC_REGISTER)
+		random_register_ops(ops, RH_OPS, &seed);
+	else
+		random_counter_ops(ops, RH_OPS, &seed);
+	lc_check(m, m == LC_REGISTER ? LC_ABSENT : 0, ops, RH_OPS, &lim, &ok);
+	CHECK(m == LC_REGISTER ? mutate_future_read(ops, RH_OPS) : mutate_counter(ops, RH_OPS));
+	lc_check(m, m == LC_REGISTER ? LC_ABSENT : 0, ops, RH_OPS, &lim, &bad);
+	printf("# random %s history of %d ops, %d clients: %s (%llu steps); mutated: %s "
+	       "(%llu steps, %.3f s)\n",
+	       m == LC_REGISTER ? "register" : "counter", RH_OPS, RH_CLIENTS,
+	       lc_result_name(ok.result), (unsigned long long)ok.steps, lc_result_name(bad.result),
+	       (unsigned long long)bad.steps, bad.seconds);
+	lc_report_free(&ok);
+	lc_report_free(&bad);
+	CHECK(ok.result == LC_LINEARIZABLE);
+	CHECK(bad.result == LC_VIOLATION);
+}
+
+static void test_checker_random(void)
+{
+	for (unsigned seed = 1; seed <= 3; seed++) {
+		check_random(LC_REGISTER, seed);
+		check_random(LC_COUNTER, seed);
+	}
+}
+
+/* ---- 2. mixed workload on r0..r2 and c0 --------------------------------------------- */
+
+/* Per key, over all rounds. */
+struct tally {
+	size_t ops, kinds[LC_NKINDS], found, cas_ok, overlapped;
+	uint64_t steps;
+	double seconds;
+	enum lc_result worst;
+};
+
+static struct tally tallies[NKEYS];
+static uint64_t init_state[NKEYS]; /* each key's state when a round starts */
+static int mixed_round;
+
+/* The state of a key while no worker runs, in the terms of the models. */
+static int read_state(struct hkv_client *c, int key, uint64_t *st)
+{
+	static char buf[VALUE_CAP + 1], scratch[VALUE_CAP + 1];
+	const char *k = key_names[key];
+	size_t vlen = 0;
+	int rc = hkv_get(c, k, strlen(k), buf, VALUE_CAP, &vlen, NULL);
+
+	if (rc == HKV_ENOTFOUND && key != COUNTER_KEY) {
+		*st = LC_ABSENT;
+		return 0;
+	}
+	if (!rc)
+		*st = key == COUNTER_KEY ? parse_counter(buf, vlen) : parse_value(buf, vlen, scratch);
+	return rc;
+}
+
+static int init_mixed(struct hkv_client *c)
+{
+	int rc = mixed_round ? 0 : hkv_set(c, "c0", 2, "0", 1, NULL);
+
+	for (int k = 0; k < NKEYS && !rc; k++)
+		rc = read_state(c, k, &init_state[k]);
+	return rc;
+}
+
+static int cmp_call(const void *a, const void *b)
+{
+	const struct lc_op *x = a, *y = b;
+
+	return x->call < y->call ? -1 : x->call > y->call;
+}
+
+/* Sort ops by invocation; how many of them overlap another op in time? */
+static size_t sort_and_count_overlapped(struct lc_op *ops, size_t n)
+{
+	int64_t reach = INT64_MIN; /* latest return of the ops before i */
+	size_t count = 0;
+
+	qsort(ops, n, sizeof(*ops), cmp_call);
+	for (size_t i = 0; i < n; i++) {
+		count += ops[i].call <= reach || (i + 1 < n && ops[i + 1].call <= ops[i].ret);
+		reach = ops[i].ret > reach ? ops[i].ret : reach;
+	}
+	return count;
+}
+
+static void tally_add(struct tally *t, const struct lc_op *ops, size_t n,
+		      const struct lc_report *rep)
+{
+	for (size_t i = 0; i < n; i++) {
+		t->kinds[ops[i].kind]++;
+		t->cas_ok += ops[i].kind == LC_CAS && ops[i].status == LC_OK;
+		t->found += ops[i].kind == LC_GET && ops[i].status == LC_OK;
+	}
+	t->ops += n;
+	t->steps += rep->steps;
+	t->seconds += rep->seconds;
+	if (rep->result != LC_LINEARIZABLE)
+		t->worst = rep->result;
+}
+
+static void print_tally(int key, const struct tally *t)
+{
+	printf("# %s: %zu ops checked (get %zu [%zu found], ", key_names[key], t->ops,
+	       t->kinds[LC_GET], t->found);
+	if (key == COUNTER_KEY)
+		printf("incr %zu, decr %zu", t->kinds[LC_INCR], t->kinds[LC_DECR]);
+	else
+		printf("set %zu, cas %zu [%zu ok], delete %zu", t->kinds[LC_SET], t->kinds[LC_CAS],
+		       t->cas_ok, t->kinds[LC_DELETE]);
+	printf("), %zu%% overlapping another: %s (%llu search steps, %.3f s)\n",
+	       t->ops ? 100 * t->overlapped / t->ops : 0, lc_result_name(t->worst),
+	       (unsigned long long)t->steps, t->seconds);
+}
+
+static void check_key(int key, struct lc_op *ops, size_t n)
+{
+	struct lc_limits lim = {.max_steps = 500000000, .max_seconds = 120, .max_memo_mb = 512};
+	enum lc_model m = key == COUNTER_KEY ? LC_COUNTER : LC_REGISTER;
+	struct lc_report rep;
+
+	tallies[key].overlapped += sort_and_count_overlapped(ops, n);
+	lc_check(m, init_state[key], ops, n, &lim, &rep);
+	tally_add(&tallies[key], ops, n, &rep);
+	if (rep.result != LC_LINEARIZABLE) {
+		printf("# %s, round %d (initial state %#llx):\n", key_names[key], mixed_round,
+		       (unsigned long long)init_state[key]);
+		lc_print_report(stdout, ops, n, &rep);
+		hkv_test_failures++;
+	}
+	lc_report_free(&rep);
+}
+
+/* One crew of workers on the hot keys; returns its blocks harvested. */
+static uint64_t mixed_round_run(void)
+{
+	struct history h = {0};
+	int64_t t0 = now_ns();
+	uint64_t harvested;
+	size_t total = 0;
+
+	if (run_crew("mix", mixed_round, prm.mix_ops, init_mixed, &h))
+		hkv_test_failures++;
+	for (int k = 0; k < NKEYS; k++)
+		total += h.n[k];
+	printf("# round %d: %zu ops in %.2f s, %llu blocks harvested for reuse, %d errors\n",
+	       mixed_round, total, (double)(now_ns() - t0) / 1e9,
+	       (unsigned long long)h.harvested, h.errors);
+	for (int k = 0; k < NKEYS; k++)
+		check_key(k, h.ops[k], h.n[k]);
+	if (h.errors)
+		hkv_test_failures++;
+	harvested = h.harvested;
+	history_free(&h);
+	return harvested;
+}
+
+static void test_mixed(void)
+{
+	uint64_t harvested = 0;
+
+	CHECK(server_up);
+	printf("# mixed: %d rounds of %d processes x %d threads x %d ops\n", prm.rounds,
+	       prm.procs, prm.threads, prm.mix_ops);
+	for (mixed_round = 0; mixed_round < prm.rounds; mixed_round++)
+		harvested += mixed_round_run();
+	for (int k = 0; k < NKEYS; k++)
+		print_tally(k, &tallies[k]);
+	CHECK(harvested > 0); /* the region is small: blocks were reused */
+}
+
+/* ---- 3. exact count --------------------------------------------------------------- */
+
+static int init_count(struct hkv_client *c)
+{
+	return hkv_set(c, "cnt", 3, "0", 1, NULL);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Did the n successful incr return 1..n, each once? */
+static int results_exact(uint64_t *res, size_t n)
+{
+	qsort(res, n, sizeof(*res), cmp_u64);
+	for (size_t i = 0; i < n; i++)
+		if (res[i] != i + 1)
+			return 0;
+	return 1;
+}
+
+static void test_exact_count(void)
+{
+	uint64_t want = (uint64_t)prm.procs * (uint64_t)prm.threads * (uint64_t)prm.count_ops;
+	struct history h = {0};
+	struct hkv_client *c;
+	int64_t t0 = now_ns();
+	char buf[32];
+	size_t vlen = 0;
+	int exact, ret;
+
+	CHECK(server_up);
+	if (run_crew("count", 0, prm.count_ops, init_count, &h))
+		hkv_test_failures++;
+	c = hkvserver_client(&server);
+	ret = hkv_get(c, "cnt", 3, buf, sizeof(buf) - 1, &vlen, NULL);
+	hkv_close(c);
+	buf[ret ? 0 : vlen] = 0;
+	exact = results_exact(h.results, h.nres);
+	printf("# exact count: %d processes x %d threads x %d incr = %llu in %.2f s "
+	       "(%llu retries): %zu succeeded, final value %s, results %s\n",
+	       prm.procs, prm.threads, prm.count_ops, (unsigned long long)want,
+	       (double)(now_ns() - t0) / 1e9, (unsigned long long)h.incr_retries, h.nres,
+	       ret ? hkv_strerror(ret) : buf, exact ? "1..n each once" : "NOT 1..n each once");
+	CHECK(h.errors == 0);
+	CHECK_RC(ret, 0);
+	CHECK(h.nres == want);
+	CHECK(parse_counter(buf, vlen) == want);
+	CHECK(exact);
+	history_free(&h);
+}
+
+int main(int argc, char **argv)
+{
+	int verbs = hkvserver_want_verbs(argc, argv);
+
+	if (argc > 1 && !strcmp(argv[1], "--worker"))
+		return worker_main(argc, argv);
+	if (verbs)
+		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
+	prm = verbs ? verbs_params
+	      : argc > 2 && !strcmp(argv[2], "--quick") ? quick_params : shm_params;
+	RUN_TEST(test_checker_hand);
+	RUN_TEST(test_checker_random);
+	server_up = hkvserver_start(&server, verbs, "4M", "64K", NULL) == 0;
+	if (!server_up)
+		fprintf(stderr, "cannot start hatchkv-server\n");
+	RUN_TEST(test_mixed);
+	RUN_TEST(test_exact_count);
+	if (server_up)
+		hkvserver_stop(&server);
+	return hkv_test_finish();
+}
