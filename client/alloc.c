@@ -8,15 +8,18 @@
  * segment, so it alone chooses - and remembers - every block's generation.
  *
  * Freeing: whoever unlinks a block from the index (the winner of the slot
- * CAS) sets the block's bit in its segment's free bitmap with a FAA - one
- * unsignaled work request appended to that client's next write chain. The
- * owner harvests its bitmaps when it runs short (READ the words, FAA to clear
- * exactly the bits it saw) and puts the blocks in a FIFO where each rests
- * HKV_QUARANTINE_NS before reuse (docs/design.md: the ABA argument).
+ * CAS) sets the block's bit in its segment's free bitmap with a FAA, posted
+ * unsignaled at once (no round trip). The owner harvests its bitmaps when it
+ * runs short: bits it has not taken yet go to a FIFO where each block rests
+ * HKV_QUARANTINE_NS before reuse (docs/design.md: the ABA argument). A bit is
+ * cleared only when its block is reused, by a FAA in the very chain that
+ * writes the block, before the block is published. So the bitmap always
+ * names every free block except those a client is writing this moment.
  *
- * A client that dies loses only blocks it had harvested but not yet used
- * and blocks it was writing; its segments are orphaned by the server when
- * its connection goes, and the next client short of memory adopts them.
+ * Hence a dead client loses at most the block it was writing: the server
+ * orphans its segments when its connection goes, and the next client short
+ * of memory adopts them: free = bit set or never written. An orphan whose
+ * blocks are all free is re-carved into whatever class the adopter needs.
  */
 #include <errno.h>
 #include <string.h>
@@ -55,6 +58,7 @@ void hkv_alloc_fini(struct hkv_client *c)
 				struct hkv_seg_own *next = so->next;
 
 				hkv_free(so->gen);
+				hkv_free(so->held);
 				hkv_free(so);
 				so = next;
 			}
@@ -77,7 +81,8 @@ static uint64_t bitmap_word(const struct hkv_client *c, uint32_t seg, uint32_t b
 	return c->g.bitmap_off + (uint64_t)seg * c->g.bitmap_bytes + (uint64_t)(blk / 64) * 8;
 }
 
-static int fifo_push(struct hkv_class_alloc *ca, uint32_t seg, uint32_t blk, uint64_t ready)
+static int fifo_push(struct hkv_class_alloc *ca, uint32_t seg, uint32_t blk, uint32_t bit_set,
+		     uint64_t ready)
 {
 	if (ca->tail - ca->head == ca->cap) {
 		uint32_t ncap = ca->cap ? 2 * ca->cap : 64;
@@ -93,7 +98,7 @@ static int fifo_push(struct hkv_class_alloc *ca, uint32_t seg, uint32_t blk, uin
 		ca->head = 0;
 		ca->cap = ncap;
 	}
-	ca->fifo[ca->tail++ & (ca->cap - 1)] = (struct hkv_free_block){seg, blk, ready};
+	ca->fifo[ca->tail++ & (ca->cap - 1)] = (struct hkv_free_block){seg, blk, bit_set, ready};
 	return 0;
 }
 
@@ -107,7 +112,10 @@ static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint3
 	so->cls = cls;
 	so->nblocks = c->g.seg_size / c->g.class_size[cls];
 	so->gen = hkv_calloc(so->nblocks, sizeof(*so->gen));
-	if (!so->gen) {
+	so->held = hkv_calloc((so->nblocks + 63) / 64, 8);
+	if (!so->gen || !so->held) {
+		hkv_free(so->gen);
+		hkv_free(so->held);
 		hkv_free(so);
 		return NULL;
 	}
@@ -125,25 +133,7 @@ static int read_bitmap(struct hkv_client *c, uint32_t seg, uint32_t nblocks, uin
 	return hkv_exec(c, &wr, 1);
 }
 
-/* Clear exactly the bits seen (FAA of minus the word); others may set more. */
-static int clear_bits(struct hkv_client *c, uint32_t seg, const uint64_t *words, uint32_t nwords)
-{
-	struct hkv_wr wrs[CHAIN_MAX];
-	int n = 0, ret = 0;
-
-	for (uint32_t w = 0; w < nwords && !ret; w++) {
-		if (!words[w])
-			continue;
-		wrs[n++] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, w * 64), -words[w]);
-		if (n == CHAIN_MAX) {
-			ret = hkv_exec(c, wrs, n);
-			n = 0;
-		}
-	}
-	return ret || !n ? ret : hkv_exec(c, wrs, n);
-}
-
-/* Collect blocks others (or we) freed in our segments of class cls. */
+/* Blocks freed in our segments of class cls whose bits we have not taken yet. */
 static int harvest(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
@@ -158,111 +148,199 @@ static int harvest(struct hkv_client *c, uint32_t cls)
 		if (ret)
 			return ret;
 		for (uint32_t w = 0; w < nwords; w++) {
+			uint64_t fresh = words[w] & ~so->held[w];
+
 			if (w == nwords - 1 && so->nblocks % 64)
-				words[w] &= (1ull << (so->nblocks % 64)) - 1; /* garbage guard */
-			for (uint64_t bits = words[w]; bits; bits &= bits - 1) {
-				if (fifo_push(ca, so->idx, w * 64 + (uint32_t)__builtin_ctzll(bits), ready))
+				fresh &= (1ull << (so->nblocks % 64)) - 1; /* garbage guard */
+			so->held[w] |= fresh;
+			for (; fresh; fresh &= fresh - 1) {
+				if (fifo_push(ca, so->idx, w * 64 + (uint32_t)__builtin_ctzll(fresh), 1,
+					      ready))
 					return -ENOMEM;
 				got++;
 			}
 		}
-		ret = clear_bits(c, so->idx, words, nwords);
-		if (ret)
-			return ret;
 	}
 	c->stats.blocks_harvested += (uint64_t)got;
 	return got;
 }
 
-/*
- * Adopt an orphaned segment: its free blocks are the bits in its bitmap
- * plus the blocks never written (meta 0); the generations of all blocks are
- * read from their headers so ours continue theirs.
- */
-static int adopt(struct hkv_client *c, struct hkv_seg_own *so)
-{
-	struct hkv_class_alloc *ca = &c->classes[so->cls];
-	uint32_t csize = c->g.class_size[so->cls], nwords = (so->nblocks + 63) / 64;
-	uint64_t *words = (uint64_t *)c->scr, ready = hkv_now_ns() + HKV_QUARANTINE_NS;
-	uint32_t per_chunk = (uint32_t)(c->read_cap / csize);
-	int ret = read_bitmap(c, so->idx, so->nblocks, words);
+struct scan {
+	uint32_t nblocks, nfree, max_gen;
+	uint64_t *bits;    /* bitmap words as read */
+	uint8_t *unused;   /* per block: never written and no bit */
+	uint32_t *gen;
+};
 
-	for (uint32_t first = 0; !ret && first < so->nblocks; first += per_chunk) {
-		uint32_t cnt = so->nblocks - first < per_chunk ? so->nblocks - first : per_chunk;
-		struct hkv_wr wr = hkv_wr_read(c, c->rblk, seg_base(c, so->idx) + (uint64_t)first * csize,
+/* Read an orphan's bitmap and every block header (generations, never-used). */
+static int scan_segment(struct hkv_client *c, uint32_t idx, uint32_t cls, struct scan *sc)
+{
+	uint32_t csize = c->g.class_size[cls], per_chunk = (uint32_t)(c->read_cap / csize);
+	int ret;
+
+	sc->nblocks = c->g.seg_size / csize;
+	sc->nfree = sc->max_gen = 0;
+	sc->bits = hkv_calloc((sc->nblocks + 63) / 64, 8);
+	sc->unused = hkv_calloc(sc->nblocks, 1);
+	sc->gen = hkv_calloc(sc->nblocks, sizeof(uint32_t));
+	if (!sc->bits || !sc->unused || !sc->gen)
+		return -ENOMEM;
+	ret = read_bitmap(c, idx, sc->nblocks, (uint64_t *)c->scr);
+	memcpy(sc->bits, c->scr, (sc->nblocks + 63) / 64 * 8);
+	for (uint32_t first = 0; !ret && first < sc->nblocks; first += per_chunk) {
+		uint32_t cnt = sc->nblocks - first < per_chunk ? sc->nblocks - first : per_chunk;
+		struct hkv_wr wr = hkv_wr_read(c, c->rblk, seg_base(c, idx) + (uint64_t)first * csize,
 					       cnt * csize);
 
 		ret = hkv_exec(c, &wr, 1);
 		for (uint32_t i = 0; !ret && i < cnt; i++) {
-			uint64_t meta;
 			uint32_t b = first + i;
+			uint64_t meta;
+			int bit = (int)(sc->bits[b / 64] >> (b % 64) & 1);
 
 			memcpy(&meta, c->rblk + (size_t)i * csize, 8);
-			so->gen[b] = hkv_meta_gen(meta);
-			if (hkv_meta_state(meta) == HKV_BLK_UNUSED && !(words[b / 64] >> (b % 64) & 1) &&
-			    fifo_push(ca, so->idx, b, ready))
-				ret = -ENOMEM;
+			sc->gen[b] = hkv_meta_gen(meta);
+			if (sc->gen[b] > sc->max_gen)
+				sc->max_gen = sc->gen[b];
+			sc->unused[b] = hkv_meta_state(meta) == HKV_BLK_UNUSED && !bit;
+			sc->nfree += bit || sc->unused[b];
 		}
 	}
-	for (uint32_t w = 0; !ret && w < nwords; w++) {
-		if (w == nwords - 1 && so->nblocks % 64)
-			words[w] &= (1ull << (so->nblocks % 64)) - 1;
-		for (uint64_t bits = words[w]; bits && !ret; bits &= bits - 1)
-			ret = fifo_push(ca, so->idx, w * 64 + (uint32_t)__builtin_ctzll(bits), ready);
-	}
-	if (!ret)
-		ret = clear_bits(c, so->idx, words, nwords);
-	so->carved = so->nblocks;
-	c->stats.segments_adopted++;
-	hkv_debug("client %u: adopted segment %u (class %u)", c->client_id, so->idx, so->cls);
 	return ret;
 }
 
-/* Take a FREE segment (or adopt an ORPHAN one of class cls) by CAS. */
+static void scan_free(struct scan *sc)
+{
+	hkv_free(sc->bits);
+	hkv_free(sc->unused);
+	hkv_free(sc->gen);
+}
+
+/* Adopt as it is: its free blocks (bit set, or never written) join our FIFO. */
+static int adopt_as_is(struct hkv_client *c, struct hkv_seg_own *so, const struct scan *sc)
+{
+	uint64_t ready = hkv_now_ns() + HKV_QUARANTINE_NS;
+
+	memcpy(so->gen, sc->gen, sc->nblocks * sizeof(uint32_t));
+	so->carved = so->nblocks;
+	for (uint32_t b = 0; b < so->nblocks; b++) {
+		int bit = (int)(sc->bits[b / 64] >> (b % 64) & 1);
+
+		if (!bit && !sc->unused[b])
+			continue;
+		if (bit)
+			so->held[b / 64] |= 1ull << (b % 64);
+		if (fifo_push(&c->classes[so->cls], so->idx, b, (uint32_t)bit, ready))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/*
+ * Every block is free: clear the old layout's bits and carve the segment
+ * into class cls. Generations continue above the highest one seen, so no
+ * block address ever repeats one.
+ */
+static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t cls,
+		   const struct scan *sc)
+{
+	struct hkv_wr wrs[64];
+	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(entry) + 1);
+	struct hkv_seg_own *so;
+	int n = 0, ret;
+
+	for (uint32_t w = 0; w < (sc->nblocks + 63) / 64; w++) {
+		if (!sc->bits[w])
+			continue;
+		wrs[n++] = hkv_wr_faa(c, &c->atom[62], bitmap_word(c, idx, w * 64), -sc->bits[w]);
+		if (n == 64 && (ret = hkv_exec(c, wrs, n)))
+			return ret;
+		n %= 64;
+	}
+	wrs[n++] = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)idx * 8, entry, mine);
+	ret = hkv_exec(c, wrs, n);
+	if (ret)
+		return ret;
+	if (c->atom[0] != entry)
+		return HKV_ECORRUPT; /* only we may change an entry we own */
+	so = seg_own_new(c, idx, cls);
+	if (!so)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < so->nblocks; b++)
+		so->gen[b] = sc->max_gen;
+	c->stats.segments_adopted++;
+	return 0;
+}
+
+/* Adopt an orphan we just took: as it is, or re-carved when wholly free. */
+static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t want_cls)
+{
+	uint32_t cls = hkv_seg_class(entry);
+	struct hkv_seg_own *so;
+	struct scan sc;
+	int ret = scan_segment(c, idx, cls, &sc);
+
+	if (!ret && sc.nfree == sc.nblocks && cls != want_cls) {
+		ret = recarve(c, idx, entry, want_cls, &sc);
+	} else if (!ret) {
+		so = seg_own_new(c, idx, cls);
+		ret = so ? adopt_as_is(c, so, &sc) : -ENOMEM;
+		c->stats.segments_adopted++;
+	}
+	scan_free(&sc);
+	hkv_debug("client %u: adopted segment %u (class %u, wanted %u): %s", c->client_id, idx,
+		  cls, want_cls, hkv_strerror(ret));
+	return ret;
+}
+
+/* CAS a segment table entry from e to owned-by-us (class cls); 1 if we got it. */
+static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls, int *err)
+{
+	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, e, mine);
+
+	*err = hkv_exec(c, &wr, 1);
+	return !*err && c->atom[0] == e;
+}
+
+/*
+ * More memory for class cls: a FREE segment, else an ORPHAN of class cls,
+ * else any ORPHAN (re-carved if wholly free, else kept in its own class and
+ * we look again).
+ */
 static int claim_segment(struct hkv_client *c, uint32_t cls)
 {
 	uint64_t *table = (uint64_t *)c->scr;
 	uint32_t n = c->g.nsegs, start;
-	struct hkv_wr wr;
-	int ret;
+	struct hkv_wr wr = hkv_wr_read(c, table, c->g.seg_table_off, n * 8);
+	int ret = hkv_exec(c, &wr, 1);
 
-	for (int round = 0; round < 4; round++) {
-		wr = hkv_wr_read(c, table, c->g.seg_table_off, n * 8);
-		ret = hkv_exec(c, &wr, 1);
-		if (ret)
-			return ret;
-		start = (uint32_t)(hkv_rand(c) % n);
-		for (int pass = 0; pass < 2; pass++) {
-			enum hkv_seg_state want = pass ? HKV_SEG_ORPHAN : HKV_SEG_FREE;
+	if (ret)
+		return ret;
+	start = (uint32_t)(hkv_rand(c) % n);
+	for (int pass = 0; pass < 3; pass++) {
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t i = (start + k) % n;
+			uint64_t e = table[i];
+			enum hkv_seg_state st = hkv_seg_state(e);
+			uint32_t ecls = hkv_seg_class(e);
 
-			for (uint32_t k = 0; k < n; k++) {
-				uint32_t i = (start + k) % n;
-				uint64_t e = table[i], mine;
-				struct hkv_seg_own *so;
-
-				if (hkv_seg_state(e) != want || (pass && hkv_seg_class(e) != cls) ||
-				    (pass && hkv_seg_class(e) >= c->g.nclasses))
-					continue;
-				mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
-				wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, e, mine);
-				ret = hkv_exec(c, &wr, 1);
+			if (pass == 0 ? st != HKV_SEG_FREE
+				      : st != HKV_SEG_ORPHAN || ecls >= c->g.nclasses ||
+						(pass == 1 && ecls != cls))
+				continue;
+			if (!take_entry(c, i, e, pass ? ecls : cls, &ret)) {
 				if (ret)
 					return ret;
-				if (c->atom[0] != e) {
-					table[i] = c->atom[0];
-					continue; /* somebody was faster */
-				}
-				so = seg_own_new(c, i, cls);
-				if (!so)
-					return -ENOMEM;
-				if (pass)
-					return adopt(c, so);
-				c->stats.segments_claimed++;
-				return 0;
+				continue; /* somebody was faster */
 			}
+			if (pass == 0) {
+				c->stats.segments_claimed++;
+				return seg_own_new(c, i, cls) ? 0 : -ENOMEM;
+			}
+			e = hkv_seg_make(HKV_SEG_OWNED, ecls, c->client_id, hkv_seg_epoch(e) + 1);
+			return adopt(c, i, e, cls);
 		}
-		if (round == 0)
-			break; /* nothing FREE or adoptable in a fresh read: full */
 	}
 	return HKV_EFULL;
 }
@@ -281,7 +359,27 @@ static int take_ready(struct hkv_client *c, struct hkv_class_alloc *ca, uint64_t
 		return 0;
 	*gen = ++so->gen[fb.blk] ? so->gen[fb.blk] : ++so->gen[fb.blk];
 	*off = seg_base(c, fb.seg) + (uint64_t)fb.blk * c->g.class_size[so->cls];
+	if (fb.bit_set) /* its bit stays set, and held, until the write chain clears it */
+		c->alloc_clear = (struct hkv_bit_clear){bitmap_word(c, fb.seg, fb.blk),
+							1ull << (fb.blk % 64), fb.seg, fb.blk};
 	return 1;
+}
+
+/* Called right before the chain that writes the new block is executed, so no
+ * harvest can see the bit still set yet not held. */
+int hkv_wr_alloc_clear(struct hkv_client *c, struct hkv_wr *wrs, int n)
+{
+	struct hkv_bit_clear *bc = &c->alloc_clear;
+	struct hkv_seg_own *so;
+
+	if (!bc->word_off)
+		return n;
+	wrs[n++] = hkv_wr_faa(c, &c->atom[61], bc->word_off, -bc->bit);
+	so = c->owned[bc->seg];
+	if (so)
+		so->held[bc->blk / 64] &= ~(1ull << (bc->blk % 64));
+	bc->word_off = 0;
+	return n;
 }
 
 /* Keep the next batch resting: harvest ahead once the ready supply runs low. */
@@ -341,58 +439,49 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	uint32_t seg = (uint32_t)((off - c->g.data_off) / c->g.seg_size);
 	uint32_t blk = (uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]);
 
-	fifo_push(&c->classes[cls], seg, blk, 0);
+	/* If the WRITE (and with it the bit clear) never went out, the bit is
+	 * still set and held: the block goes back as it came. */
+	uint32_t bit_set = c->alloc_clear.word_off != 0;
+
+	c->alloc_clear.word_off = 0;
+	fifo_push(&c->classes[cls], seg, blk, bit_set, 0);
+}
+
+static void set_bit(struct hkv_client *c, uint32_t seg, uint32_t blk)
+{
+	struct hkv_wr wr = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk), 1ull << (blk % 64));
+
+	wr.flags = HKV_WR_F_NO_COMPLETION;
+	if (hkv_conn_post(c->conn, &wr, 1) == -EAGAIN) {
+		wr.flags = 0; /* send queue full of unsignaled work: wait once */
+		hkv_exec(c, &wr, 1);
+	}
 }
 
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
-	uint32_t seg, blk;
-
 	if (cls >= c->g.nclasses || !hkv_block_range_ok(&c->g, off, c->g.class_size[cls]))
 		return; /* not a block we could have validated: never touch it */
-	seg = (uint32_t)((off - c->g.data_off) / c->g.seg_size);
-	blk = (uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]);
-	if (c->npending == HKV_PENDING_FREES)
-		hkv_flush_frees(c);
-	if (c->npending == HKV_PENDING_FREES)
-		return; /* connection failed: the block leaks, nothing is corrupted */
-	c->pending[c->npending++] = (struct hkv_pending_free){bitmap_word(c, seg, blk),
-							      1ull << (blk % 64)};
+	set_bit(c, (uint32_t)((off - c->g.data_off) / c->g.seg_size),
+		(uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]));
 	c->stats.blocks_freed++;
 }
 
-int hkv_take_frees(struct hkv_client *c, struct hkv_wr *wrs, int max)
-{
-	int n = c->npending < max ? c->npending : max;
-
-	for (int i = 0; i < n; i++) {
-		struct hkv_pending_free *p = &c->pending[--c->npending];
-
-		wrs[i] = hkv_wr_faa(c, &c->atom[63], p->word_addr, p->bit);
-	}
-	return n;
-}
-
-int hkv_flush_frees(struct hkv_client *c)
-{
-	struct hkv_wr wrs[HKV_PENDING_FREES];
-	int n = hkv_take_frees(c, wrs, HKV_PENDING_FREES);
-
-	return n ? hkv_exec(c, wrs, n) : 0;
-}
-
-/* At close: every free block we hold goes back into its bitmap. */
+/* At close: blocks in our FIFOs whose bits we already cleared get them back. */
 void hkv_alloc_release(struct hkv_client *c)
 {
+	struct hkv_wr wr;
+
 	for (uint32_t cls = 0; cls < c->g.nclasses; cls++) {
 		struct hkv_class_alloc *ca = &c->classes[cls];
 
 		while (ca->head != ca->tail) {
 			struct hkv_free_block fb = ca->fifo[ca->head++ & (ca->cap - 1)];
 
-			hkv_free_block(c, seg_base(c, fb.seg) + (uint64_t)fb.blk * c->g.class_size[cls],
-				       cls);
+			if (!fb.bit_set && c->owned[fb.seg] && fb.blk < c->owned[fb.seg]->nblocks)
+				set_bit(c, fb.seg, fb.blk);
 		}
 	}
-	hkv_flush_frees(c);
+	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
+	hkv_exec(c, &wr, 1);
 }

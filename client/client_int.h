@@ -27,7 +27,6 @@
 #define HKV_CACHE_MAX_AGE_NS (1000ull * 1000000ull) /* trust a location 1 s */
 #define HKV_MAX_RETRIES     64
 #define HKV_MAX_SERVERS     8
-#define HKV_PENDING_FREES   64
 
 struct hkv_config {
 	pthread_mutex_t lock;     /* guards the lazily created cache */
@@ -77,11 +76,13 @@ struct hkv_seg_own {
 	uint32_t idx, cls, nblocks;
 	uint32_t carved;  /* blocks [0, carved) handed out at least once */
 	uint32_t *gen;    /* per block: generation last written */
+	uint64_t *held;   /* per block: its set bitmap bit is already in our FIFO */
 	struct hkv_seg_own *next;
 };
 
 struct hkv_free_block {
 	uint32_t seg, blk;
+	uint32_t bit_set; /* its bitmap bit is still set: clear it when reused */
 	uint64_t ready_ns;
 };
 
@@ -92,9 +93,11 @@ struct hkv_class_alloc {
 	uint64_t last_harvest_ns;
 };
 
-struct hkv_pending_free {
-	uint64_t word_addr; /* remote bitmap word */
+/* A bitmap bit to clear in the chain that writes the block just allocated. */
+struct hkv_bit_clear {
+	uint64_t word_off; /* 0: nothing to clear */
 	uint64_t bit;
+	uint32_t seg, blk;
 };
 
 /* ---- the handle ---------------------------------------------------------- */
@@ -120,8 +123,7 @@ struct hkv_client {
 	struct hkv_cache *cache; /* the config's, shared (one reference) */
 	struct hkv_seg_own **owned; /* by segment index */
 	struct hkv_class_alloc *classes;
-	struct hkv_pending_free pending[HKV_PENDING_FREES];
-	int npending;
+	struct hkv_bit_clear alloc_clear;
 	uint64_t rng;
 
 	struct hkv_client_stats stats;
@@ -149,15 +151,19 @@ struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint
 			 uint64_t swap);
 struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add);
 
-/* Allocate a block of class cls: its region offset and the generation to write. */
+/*
+ * Allocate a block of class cls: its region offset and the generation to
+ * write. If c->alloc_clear.word_off is then set, the chain that WRITEs the
+ * block must also carry hkv_wr_alloc_clear() (before it publishes the block).
+ */
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen);
-/* The block at off (class cls) is no longer referenced: return it to its owner. */
+/* Appends the pending bitmap-bit clear, if any, to wrs[n]; returns the new n. */
+int hkv_wr_alloc_clear(struct hkv_client *c, struct hkv_wr *wrs, int n);
+/* The block at off (class cls) is no longer referenced: set its bitmap bit
+ * (one unsignaled FAA, posted now, no round trip). */
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls);
-/* A block allocated but never published: give it back locally. */
+/* A block allocated and written but never published: give it back locally. */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls);
-/* Append up to max pending frees (unsignaled FAAs) to a chain; returns count. */
-int hkv_take_frees(struct hkv_client *c, struct hkv_wr *wrs, int max);
-int hkv_flush_frees(struct hkv_client *c);
 int hkv_alloc_init(struct hkv_client *c);
 /* Give every block this handle holds back to the shared pool (at close). */
 void hkv_alloc_release(struct hkv_client *c);

@@ -226,18 +226,68 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 }
 
 /*
+ * Read the blocks of the candidate slots (canonical order, batches that fit
+ * the read area) and take the first that holds the key with the generation
+ * its slot names. 0 found; HKV_ENOTFOUND, with *torn counting candidates that
+ * failed validation (being rewritten, reused since, or garbage).
+ */
+static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
+			    const struct view *v, const int *cand, int ncand, int *torn)
+{
+	for (int first = 0; first < ncand;) {
+		struct hkv_wr wrs[MAX_CANDIDATES];
+		size_t used = 0;
+		int n = 0, ret;
+
+		while (first + n < ncand && n < MAX_CANDIDATES) {
+			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[first + n]])];
+
+			if (n && used + sz > c->read_cap)
+				break;
+			wrs[n] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[first + n]]), sz);
+			used += sz;
+			n++;
+		}
+		ret = hkv_exec(c, wrs, n);
+		if (ret)
+			return ret;
+		used = 0;
+		for (int i = first; i < first + n; i++) {
+			uint64_t s = v->slot[cand[i]];
+			uint8_t *blk = c->rblk + used;
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
+			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
+
+			used += sz;
+			if (chk == HKV_ENOTFOUND)
+				continue; /* another key with the same fingerprint */
+			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
+			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
+				(*torn)++;
+				continue;
+			}
+			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
+			if (it->state == HKV_BLK_LIVE)
+				remember(c, k, it);
+			return 0;
+		}
+		first += n;
+	}
+	return HKV_ENOTFOUND;
+}
+
+/*
  * Cold find: READ both buckets (after any `lead` requests, e.g. the WRITE of
- * a new block), then the blocks of slots whose fingerprint matches, and take
- * the first in canonical order that holds the key with the generation its
- * slot names. Fills *v with what the buckets held. 0 found, HKV_ENOTFOUND.
+ * a new block), then the candidate blocks (check_candidates). Fills *v with
+ * what the buckets held. 0 found, HKV_ENOTFOUND.
  */
 static int find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
 		     struct hkv_wr *lead, int nlead)
 {
 	for (int attempt = 0;; attempt++) {
-		struct hkv_wr wrs[MAX_CANDIDATES + 4];
+		struct hkv_wr wrs[4];
 		int cand[CANON_SLOTS], ncand = 0, n = 0, torn = 0, ret;
-		size_t used = 0;
 
 		for (int i = 0; i < nlead; i++)
 			wrs[n++] = lead[i];
@@ -252,43 +302,9 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 		for (int p = 0; p < CANON_SLOTS; p++)
 			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
 				cand[ncand++] = p;
-		if (!ncand)
-			return HKV_ENOTFOUND;
-		n = 0;
-		for (int i = 0; i < ncand && n < MAX_CANDIDATES; i++) {
-			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[i]])];
-
-			if (used + sz > c->read_cap)
-				break;
-			wrs[n++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[i]]), sz);
-			used += sz;
-		}
-		ret = hkv_exec(c, wrs, n);
-		if (ret)
+		ret = check_candidates(c, k, it, v, cand, ncand, &torn);
+		if (ret != HKV_ENOTFOUND || !torn)
 			return ret;
-		used = 0;
-		for (int i = 0; i < n; i++) {
-			uint64_t s = v->slot[cand[i]];
-			uint8_t *blk = c->rblk + used;
-			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
-			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
-			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
-
-			used += sz;
-			if (chk == HKV_ENOTFOUND)
-				continue; /* another key with the same fingerprint */
-			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
-			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
-				torn++; /* being rewritten, reused since, or garbage */
-				continue;
-			}
-			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
-			if (it->state == HKV_BLK_LIVE)
-				remember(c, k, it);
-			return 0;
-		}
-		if (!torn && ncand <= n)
-			return HKV_ENOTFOUND;
 		if (attempt >= 8) {
 			/* A slot whose block never validates is garbage, not our key. */
 			c->stats.corrupt_reads += (uint64_t)torn;
@@ -310,9 +326,12 @@ static int find(struct hkv_client *c, const struct key *k, struct item *it, stru
 #define CONFLICT 1 /* internal: lost a race, look again */
 #define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
 
-static int append_frees(struct hkv_client *c, struct hkv_wr *wrs, int n)
+/* WRITE of the block just built, with its bitmap-bit clear if it was reused. */
+static int append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, uint64_t slot,
+			      uint32_t blen)
 {
-	return n + hkv_take_frees(c, wrs + n, 4);
+	wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
+	return hkv_wr_alloc_clear(c, wrs, n);
 }
 
 /* The old block's mark did not apply: it was reused (ABA on the slot) or is
@@ -342,8 +361,7 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 	int n = 0, ret;
 
 	if (with_write)
-		wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(new_slot), blen);
-	n = append_frees(c, wrs, n);
+		n = append_block_write(c, wrs, n, new_slot, blen);
 	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
 			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
 	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, new_slot);
@@ -361,8 +379,8 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 /* [frees, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or <0. */
 static int publish_remove(struct hkv_client *c, const struct item *old)
 {
-	struct hkv_wr wrs[8];
-	int n = append_frees(c, wrs, 0), ret;
+	struct hkv_wr wrs[2];
+	int n = 0, ret;
 
 	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
 			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
@@ -435,8 +453,7 @@ static int publish_insert(struct hkv_client *c, const struct key *k, int pos, ui
 	int n = 0, ret, yielded;
 
 	if (with_write)
-		wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(new_slot), blen);
-	n = append_frees(c, wrs, n);
+		n = append_block_write(c, wrs, n, new_slot, blen);
 	wrs[n++] = hkv_wr_cas(c, &c->atom[1], slot_off_of(c, k, pos), 0, new_slot);
 	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
 	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
@@ -572,12 +589,12 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 		      uint64_t version, uint64_t slot, uint32_t blen, int *written,
 		      uint64_t *slot_off)
 {
-	struct hkv_wr lead = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
+	struct hkv_wr lead[2];
 	struct item it, ours;
 	struct view view;
-	int ret, pos;
+	int ret, pos, nlead = *written ? 0 : append_block_write(c, lead, 0, slot, blen);
 
-	ret = find_cold(c, k, &it, &view, &lead, !*written);
+	ret = find_cold(c, k, &it, &view, lead, nlead);
 	*written = 1; /* the new block went out with the bucket reads */
 	if (ret && ret != HKV_ENOTFOUND)
 		return ret;
@@ -766,8 +783,6 @@ static int op_end(struct hkv_client *c, const struct op_scope *s, int ret)
 	o->round_trips += now->round_trips - s->before.round_trips;
 	o->bytes_read += now->bytes_read - s->before.bytes_read;
 	o->bytes_written += now->bytes_written - s->before.bytes_written;
-	if (c->npending >= HKV_PENDING_FREES / 2 && !c->conn->error)
-		hkv_flush_frees(c); /* rarely: frees normally ride on writes */
 	return ret;
 }
 
@@ -991,13 +1006,13 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 			if (!cache_get(c, k.h, &locs[nw]) || !slot_sane(c, locs[nw].slot) ||
 			    locs[nw].blen > c->read_cap)
 				continue;
-			if (used + locs[nw].blen > c->read_cap)
+			if (used + locs[nw].blen + 64 > c->read_cap)
 				break;
 			idx[nw] = i;
 			offs[nw] = used;
 			wrs[nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(locs[nw].slot),
 					      locs[nw].blen);
-			used += locs[nw++].blen;
+			used += (locs[nw++].blen + 63) & ~(size_t)63; /* keep headers aligned */
 		}
 		ret = nw ? hkv_exec(c, wrs, nw) : 0;
 		if (ret)

@@ -62,6 +62,9 @@ enum hkv_wr_opcode {
 
 #define HKV_WR_F_SIGNALED 0x1 /* completion wanted (the last WR of a chain always has one) */
 #define HKV_WR_F_FENCE    0x2 /* wait for earlier READs/atomics before this one */
+/* On the last WR of a chain: post it unsignaled (fire and forget; nothing to
+ * wait for). Its send-queue room comes back with the next signaled chain. */
+#define HKV_WR_F_NO_COMPLETION 0x4
 
 /* Largest private blob carried by a connect request (rdma_cm REQ: 56 bytes). */
 #define HKV_HELLO_MAX 48

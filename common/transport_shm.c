@@ -159,7 +159,8 @@ static int shm_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 
 		if (status && !err)
 			err = status;
-		if (status || i == n - 1 || (wrs[i].flags & HKV_WR_F_SIGNALED))
+		if (status || (wrs[i].flags & HKV_WR_F_SIGNALED) ||
+		    (i == n - 1 && !(wrs[i].flags & HKV_WR_F_NO_COMPLETION)))
 			shm_complete(s, &wrs[i], status);
 	}
 	return 0;

@@ -44,6 +44,7 @@ struct verbs_conn {
 	int connected;
 	int sq_depth, sq_used;
 	uint16_t *chains; /* ring: WRs accounted to each outstanding signaled WR */
+	uint16_t carry;   /* unsignaled WRs posted since the last signaled one */
 	unsigned ch_head, ch_tail;
 	struct ibv_send_wr *wrs;
 	struct ibv_sge *sges;
@@ -237,7 +238,7 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 {
 	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
 	struct ibv_send_wr *bad;
-	uint16_t run = 0;
+	uint16_t run = v->carry;
 	unsigned tail = v->ch_tail;
 	int ret;
 
@@ -276,7 +277,8 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 			iw->wr.rdma.rkey = w->rkey;
 		}
 		run++;
-		if (i == n - 1 || (w->flags & HKV_WR_F_SIGNALED)) {
+		if ((i == n - 1 && !(w->flags & HKV_WR_F_NO_COMPLETION)) ||
+		    (w->flags & HKV_WR_F_SIGNALED)) {
 			iw->send_flags |= IBV_SEND_SIGNALED;
 			v->chains[tail++ % (unsigned)v->sq_depth] = run;
 			run = 0;
@@ -288,6 +290,7 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 	if (ret)
 		return ret == ENOMEM ? -EAGAIN : -ret;
 	v->ch_tail = tail;
+	v->carry = run;
 	v->sq_used += n;
 	return 0;
 }

@@ -1199,6 +1199,8 @@ static void test_garbage(void)
 	CHECK(sum[C_OTHER] == 0 && fresh[C_OTHER] == 0);
 	CHECK(sum[C_VANDAL_WRITES] > 0);
 	CHECK(sum[C_HITS] > 0 && fresh[C_SETS_OK] > 0);
+	/* a set that returned 0 must be readable right after, garbage or not */
+	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
 }
 
 /* ---- test_sigkill_writer ----------------------------------------------------------- */

@@ -161,10 +161,10 @@ struct wthread {
 	struct hkv_client *c;
 	int round, proc, thread, nops, errors;
 	unsigned seed, seq;
-	struct rec *recs;   /* mixed workload */
-	uint64_t *results;  /* exact count: what each incr returned */
+	struct rec *recs;  /* mixed workload */
+	uint64_t *results; /* exact count: what each incr returned */
 	size_t n;
-	int have[NKEYS];    /* a get of the key succeeded: */
+	int have[NKEYS];      /* a get of the key succeeded: */
 	uint64_t ver[NKEYS];  /* its version */
 	uint64_t seen[NKEYS]; /* and value */
 	char wbuf[VALUE_CAP + 1], rbuf[VALUE_CAP + 1], scratch[VALUE_CAP + 1];
@@ -578,6 +578,8 @@ static int parse_line(struct history *h, const char *line)
 
 	if (sscanf(line, "op %d %d %d %d %llu %llu %llu %lld %lld", &key, &kind, &status, &client,
 		   &a, &b, &c, &call, &ret) == 9) {
+		if (kind < 0 || kind >= LC_NKINDS || status < 0 || status > LC_UNKNOWN)
+			return -1;
 		op = (struct lc_op){(enum lc_kind)kind, (enum lc_status)status, client, a, b, c,
 				    call, ret};
 		return add_op(h, key, &op);
@@ -972,8 +974,9 @@ static void check_key(int key, struct lc_op *ops, size_t n)
 	lc_check(m, init_state[key], ops, n, &lim, &rep);
 	tally_add(&tallies[key], ops, n, &rep);
 	if (rep.result != LC_LINEARIZABLE) {
-		printf("# %s, round %d (initial state %#llx):\n", key_names[key], mixed_round,
-		       (unsigned long long)init_state[key]);
+		printf(m == LC_COUNTER ? "# %s, round %d (initial value %llu):\n"
+				       : "# %s, round %d (initial value %#llx, 0 = absent):\n",
+		       key_names[key], mixed_round, (unsigned long long)init_state[key]);
 		lc_print_report(stdout, ops, n, &rep);
 		hkv_test_failures++;
 	}

@@ -53,36 +53,36 @@ enum lc_status {
 struct lc_op {
 	enum lc_kind kind;
 	enum lc_status status;
-	int client;       /* who ran it (reports only) */
-	uint64_t arg;     /* set/cas: value written; incr/decr: delta */
-	uint64_t expect;  /* cas: the value the version token came with */
-	uint64_t out;     /* get: value read; incr/decr: the new value returned */
-	int64_t call;     /* invocation time */
-	int64_t ret;      /* response time (INT64_MAX if LC_UNKNOWN) */
+	int client;      /* who ran it (reports only) */
+	uint64_t arg;    /* set/cas: value written; incr/decr: delta */
+	uint64_t expect; /* cas: the value the version token came with */
+	uint64_t out;    /* get: value read; incr/decr: the new value returned */
+	int64_t call;    /* invocation time */
+	int64_t ret;     /* response time (INT64_MAX if LC_UNKNOWN) */
 };
 
 enum lc_result { LC_LINEARIZABLE, LC_VIOLATION, LC_GAVE_UP };
 
 struct lc_limits {
-	uint64_t max_steps;   /* search steps before giving up (0: no limit) */
-	double max_seconds;   /* wall time before giving up (0: no limit) */
-	size_t max_memo_mb;   /* memo table size before giving up (0: 1024) */
+	uint64_t max_steps; /* search steps before giving up (0: no limit) */
+	double max_seconds; /* wall time before giving up (0: no limit) */
+	size_t max_memo_mb; /* memo table size before giving up (0: 1024) */
 };
 
 /* Outcome of a check; free with lc_report_free(). */
 struct lc_report {
 	enum lc_model model;
 	enum lc_result result;
-	uint64_t steps;    /* search steps taken */
+	uint64_t steps; /* search steps taken */
 	double seconds;
 	size_t nops;
 	/* The deepest point the search reached: the ops it had linearized, in
 	 * order, the state they led to, and the op whose return it could not
 	 * get past. On a violation this is where the history goes wrong. */
 	size_t depth;
-	size_t *order;     /* depth op indexes */
+	size_t *order; /* depth op indexes */
 	uint64_t state;
-	size_t stuck;      /* op index, or (size_t)-1 */
+	size_t stuck; /* op index, or (size_t)-1 */
 };
 
 /* Check ops[0..n) against `model` starting in state `init`. */
