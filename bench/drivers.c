@@ -34,15 +34,8 @@ static int hkvd_write(struct driver *d, const char *key, size_t klen, const uint
 
 static void hkvd_counters(struct driver *d, struct drv_counters *out)
 {
-	struct hkv_client_stats st;
-
-	hkv_client_stats(((struct hkv_driver *)d)->c, &st);
-	memset(out, 0, sizeof(*out));
-	for (int i = 0; i < HKV_OP_NTYPES; i++) {
-		out->round_trips += st.op[i].round_trips;
-		out->bytes_read += st.op[i].bytes_read;
-		out->bytes_written += st.op[i].bytes_written;
-	}
+	hkv_client_totals(((struct hkv_driver *)d)->c, &out->round_trips, &out->bytes_read,
+			  &out->bytes_written);
 }
 
 static void hkvd_close(struct driver *d)

@@ -11,7 +11,7 @@
  * CAS) sets the block's bit in its segment's free bitmap with a FAA, posted
  * unsignaled at once (no round trip). The owner harvests its bitmaps when it
  * runs short: bits it has not taken yet go to a FIFO where each block rests
- * HKV_QUARANTINE_NS before reuse (docs/design.md: the ABA argument). A bit is
+ * HKV_QUARANTINE_NS (200 us) before reuse (docs/design.md: the ABA argument). A bit is
  * cleared only when its block is reused, by a FAA in the very chain that
  * writes the block, before the block is published. So the bitmap always
  * names every free block except those a client is writing this moment.
@@ -414,16 +414,16 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 			if (ret > 0)
 				continue;
 		}
-		/* Nothing ready: take more memory while freed blocks rest... */
+		/* Blocks resting in quarantine are ready within 200 us: wait for
+		 * them rather than take memory other clients may need. */
+		if (ca->head != ca->tail)
+			continue;
 		ret = claim_segment(c, cls);
 		if (ret != HKV_EFULL) {
 			if (ret)
 				return ret;
 			continue;
 		}
-		/* ...and when there is none, wait for them. */
-		if (ca->head != ca->tail)
-			continue;
 		if (waited || !ca->segs)
 			return HKV_EFULL;
 		/* Full: frees may still be in flight from other clients; look once more. */

@@ -69,9 +69,10 @@ static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w)
 
 	if (s1 & 1)
 		return 0;
+	/* acquire loads keep the second read of seq after the data (no fence:
+	 * ThreadSanitizer does not model fences) */
 	for (int i = 0; i < 5; i++)
-		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_ACQUIRE);
 	s2 = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
 	return s1 == s2 && w[0] == hash;
 }

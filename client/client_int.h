@@ -23,9 +23,14 @@
 #include "common/transport.h"
 #include "hatchkv.h"
 
-#define HKV_QUARANTINE_NS   (2ull * 1000000ull)  /* a freed block rests 2 ms */
-#define HKV_CACHE_MAX_AGE_NS (1000ull * 1000000ull) /* trust a location 1 s */
-#define HKV_MAX_RETRIES     64
+/*
+ * ABA horizon: a slot's 11-bit ver repeats for an address only after 2048
+ * reuses, each after >= HKV_QUARANTINE_NS of rest: 2048 x 200 us = 410 ms,
+ * longer than any view a client acts on (cache entries: 250 ms).
+ */
+#define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
+#define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* trust a location 250 ms */
+#define HKV_MAX_RETRIES      256
 #define HKV_MAX_SERVERS     8
 
 struct hkv_config {

@@ -340,3 +340,11 @@ HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_s
 {
 	*out = c->stats;
 }
+
+HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
+				  uint64_t *bytes_read, uint64_t *bytes_written)
+{
+	*round_trips = c->conn->stats.round_trips;
+	*bytes_read = c->conn->stats.bytes_read;
+	*bytes_written = c->conn->stats.bytes_written;
+}

@@ -324,6 +324,17 @@ static int find(struct hkv_client *c, const struct key *k, struct item *it, stru
 /* ---- publishing --------------------------------------------------------------- */
 
 #define CONFLICT 1 /* internal: lost a race, look again */
+
+/* After losing a race: wait a random while, growing with the attempts, so
+ * contenders spread out instead of colliding in lock step. */
+static void backoff(struct hkv_client *c, int attempt)
+{
+	uint64_t max_ns = 500ull << (attempt < 10 ? attempt : 10); /* up to ~0.5 ms */
+	uint64_t until = hkv_now_ns() + hkv_rand(c) % max_ns;
+
+	while (hkv_now_ns() < until)
+		;
+}
 #define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
 
 /* WRITE of the block just built, with its bitmap-bit clear if it was reused. */
@@ -632,8 +643,10 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
 	written = ret == CONFLICT;
 	for (int attempt = 0; ret > 0 && attempt < HKV_MAX_RETRIES; attempt++) {
-		if (attempt)
+		if (attempt) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
+			backoff(c, attempt);
+		}
 		ret = store_cold(c, k, mode, version, slot, blen, &written, &slot_off);
 		if (ret == YIELDED) /* our block is already withdrawn and freed */
 			return mode == STORE_ADD ? HKV_EEXISTS : 0;
@@ -685,6 +698,7 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 		unbuild_block(c, slot);
 		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
+		backoff(c, attempt);
 	}
 	return HKV_EAGAIN;
 }
@@ -956,6 +970,7 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	ret = delete_once(c, &k, 1);
 	for (int attempt = 0; ret == CONFLICT && attempt < HKV_MAX_RETRIES; attempt++) {
 		c->stats.op[HKV_OP_DELETE].retries++;
+		backoff(c, attempt);
 		ret = delete_once(c, &k, 0);
 	}
 	return op_end(c, &sc, ret == CONFLICT ? HKV_EAGAIN : ret);

@@ -27,7 +27,7 @@ static int level_from_env(void)
 
 void hkv_log_set_level(enum hkv_log_level lvl)
 {
-	log_level = lvl;
+	__atomic_store_n(&log_level, (int)lvl, __ATOMIC_RELAXED);
 }
 
 void hkv_log_set_prog(const char *prog)
@@ -37,9 +37,13 @@ void hkv_log_set_prog(const char *prog)
 
 int hkv_log_enabled(enum hkv_log_level lvl)
 {
-	if (log_level < 0)
-		log_level = level_from_env();
-	return (int)lvl <= log_level;
+	int cur = __atomic_load_n(&log_level, __ATOMIC_RELAXED);
+
+	if (cur < 0) { /* first use: every thread computes the same answer */
+		cur = level_from_env();
+		__atomic_store_n(&log_level, cur, __ATOMIC_RELAXED);
+	}
+	return (int)lvl <= cur;
 }
 
 void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)

@@ -182,6 +182,9 @@ struct hkv_client_stats {
 
 /* Counters of this handle since hkv_open(). */
 HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+/* Just the transport totals since hkv_open() (cheap enough to call per op). */
+HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
+				  uint64_t *bytes_read, uint64_t *bytes_written);
 
 #ifdef __cplusplus
 }

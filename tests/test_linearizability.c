@@ -74,7 +74,7 @@ struct params {
 static const struct params shm_params = {
 	.rounds = 20, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 2000};
 static const struct params quick_params = {
-	.rounds = 4, .procs = 2, .threads = 3, .mix_ops = 200, .count_ops = 500};
+	.rounds = 8, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 500};
 static const struct params verbs_params = {
 	.rounds = 30, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 1000};
 
@@ -414,7 +414,11 @@ static int worker_main(int argc, char **argv)
 		write_history(f, &ts[i]);
 		errors += ts[i].errors;
 		hkv_close(ts[i].c);
+		free(ts[i].results);
+		free(ts[i].recs);
 	}
+	free(ts);
+	pthread_barrier_destroy(&start_line);
 	return fclose(f) || errors ? 1 : 0;
 }
 
@@ -526,13 +530,13 @@ static int crew_reap(struct crew *w, int kill_first)
 
 		if (kill_first)
 			kill(w->pid[p], SIGKILL);
-		if (waitpid(w->pid[p], &status, 0) != w->pid[p] || !WIFEXITED(status) ||
-		    WEXITSTATUS(status)) {
-			if (!kill_first)
-				fprintf(stderr, "worker %d (pid %d) failed: status %#x\n", p,
-					(int)w->pid[p], status);
-			bad++;
-		}
+		if (waitpid(w->pid[p], &status, 0) != w->pid[p])
+			status = -1;
+		if (status && !kill_first)
+			fprintf(stderr, "worker %d (pid %d) failed: %s %d\n", p, (int)w->pid[p],
+				WIFSIGNALED(status) ? "signal" : "exit status",
+				WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+		bad += status != 0;
 	}
 	return bad ? -1 : 0;
 }
@@ -650,8 +654,9 @@ static int run_crew(const char *mode, int round, int nops, int (*init)(struct hk
 	return ret;
 }
 
-/* ---- 1. the checker on known histories ----------------------------------------------- */
+/* ---- 1. the checker checks itself ------------------------------------------------- */
 
+/* An op of a hand-made history (client 0). */
 #define OP(kind, st, arg, expect, out, call, ret)                                          \
 	{(kind), (st), 0, (arg), (expect), (out), (call), (ret)}
 
@@ -706,7 +711,7 @@ static void test_checker_hand(void)
 	};
 	static const struct lc_op cnt_ok[] = {
 		OP(LC_INCR, LC_OK, 2, 0, 2, 0, 10),
-		OP(LC_INCR, LC_OK, 3, 0, 5, 1, 5), /* returns after, yet linearized after incr 2 */
+		OP(LC_INCR, LC_OK, 3, 0, 5, 1, 5), /* returns first, yet goes after incr 2 */
 		OP(LC_GET, LC_OK, 0, 0, 5, 11, 12),
 		OP(LC_DECR, LC_OK, 10, 0, 0, 13, 14), /* stops at 0 */
 		OP(LC_INCR, LC_OK, 1, 0, 1, 15, 16),
@@ -715,6 +720,7 @@ static void test_checker_hand(void)
 		OP(LC_INCR, LC_OK, 1, 0, 1, 0, 2),
 		OP(LC_INCR, LC_OK, 1, 0, 1, 1, 3),
 	};
+	/* Four concurrent writes, then a read of a value none of them wrote. */
 	static const struct lc_op wide[] = {
 		OP(LC_SET, LC_OK, 1, 0, 0, 0, 50), OP(LC_SET, LC_OK, 2, 0, 0, 0, 50),
 		OP(LC_SET, LC_OK, 3, 0, 0, 0, 50), OP(LC_SET, LC_OK, 4, 0, 0, 0, 50),
