@@ -25,8 +25,8 @@ static int exe_dir(char *buf, size_t cap)
 	return 0;
 }
 
-int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
-		    const char *const *extra)
+static int start_once(struct hkvserver *s, int verbs, const char *memory, const char *segment,
+		      const char *const *extra, int attempt)
 {
 	static int seq;
 	char bin[4096], sock[160], log[160];
@@ -37,7 +37,10 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
 	memset(s, 0, sizeof(*s));
 	s->verbs = verbs;
 	snprintf(s->dir, sizeof(s->dir), "/tmp/hkvtest-%d-%d", (int)getpid(), seq);
-	snprintf(s->port, sizeof(s->port), "%d", 30000 + (int)(getpid() % 15000) * 2 + seq * 2);
+	/* ports: pid-derived first; on a clash (the server exits at once) random ones */
+	snprintf(s->port, sizeof(s->port), "%d",
+		 attempt ? 30000 + (int)(random() % 15000) * 2
+			 : 30000 + (int)(getpid() % 15000) * 2 + seq * 2);
 	seq++;
 	mkdir(s->dir, 0700);
 	snprintf(s->token_file, sizeof(s->token_file), "%s/token", s->dir);
@@ -89,7 +92,8 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
 		int status;
 
 		if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-			fprintf(stderr, "hkvserver: server exited early, see %s\n", log);
+			fprintf(stderr, "hkvserver: server on port %s exited early (%s)\n", s->port,
+				attempt < 4 ? "trying another port" : "giving up");
 			s->pid = 0;
 			return -ECHILD;
 		}
@@ -106,6 +110,17 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
 	}
 	hkvserver_kill(s);
 	return -ETIMEDOUT;
+}
+
+int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
+		    const char *const *extra)
+{
+	int ret = -ECHILD;
+
+	srandom((unsigned)getpid() ^ (unsigned)time(NULL));
+	for (int attempt = 0; attempt < 5 && ret == -ECHILD; attempt++)
+		ret = start_once(s, verbs, memory, segment, extra, attempt);
+	return ret;
 }
 
 struct hkv_config *hkvserver_config(const struct hkvserver *s)
