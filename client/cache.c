@@ -8,8 +8,10 @@
  * An entry remembers the slot a key was found in, the slot's value and the
  * block's generation and length, which lets a GET read just the block (one
  * round trip) and an update CAS the slot directly. Entries are hints: every
- * use is validated against remote memory, and an entry older than
- * HKV_CACHE_MAX_AGE_NS is not used (the ABA argument in docs/design.md).
+ * use is validated against remote memory. Reads may use an entry of any age
+ * (a block's 32-bit generation never repeats for its address); a write only
+ * acts on one younger than HKV_CACHE_MAX_AGE_NS (the ABA argument in
+ * docs/design.md).
  */
 #include <errno.h>
 #include <string.h>
@@ -83,14 +85,16 @@ static struct hkv_cache_entry *set_of(struct hkv_cache *lc, uint64_t hash)
 	return &lc->e[hash & lc->mask & ~1ull];
 }
 
-int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, struct hkv_loc *out)
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, uint64_t max_age,
+		   struct hkv_loc *out)
 {
 	uint64_t w[5];
 
 	if (!lc->e)
 		return 0;
 	for (int way = 0; way < 2; way++) {
-		if (read_entry(&set_of(lc, hash)[way], hash, w) && now - w[4] <= HKV_CACHE_MAX_AGE_NS) {
+		if (read_entry(&set_of(lc, hash)[way], hash, w) &&
+		    (max_age == UINT64_MAX || now - w[4] <= max_age)) {
 			unpack(w, out);
 			return 1;
 		}

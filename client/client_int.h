@@ -29,7 +29,7 @@
  * longer than any view a client acts on (cache entries: 250 ms).
  */
 #define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
-#define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* trust a location 250 ms */
+#define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* writes trust a location 250 ms */
 #define HKV_MAX_RETRIES      256
 #define HKV_MAX_SERVERS     8
 
@@ -70,8 +70,9 @@ struct hkv_cache *hkv_cache_new(size_t entries);
 struct hkv_cache *hkv_cache_ref(struct hkv_cache *lc);
 /* Drop a reference; the last one frees. NULL is fine. */
 void hkv_cache_unref(struct hkv_cache *lc);
-/* Copy the entry for hash into *out if present and young enough; 1 if so. */
-int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, struct hkv_loc *out);
+/* Copy the entry for hash into *out if present and at most max_age old; 1 if so. */
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, uint64_t max_age,
+		   struct hkv_loc *out);
 void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc);
 void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 

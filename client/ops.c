@@ -146,15 +146,20 @@ static uint64_t meta_live(const struct item *it)
 	return hkv_meta_make(HKV_BLK_LIVE, it->cls, it->gen);
 }
 
-static struct hkv_loc *cache_get(struct hkv_client *c, uint64_t hash, struct hkv_loc *tmp)
+/* A cached location: any age for reads (fully validated), young for writes. */
+static struct hkv_loc *cache_get(struct hkv_client *c, uint64_t hash, struct hkv_loc *tmp,
+				 int for_write)
 {
-	return hkv_cache_find(c->cache, hash, hkv_now_ns(), tmp) ? tmp : NULL;
+	if (!for_write) /* reads validate fully: any age will do, no clock needed */
+		return hkv_cache_find(c->cache, hash, 0, UINT64_MAX, tmp) ? tmp : NULL;
+	return hkv_cache_find(c->cache, hash, hkv_coarse_ns(), HKV_CACHE_MAX_AGE_NS, tmp) ? tmp
+												   : NULL;
 }
 
 static void remember(struct hkv_client *c, const struct key *k, const struct item *it)
 {
 	struct hkv_loc loc = {.hash = k->h, .slot_addr = it->slot_off, .slot = it->slot,
-			      .gen = it->gen, .blen = it->blen, .stamp_ns = hkv_now_ns()};
+			      .gen = it->gen, .blen = it->blen, .stamp_ns = hkv_coarse_ns()};
 
 	hkv_cache_put(c->cache, &loc);
 }
@@ -190,7 +195,7 @@ static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, ui
 /* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
 static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 {
-	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc);
+	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc, 0);
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
 	struct hkv_wr wr;
 	int ret;
@@ -217,8 +222,8 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 		return 1;
 	}
 	item_from_block(it, c->rblk, loc->slot_addr, loc->slot, -1);
-	if (hkv_now_ns() - loc->stamp_ns > HKV_CACHE_MAX_AGE_NS / 8) {
-		loc->stamp_ns = hkv_now_ns(); /* confirmed: young again (rarely written) */
+	if (hkv_coarse_ns() - loc->stamp_ns > HKV_CACHE_MAX_AGE_NS / 8) {
+		loc->stamp_ns = hkv_coarse_ns(); /* confirmed: young again (rarely written) */
 		hkv_cache_put(c->cache, loc);
 	}
 	c->stats.cache_hits++;
@@ -570,7 +575,7 @@ static int pick_empty(const struct view *v)
 static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, uint32_t blen,
 		      uint64_t *slot_off)
 {
-	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc);
+	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc, 1);
 	struct item old;
 	int ret;
 
@@ -937,7 +942,7 @@ HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int
 
 static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 {
-	struct hkv_loc lc, *loc = warm ? cache_get(c, k->h, &lc) : NULL;
+	struct hkv_loc lc, *loc = warm ? cache_get(c, k->h, &lc, 1) : NULL;
 	struct item it;
 	struct view view;
 	int ret, expired;
@@ -1018,7 +1023,7 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 			if (items[i].status)
 				continue;
 			items[i].status = CONFLICT; /* not read yet */
-			if (!cache_get(c, k.h, &locs[nw]) || !slot_sane(c, locs[nw].slot) ||
+			if (!cache_get(c, k.h, &locs[nw], 0) || !slot_sane(c, locs[nw].slot) ||
 			    locs[nw].blen > c->read_cap)
 				continue;
 			if (used + locs[nw].blen + 64 > c->read_cap)

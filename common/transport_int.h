@@ -81,4 +81,13 @@ static inline uint64_t hkv_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Cheaper, a few ms coarse: for ages and rate limits, never for timeouts. */
+static inline uint64_t hkv_coarse_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 #endif /* HKV_TRANSPORT_INT_H */

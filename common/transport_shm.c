@@ -30,7 +30,7 @@
 #include "common/hkv_alloc.h"
 #include "common/log.h"
 
-#define SHM_CHECK_INTERVAL_NS 1000000ull /* liveness check at most once per ms */
+#define SHM_CHECK_INTERVAL_NS 1000000ull /* liveness check once per coarse tick (1-4 ms) */
 #define SHM_MAX_CLIENTS       4096
 
 /* ---- client ---------------------------------------------------------------- */
@@ -148,7 +148,7 @@ static int shm_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 
 	if ((unsigned)n > s->cq_mask + 1 - (s->cq_tail - s->cq_head))
 		return -EAGAIN;
-	now = hkv_now_ns();
+	now = hkv_coarse_ns();
 	if (now >= s->next_check_ns) {
 		s->next_check_ns = now + SHM_CHECK_INTERVAL_NS;
 		if ((err = shm_check(c)))
