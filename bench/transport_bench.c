@@ -1,7 +1,9 @@
 /*
  * transport_bench.c - RDMA READ latency through hatchkv's transport, measured
  * the way perftest's ib_read_lat measures it: one outstanding READ, busy
- * polling, per-iteration timestamps; prints t_typical (median) and p99 in us.
+ * polling, per-iteration timestamps from the TSC (as perftest's get_cycles;
+ * clock_gettime would add its own cost to every sample), converted to us by
+ * the TSC rate measured over the whole run; prints median and p99.
  *
  *   hkv-transport-bench [--transport verbs|shm] [--size B] [--iters N]
  *
@@ -16,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <x86intrin.h>
 
 #include "common/transport.h"
 #include "tests/support/rawserve.h"
@@ -87,12 +91,20 @@ int main(int argc, char **argv)
 	wr = (struct hkv_wr){.opcode = HKV_WR_READ, .local = buf, .mr = mr, .length = size,
 			     .remote_addr = hkv_conn_region(c)->base + 4096,
 			     .rkey = hkv_conn_region(c)->rkey};
-	for (unsigned i = 0; i < warmup + iters && !ret; i++) {
-		double t0 = now_us();
+	{
+		double us0 = now_us(), cycles_per_us;
+		uint64_t tsc0 = __rdtsc();
 
-		ret = hkv_conn_exec(c, &wr, 1);
-		if (i >= warmup)
-			lat[i - warmup] = now_us() - t0;
+		for (unsigned i = 0; i < warmup + iters && !ret; i++) {
+			uint64_t t0 = __rdtsc();
+
+			ret = hkv_conn_exec(c, &wr, 1);
+			if (i >= warmup)
+				lat[i - warmup] = (double)(__rdtsc() - t0);
+		}
+		cycles_per_us = (double)(__rdtsc() - tsc0) / (now_us() - us0);
+		for (unsigned i = 0; i < iters; i++)
+			lat[i] /= cycles_per_us;
 	}
 	if (ret) {
 		fprintf(stderr, "READ failed: %s\n", hkv_strerror(ret));

@@ -646,6 +646,15 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	if (ret)
 		return ret;
 	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
+	if (ret == NO_CACHE && mode == STORE_SET) {
+		struct item it;
+
+		/* An old cache entry is re-confirmed by one block READ (LIVE with
+		 * its generation means the slot holds exactly that value now),
+		 * which is cheaper than a cold find. */
+		if (find_warm(c, k, &it) == 0)
+			ret = store_warm(c, k, slot, blen, &slot_off);
+	}
 	written = ret == CONFLICT;
 	for (int attempt = 0; ret > 0 && attempt < HKV_MAX_RETRIES; attempt++) {
 		if (attempt) {
