@@ -367,8 +367,9 @@ static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t s
 }
 
 /*
- * [WRITE new block?, frees, CAS old meta LIVE->OBSOLETE, CAS slot old->new].
- * 0 when the slot swung to new (old block freed), CONFLICT, or <0.
+ * [WRITE new block?, CAS old meta LIVE->OBSOLETE, CAS slot old->new]; new_slot
+ * 0 (and no write) removes. 0 when the slot swung (old block freed),
+ * CONFLICT, or <0.
  */
 static int publish_replace(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 			   uint32_t blen, int with_write)
@@ -392,24 +393,10 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 	return 0;
 }
 
-/* [frees, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or <0. */
+/* [CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or <0. */
 static int publish_remove(struct hkv_client *c, const struct item *old)
 {
-	struct hkv_wr wrs[2];
-	int n = 0, ret;
-
-	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
-			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
-	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, 0);
-	ret = hkv_exec(c, wrs, n);
-	if (ret)
-		return ret;
-	if (c->atom[1] != old->slot)
-		return CONFLICT;
-	if (c->atom[0] != meta_live(old))
-		repair_mark(c, old, c->atom[0]);
-	hkv_free_block(c, old->blk_off, old->cls);
-	return 0;
+	return publish_replace(c, old, 0, 0, 0);
 }
 
 /*
