@@ -40,6 +40,9 @@ struct opts {
 	size_t fieldcount, fieldlength;
 	const char *system, *uri, *token_file, *memcached, *json;
 	int compare, quick, verbs;
+	int processes;             /* client processes per run phase */
+	int pidx;                  /* this process's index (children: >= 1) */
+	const char *child_result;  /* child mode: write the phase's result here */
 	pid_t server_pid;
 };
 
@@ -73,6 +76,7 @@ struct run {
 	const char *system;
 	size_t vlen;
 	atomic_uint_fast64_t next_insert; /* key numbers handed to inserts */
+	uint64_t insert_base;             /* this process's first insert key number */
 	atomic_uint_fast64_t done;
 	uint64_t ops_per_thread;
 	struct worker wk[MAX_THREADS];
@@ -141,8 +145,14 @@ static void one_op(struct worker *w, int measure)
 	struct drv_counters c0, c1;
 	int ret;
 
-	key = op == YOP_INSERT ? atomic_fetch_add(&r->next_insert, 1)
-			       : ycsb_choose(&w->chooser, &w->rng, latest);
+	if (op == YOP_INSERT) {
+		key = atomic_fetch_add(&r->next_insert, 1);
+	} else {
+		/* choose among the loaded records and this process's own inserts */
+		key = ycsb_choose(&w->chooser, &w->rng, r->o->records + (latest - r->insert_base));
+		if (key >= r->o->records)
+			key = r->insert_base + (key - r->o->records);
+	}
 	w->drv->ops->counters(w->drv, &c0);
 	t0 = now_ns();
 	switch (op) {
@@ -193,7 +203,7 @@ static void *run_main(void *arg)
 {
 	struct worker *w = arg;
 	const struct opts *o = w->run->o;
-	double per_thread_rate = o->target > 0 ? o->target / o->threads : 0;
+	double per_thread_rate = o->target > 0 ? o->target / o->threads / o->processes : 0;
 	uint64_t start = now_ns(), end = o->duration > 0 ? start + (uint64_t)(o->duration * 1e9) : 0;
 
 	for (uint64_t i = 0; i < o->warmup; i++)
@@ -254,8 +264,10 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 	r.w = w;
 	r.system = system;
 	r.vlen = o->fieldcount * o->fieldlength;
-	atomic_store(&r.next_insert, o->records);
-	r.ops_per_thread = o->operations / (uint64_t)o->threads;
+	/* processes insert into disjoint key ranges */
+	r.insert_base = o->records + (uint64_t)o->pidx * (o->operations + 1);
+	atomic_store(&r.next_insert, r.insert_base);
+	r.ops_per_thread = o->operations / (uint64_t)o->processes / (uint64_t)o->threads;
 	total = w ? (o->duration > 0 ? 0 : r.ops_per_thread * (uint64_t)o->threads) : o->records;
 	for (int i = 0; i < o->threads; i++) {
 		struct worker *wk = &r.wk[i];
@@ -420,6 +432,125 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 
 /* ---- orchestration ------------------------------------------------------------ */
 
+/* ---- several client processes -------------------------------------------------- */
+
+static char *const *saved_argv;
+
+/* Start process `pidx` of a run phase: this program again, in child mode. */
+static pid_t spawn_child(const struct opts *o, const char *system, char workload, int pidx,
+			 const char *result_file)
+{
+	char exe[4096], wl[2] = {workload, 0}, idx[16], *args[64];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	int a = 0;
+	pid_t pid;
+
+	if (n <= 0)
+		return -1;
+	exe[n] = 0;
+	snprintf(idx, sizeof(idx), "%d", pidx);
+	for (int i = 0; saved_argv[i] && a < 50; i++)
+		args[a++] = saved_argv[i];
+	args[a++] = "--system";
+	args[a++] = (char *)system;
+	args[a++] = "--workloads";
+	args[a++] = wl;
+	args[a++] = "--child-index";
+	args[a++] = idx;
+	args[a++] = "--child-result";
+	args[a++] = (char *)result_file;
+	args[a] = NULL;
+	if (o->uri) {
+		args[a++] = "--server";
+		args[a++] = (char *)o->uri;
+		args[a++] = "--token-file";
+		args[a++] = (char *)o->token_file;
+		args[a] = NULL;
+	}
+	if (o->memcached) {
+		args[a++] = "--memcached";
+		args[a++] = (char *)o->memcached;
+		args[a] = NULL;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		execv(exe, args);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Wait for a child's phase and fold its result into r. */
+static int merge_child(pid_t pid, const char *file, struct result *r)
+{
+	static struct result cr;
+	int status, ok;
+	FILE *f;
+
+	waitpid(pid, &status, 0);
+	f = fopen(file, "rb");
+	ok = f && fread(&cr, sizeof(cr), 1, f) == 1 && WIFEXITED(status) && !WEXITSTATUS(status);
+	if (f)
+		fclose(f);
+	unlink(file);
+	if (!ok)
+		return -1;
+	for (int k = 0; k < YOP_N; k++) {
+		hist_merge(&r->h[k], &cr.h[k]);
+		r->ok[k] += cr.ok[k];
+		r->notfound[k] += cr.notfound[k];
+		r->err[k] += cr.err[k];
+		r->cnt[k].round_trips += cr.cnt[k].round_trips;
+		r->cnt[k].bytes_read += cr.cnt[k].bytes_read;
+		r->cnt[k].bytes_written += cr.cnt[k].bytes_written;
+	}
+	r->throughput += cr.throughput;
+	if (cr.runtime_ms > r->runtime_ms)
+		r->runtime_ms = cr.runtime_ms;
+	return 0;
+}
+
+/* A run phase over o->processes processes (this one included). */
+static int run_phase(const struct opts *o, const char *system, const struct ycsb_workload *w,
+		     struct result *r, pid_t server_pid)
+{
+	pid_t kids[16];
+	char files[16][64];
+	int ret;
+
+	for (int i = 1; i < o->processes; i++) {
+		snprintf(files[i], sizeof(files[i]), "/tmp/hkvbench-%d-%d.res", (int)getpid(), i);
+		kids[i] = spawn_child(o, system, w->name, i, files[i]);
+	}
+	ret = phase(o, system, w, r, server_pid);
+	for (int i = 1; i < o->processes; i++)
+		if (kids[i] < 0 || merge_child(kids[i], files[i], r))
+			ret = -1;
+	return ret;
+}
+
+/* Child mode: one run phase, its result to a file for the parent. */
+static int child_main(const struct opts *o)
+{
+	static struct result r;
+	FILE *f;
+	int ret;
+
+	if (!strcmp(o->system, "hatchkv") &&
+	    !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
+		return 1;
+	ret = phase(o, o->system, ycsb_workload(o->workloads[0]), &r, 0);
+	hkv_config_free(hkv_cfg);
+	f = fopen(o->child_result, "wb");
+	if (ret || !f || fwrite(&r, sizeof(r), 1, f) != 1) {
+		if (f)
+			fclose(f);
+		return 1;
+	}
+	return fclose(f) ? 1 : 0;
+}
+
 static int run_system(const struct opts *o, const char *system, pid_t server_pid,
 		      struct result *out, int *nout)
 {
@@ -428,8 +559,9 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 
 	if (!strcmp(system, "hatchkv") && !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
 		return -1;
-	printf("== %s: loading %llu records of %zu bytes with %d threads\n", system,
-	       (unsigned long long)o->records, o->fieldcount * o->fieldlength, o->threads);
+	printf("== %s: loading %llu records of %zu bytes with %d threads; runs with %d "
+	       "process(es) x %d threads\n", system, (unsigned long long)o->records,
+	       o->fieldcount * o->fieldlength, o->threads, o->processes, o->threads);
 	fflush(stdout);
 	if (phase(o, system, NULL, &load, server_pid))
 		goto out;
@@ -438,7 +570,7 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 		const struct ycsb_workload *w = ycsb_workload(*p);
 		struct result *r = &out[(*nout)++];
 
-		if (phase(o, system, w, r, server_pid))
+		if (run_phase(o, system, w, r, server_pid))
 			goto out;
 		report_text(r);
 		fflush(stdout);
@@ -567,7 +699,8 @@ static void usage(FILE *f)
 		"  -r, --records N        records loaded (default 100000)\n"
 		"  -n, --operations N     operations per workload (default 200000)\n"
 		"  -d, --duration SECS    run each workload this long instead of -n\n"
-		"  -t, --threads N        client threads (default 2)\n"
+		"  -t, --threads N        client threads per process (default 2)\n"
+		"  -p, --processes N      client processes, each with --threads (default 1)\n"
 		"  --warmup N             unmeasured operations per thread first (default 1000)\n"
 		"  --target OPS           aggregate target rate (default: as fast as possible)\n"
 		"  --fieldcount N --fieldlength B   record shape (default 10 x 100)\n"
@@ -587,10 +720,13 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"warmup", required_argument, NULL, 'W'}, {"target", required_argument, NULL, 'R'},
 		{"fieldcount", required_argument, NULL, 'F'}, {"fieldlength", required_argument, NULL, 'L'},
 		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
+		{"processes", required_argument, NULL, 'p'},
+		{"child-index", required_argument, NULL, 'I'},
+		{"child-result", required_argument, NULL, 'O'},
 		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
 	int c;
 
-	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:p:h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'C': o->compare = 1; break;
 		case 'Q': o->quick = 1; break;
@@ -610,6 +746,9 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'L': o->fieldlength = strtoul(optarg, NULL, 10); break;
 		case 'P': o->server_pid = atoi(optarg); break;
 		case 'j': o->json = optarg; break;
+		case 'p': o->processes = atoi(optarg); break;
+		case 'I': o->pidx = atoi(optarg); break;
+		case 'O': o->child_result = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -629,7 +768,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			return -1;
 		}
 	}
-	if (o->threads < 1 || o->threads > MAX_THREADS || !o->records || !o->fieldcount ||
+	if (o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
+	    !o->records || !o->fieldcount ||
 	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
 				(!o->uri || !o->token_file)) ||
 	    (!o->compare && !strcmp(o->system, "memcached") && !o->memcached)) {
@@ -649,14 +789,17 @@ int main(int argc, char **argv)
 	static struct result rs[8];
 	struct opts o = {.workloads = "ABCFD", .records = 100000, .operations = 200000,
 			 .threads = 2, .fieldcount = 10, .fieldlength = 100, .system = "hatchkv",
-			 .warmup = 1000};
+			 .warmup = 1000, .processes = 1};
 	int n = 0;
 
 	o.verbs = hkv_verbs_available();
 	signal(SIGINT, on_sigint);
 	signal(SIGPIPE, SIG_IGN);
+	saved_argv = argv;
 	if (parse(argc, argv, &o))
 		return 2;
+	if (o.child_result)
+		return child_main(&o);
 	if (o.compare)
 		return compare(&o);
 	if (run_system(&o, o.system, o.server_pid, rs, &n))
