@@ -41,6 +41,7 @@ struct opts {
 	const char *system, *uri, *token_file, *memcached, *json;
 	int compare, quick, verbs;
 	int processes;             /* client processes per run phase */
+	int batch;                 /* operations in flight per thread (reads batched) */
 	int pidx;                  /* this process's index (children: >= 1) */
 	const char *child_result;  /* child mode: write the phase's result here */
 	pid_t server_pid;
@@ -199,6 +200,54 @@ static void *load_main(void *arg)
 	return NULL;
 }
 
+/*
+ * --batch N: N operations in flight per thread. The reads among them go out
+ * as one multi-get (hatchkv: one chain of READs; memcached: one "get k1 k2
+ * ..."), each read timed as the batch; the other operations run one by one.
+ */
+#define MAX_BATCH 64
+
+static void batch_ops(struct worker *w, int n)
+{
+	struct run *r = w->run;
+	char keys[MAX_BATCH][32];
+	const char *kp[MAX_BATCH];
+	size_t kl[MAX_BATCH];
+	uint8_t *bufs[MAX_BATCH];
+	int status[MAX_BATCH], nr = 0;
+	struct drv_counters c0, c1;
+	uint64_t t0, dt;
+
+	for (int i = 0; i < n; i++) {
+		struct ycsb_rng peek = w->rng;
+
+		if (ycsb_next_op(r->w, &peek) != YOP_READ) {
+			one_op(w, 1);
+			continue;
+		}
+		w->rng = peek;
+		kl[nr] = ycsb_key(ycsb_choose(&w->chooser, &w->rng, atomic_load(&r->next_insert) -
+							  r->insert_base + r->o->records),
+				  keys[nr], sizeof(keys[nr]));
+		kp[nr] = keys[nr];
+		bufs[nr] = w->buf + (size_t)nr * (r->vlen + 64);
+		nr++;
+	}
+	if (!nr)
+		return;
+	w->drv->ops->counters(w->drv, &c0);
+	t0 = now_ns();
+	w->drv->ops->mread(w->drv, kp, kl, nr, bufs, r->vlen + 64, status);
+	dt = now_ns() - t0;
+	w->drv->ops->counters(w->drv, &c1);
+	for (int i = 0; i < nr; i++) {
+		hist_add(&w->h[YOP_READ], dt);
+		account(w, YOP_READ, status[i]);
+	}
+	w->cnt[YOP_READ].round_trips += c1.round_trips - c0.round_trips;
+	w->cnt[YOP_READ].bytes_read += c1.bytes_read - c0.bytes_read;
+}
+
 static void *run_main(void *arg)
 {
 	struct worker *w = arg;
@@ -215,6 +264,12 @@ static void *run_main(void *arg)
 		if (per_thread_rate > 0) /* open-loop pacing to the target rate */
 			while (now_ns() < start + (uint64_t)((double)i * 1e9 / per_thread_rate))
 				;
+		if (o->batch > 1) {
+			batch_ops(w, o->batch);
+			atomic_fetch_add(&w->run->done, (uint64_t)o->batch);
+			i += (uint64_t)o->batch - 1;
+			continue;
+		}
 		one_op(w, 1);
 		atomic_fetch_add(&w->run->done, 1);
 	}
@@ -280,7 +335,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		for (int k = 0; k < YOP_N; k++)
 			hist_init(&wk->h[k]);
 		wk->val = malloc(r.vlen + 64);
-		wk->buf = malloc(r.vlen + 64);
+		wk->buf = malloc((r.vlen + 64) * (size_t)(o->batch > 1 ? o->batch : 1));
 		ycsb_fill_record(wk->val, r.vlen, &wk->rng);
 		wk->drv = open_driver(o, system);
 		if (!wk->drv)
@@ -701,6 +756,8 @@ static void usage(FILE *f)
 		"  -d, --duration SECS    run each workload this long instead of -n\n"
 		"  -t, --threads N        client threads per process (default 2)\n"
 		"  -p, --processes N      client processes, each with --threads (default 1)\n"
+		"  --batch N              operations in flight per thread: reads go out as\n"
+		"                         one multi-get (default 1: one at a time)\n"
 		"  --warmup N             unmeasured operations per thread first (default 1000)\n"
 		"  --target OPS           aggregate target rate (default: as fast as possible)\n"
 		"  --fieldcount N --fieldlength B   record shape (default 10 x 100)\n"
@@ -721,6 +778,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"fieldcount", required_argument, NULL, 'F'}, {"fieldlength", required_argument, NULL, 'L'},
 		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
 		{"processes", required_argument, NULL, 'p'},
+		{"batch", required_argument, NULL, 'B'},
 		{"child-index", required_argument, NULL, 'I'},
 		{"child-result", required_argument, NULL, 'O'},
 		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
@@ -747,6 +805,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'P': o->server_pid = atoi(optarg); break;
 		case 'j': o->json = optarg; break;
 		case 'p': o->processes = atoi(optarg); break;
+		case 'B': o->batch = atoi(optarg); break;
 		case 'I': o->pidx = atoi(optarg); break;
 		case 'O': o->child_result = optarg; break;
 		case 'h': usage(stdout); exit(0);
@@ -768,7 +827,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			return -1;
 		}
 	}
-	if (o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
+	if (o->batch < 0 || o->batch > MAX_BATCH || o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
 	    !o->records || !o->fieldcount ||
 	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
 				(!o->uri || !o->token_file)) ||

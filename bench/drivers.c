@@ -32,6 +32,21 @@ static int hkvd_write(struct driver *d, const char *key, size_t klen, const uint
 	return hkv_set(((struct hkv_driver *)d)->c, key, klen, val, vlen, NULL);
 }
 
+static int hkvd_mread(struct driver *d, const char *const *keys, const size_t *klens, int n,
+		      uint8_t *const *bufs, size_t cap, int *status)
+{
+	struct hkv_mget_item it[64];
+	int ret;
+
+	for (int i = 0; i < n; i++)
+		it[i] = (struct hkv_mget_item){.key = keys[i], .klen = klens[i], .buf = bufs[i],
+					       .cap = cap};
+	ret = hkv_mget(((struct hkv_driver *)d)->c, it, (size_t)n);
+	for (int i = 0; i < n; i++)
+		status[i] = ret ? ret : it[i].status;
+	return ret;
+}
+
 static void hkvd_counters(struct driver *d, struct drv_counters *out)
 {
 	hkv_client_totals(((struct hkv_driver *)d)->c, &out->round_trips, &out->bytes_read,
@@ -44,8 +59,8 @@ static void hkvd_close(struct driver *d)
 	free(d);
 }
 
-static const struct driver_ops hkv_driver_ops = {"hatchkv", hkvd_read, hkvd_write, hkvd_counters,
-						 hkvd_close};
+static const struct driver_ops hkv_driver_ops = {"hatchkv", hkvd_read, hkvd_write, hkvd_mread,
+						 hkvd_counters, hkvd_close};
 
 struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 {
@@ -190,6 +205,46 @@ static int mcd_write(struct driver *d, const char *key, size_t klen, const uint8
 	return strcmp(line, "STORED") ? HKV_EPROTO : 0;
 }
 
+/* "get k1 k2 ...": hits come back in request order, misses are skipped. */
+static int mcd_mread(struct driver *d, const char *const *keys, const size_t *klens, int n,
+		     uint8_t *const *bufs, size_t cap, int *status)
+{
+	struct mc_driver *m = (struct mc_driver *)d;
+	size_t off = 3;
+	int next = 0, ret;
+	char *line;
+
+	memcpy(m->wbuf, "get", 3);
+	for (int i = 0; i < n; i++) {
+		m->wbuf[off++] = ' ';
+		memcpy(m->wbuf + off, keys[i], klens[i]);
+		off += klens[i];
+		status[i] = HKV_ENOTFOUND;
+	}
+	memcpy(m->wbuf + off, "\r\n", 2);
+	if ((ret = mc_send(m, m->wbuf, off + 2)))
+		return ret;
+	for (;;) {
+		char key[256];
+		unsigned long long bytes;
+		unsigned flags;
+
+		if ((ret = mc_line(m, &line)))
+			return ret;
+		if (!strcmp(line, "END"))
+			return 0;
+		if (sscanf(line, "VALUE %255s %u %llu", key, &flags, &bytes) != 3)
+			return HKV_EPROTO;
+		while (next < n && (klens[next] != strlen(key) || memcmp(keys[next], key, klens[next])))
+			next++;
+		if ((ret = mc_bytes(m, next < n && bytes <= cap ? bufs[next] : NULL, (size_t)bytes)) ||
+		    (ret = mc_bytes(m, NULL, 2)))
+			return ret;
+		if (next < n)
+			status[next++] = bytes <= cap ? 0 : -ENOSPC;
+	}
+}
+
 static void mcd_counters(struct driver *d, struct drv_counters *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -205,8 +260,8 @@ static void mcd_close(struct driver *d)
 	free(m);
 }
 
-static const struct driver_ops mc_driver_ops = {"memcached", mcd_read, mcd_write, mcd_counters,
-						mcd_close};
+static const struct driver_ops mc_driver_ops = {"memcached", mcd_read, mcd_write, mcd_mread,
+						mcd_counters, mcd_close};
 
 struct driver *driver_open_memcached(const char *hostport)
 {

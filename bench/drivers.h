@@ -23,6 +23,9 @@ struct driver_ops {
 		    size_t *vlen);
 	int (*write)(struct driver *d, const char *key, size_t klen, const uint8_t *val,
 		     size_t vlen);
+	/* Read n keys in one batch (status[i] per key); values land in bufs[i]. */
+	int (*mread)(struct driver *d, const char *const *keys, const size_t *klens, int n,
+		     uint8_t *const *bufs, size_t cap, int *status);
 	void (*counters)(struct driver *d, struct drv_counters *out);
 	void (*close)(struct driver *d);
 };
