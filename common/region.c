@@ -54,9 +54,16 @@ int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int
 		  : memfd_create("hatchkv-region", MFD_CLOEXEC);
 	if (fd < 0)
 		return -errno;
-	if (path && existed && fstat(fd, &st) == 0 && st.st_size > 0)
-		*existed = 1;
-	if (ftruncate(fd, (off_t)length) < 0 || !(r->base = region_map(fd, length))) {
+	if (path && fstat(fd, &st) == 0 && st.st_size > 0) {
+		length = (size_t)st.st_size; /* an existing region keeps its size and bytes */
+		if (existed)
+			*existed = 1;
+	} else if (ftruncate(fd, (off_t)length) < 0) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	if (!(r->base = region_map(fd, length))) {
 		err = -errno;
 		close(fd);
 		return err;

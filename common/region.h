@@ -21,8 +21,9 @@ struct hkv_region {
 
 /*
  * Create a region of `length` bytes (rounded up to the page size). path NULL:
- * anonymous memfd. Otherwise the file at path is opened (created if missing)
- * and sized; its old contents are kept (*existed set to 1 when it had them).
+ * anonymous memfd. Otherwise the file at path is opened, created and sized
+ * if missing or empty; a non-empty file keeps its size and its bytes
+ * (*existed set to 1), for a warm restart.
  * Returns 0 or -errno.
  */
 int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int *existed);

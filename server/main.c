@@ -38,6 +38,8 @@ static void usage(FILE *f)
 		"                             the largest item is one segment\n"
 		"  -i, --index-slots N        index slots (default memory/256)\n"
 		"  -k, --token-file PATH      shared secret; created if missing (hatchkv.token)\n"
+		"  -f, --memory-file PATH     keep the region in this file: a restart (even after\n"
+		"                             SIGKILL) serves every committed item again\n"
 		"  -c, --cache                cache mode: evict when full instead of failing\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
 		"  -h, --help\n");
@@ -68,11 +70,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"memory", required_argument, NULL, 'm'},    {"segment-size", required_argument, NULL, 'S'},
 		{"index-slots", required_argument, NULL, 'i'}, {"token-file", required_argument, NULL, 'k'},
 		{"cache", no_argument, NULL, 'c'},           {"verbose", no_argument, NULL, 'v'},
+		{"memory-file", required_argument, NULL, 'f'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:cvh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:cvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -95,6 +98,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --index-slots '%s'\n", optarg), -1;
 			break;
 		case 'k': o->token_file = optarg; break;
+		case 'f': o->store.memory_file = optarg; break;
 		case 'c': o->store.cache_mode = 1; break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);

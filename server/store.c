@@ -11,15 +11,13 @@
 
 #define TICKET_TTL_NS (10ull * 1000000000ull)
 
-int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
+/* A fresh region: lay out the header. */
+static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 {
 	struct hkv_geometry g;
-	int ret;
+	int ret = hkv_geometry_init(&g, s->region.length, o->seg_size, o->index_slots,
+				    o->cache_mode ? HKV_GEOM_F_CACHE : 0);
 
-	memset(s, 0, sizeof(*s));
-	s->region.fd = -1;
-	ret = hkv_geometry_init(&g, o->memory, o->seg_size, o->index_slots,
-				o->cache_mode ? HKV_GEOM_F_CACHE : 0);
 	if (ret) {
 		hkv_err("store: --memory %llu is too small for --segment-size %u",
 			(unsigned long long)o->memory, o->seg_size);
@@ -28,10 +26,60 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id))
 		return -errno;
 	hkv_geometry_seal(&g);
+	memcpy(s->geom, &g, sizeof(g));
+	return 0;
+}
+
+/*
+ * Warm restart from --memory-file: the header must validate (a torn or
+ * foreign header, or another layout version, is refused, never served). The
+ * clients that owned segments are gone with the old process: their segments
+ * are orphaned, so their live blocks stay and their free blocks get adopted.
+ */
+static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
+{
+	uint64_t *table, entries = 0;
+	const uint64_t *slot;
+	uint32_t orphaned = 0;
+	int ret = hkv_geometry_check(s->geom, s->region.length);
+
+	if (ret == HKV_EPROTO) {
+		hkv_err("store: %s has region layout version %u; this server writes version %u. "
+			"Refusing to serve it.", o->memory_file, s->geom->version, HKV_LAYOUT_VERSION);
+		return ret;
+	}
+	if (ret) {
+		hkv_err("store: %s: region header fails validation (torn, corrupt or not a hatchkv "
+			"region). Refusing to serve it; move the file away to start empty.",
+			o->memory_file);
+		return ret;
+	}
+	table = (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
+	for (uint32_t i = 0; i < s->geom->nsegs; i++)
+		if (hkv_seg_state(table[i]) == HKV_SEG_OWNED) {
+			table[i] = hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(table[i]), 0,
+						hkv_seg_epoch(table[i]) + 1);
+			orphaned++;
+		}
+	slot = (const uint64_t *)((uint8_t *)s->region.base + s->geom->index_off);
+	for (uint64_t i = 0; i < s->geom->nbuckets * HKV_BUCKET_SLOTS; i++)
+		entries += slot[i] != 0;
+	hkv_info("store: warm restart from %s: %llu index entries, %u segments orphaned for "
+		 "adoption", o->memory_file, (unsigned long long)entries, orphaned);
+	return 0;
+}
+
+int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
+{
+	const struct hkv_geometry *g;
+	int existed = 0, ret;
+
+	memset(s, 0, sizeof(*s));
+	s->region.fd = -1;
 	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
 	if (!s->clients)
 		return -ENOMEM;
-	ret = hkv_region_create(&s->region, o->memory, o->memory_file, NULL);
+	ret = hkv_region_create(&s->region, o->memory, o->memory_file, &existed);
 	if (ret) {
 		hkv_err("store: cannot create a %llu-byte region: %s",
 			(unsigned long long)o->memory, strerror(-ret));
@@ -39,14 +87,19 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 		return ret;
 	}
 	s->geom = s->region.base;
-	memcpy(s->geom, &g, sizeof(g));
+	ret = existed ? store_reopen(s, o) : store_format(s, o);
+	if (ret) {
+		hkv_store_fini(s);
+		return ret;
+	}
 	s->next_id = 1;
+	g = s->geom;
 	hkv_info("store: region %llu MiB%s: index %llu buckets (%llu slots), %u segments of %u KiB, "
 		 "%u size classes (%u..%u B)%s",
 		 (unsigned long long)(s->region.length >> 20), s->region.hugetlb ? " (hugetlb)" : "",
-		 (unsigned long long)g.nbuckets, (unsigned long long)g.nbuckets * HKV_BUCKET_SLOTS,
-		 g.nsegs, g.seg_size >> 10, g.nclasses, g.class_size[0],
-		 g.class_size[g.nclasses - 1], o->cache_mode ? ", cache mode" : "");
+		 (unsigned long long)g->nbuckets, (unsigned long long)g->nbuckets * HKV_BUCKET_SLOTS,
+		 g->nsegs, g->seg_size >> 10, g->nclasses, g->class_size[0],
+		 g->class_size[g->nclasses - 1], g->flags & HKV_GEOM_F_CACHE ? ", cache mode" : "");
 	return 0;
 }
 

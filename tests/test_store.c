@@ -365,6 +365,84 @@ static void test_memory_returns(void)
 	hkvserver_stop(&s);
 }
 
+/*
+ * --memory-file: the server is SIGKILLed and started again on the same file;
+ * every committed item is there, deletes stay deleted, new writes work. A
+ * header that fails validation is refused, not served.
+ */
+static void test_warm_restart(void)
+{
+	char file[128], key[32], val[600], buf[700];
+	const char *extra[] = {"--memory-file", file, NULL};
+	struct hkvserver s;
+	struct hkv_client *c;
+	size_t vlen;
+	FILE *f;
+
+	snprintf(file, sizeof(file), "/tmp/hkv-warm-%d.region", (int)getpid());
+	unlink(file);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	c = hkvserver_client(&s);
+	for (int i = 0; i < 300; i++) {
+		memset(val, 'a' + i % 26, sizeof(val));
+		CHECK_RC(hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "w%d", i), val,
+				 (size_t)(i * 7) % sizeof(val), NULL), 0);
+	}
+	for (int i = 0; i < 300; i += 3)
+		CHECK_RC(hkv_delete(c, key, (size_t)snprintf(key, sizeof(key), "w%d", i)), 0);
+	hkvserver_kill(&s); /* no clean shutdown */
+	hkv_close(c);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	c = hkvserver_client(&s);
+	for (int i = 0; i < 300; i++) {
+		int ret = hkv_get(c, key, (size_t)snprintf(key, sizeof(key), "w%d", i), buf,
+				  sizeof(buf), &vlen, NULL);
+
+		memset(val, 'a' + i % 26, sizeof(val));
+		if (i % 3 == 0) {
+			CHECK_RC(ret, HKV_ENOTFOUND);
+		} else {
+			CHECK_RC(ret, 0);
+			CHECK(vlen == (size_t)(i * 7) % sizeof(val) && !memcmp(buf, val, vlen));
+		}
+	}
+	CHECK_RC(set_str(c, "after", "restart"), 0);
+	CHECK_RC(get_str(c, "after", buf, sizeof(buf), NULL), 0);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	printf("# warm restart after SIGKILL: 200 items back, 100 deletes kept\n");
+	f = fopen(file, "r+b"); /* tear the header */
+	CHECK(f != NULL);
+	fseek(f, 40, SEEK_SET);
+	fputc(0x5a, f);
+	fclose(f);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) != 0);
+	unlink(file);
+}
+
+/* The server dies: operations fail with a clear error, quickly, and stay failed. */
+static void test_lost_server(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c;
+	char buf[64];
+	int ret = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	CHECK_RC(set_str(c, "k", "v"), 0);
+	hkvserver_kill(&s);
+	for (int i = 0; i < 2000 && !ret; i++) { /* detection takes a few ms on shm */
+		ret = get_str(c, "k", buf, sizeof(buf), NULL);
+		usleep(1000);
+	}
+	printf("# after the server was killed: %s\n", hkv_strerror(ret));
+	CHECK(ret == HKV_EDISCONNECTED || ret == HKV_ETIMEDOUT);
+	CHECK(set_str(c, "k", "w") < 0);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -376,5 +454,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_reference_fuzz);
 	RUN_TEST(test_load_factor);
 	RUN_TEST(test_memory_returns);
+	RUN_TEST(test_lost_server);
+	RUN_TEST(test_warm_restart);
 	return hkv_test_finish();
 }
