@@ -30,7 +30,7 @@
  */
 #define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
 #define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* writes trust a location 250 ms */
-#define HKV_MAX_RETRIES      256
+#define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
 #define HKV_MAX_SERVERS     8
 
 struct hkv_config {

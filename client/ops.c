@@ -329,17 +329,42 @@ static int find(struct hkv_client *c, const struct key *k, struct item *it, stru
 /* ---- publishing --------------------------------------------------------------- */
 
 #define CONFLICT 1 /* internal: lost a race, look again */
+/*
+ * Retrying after a lost race. Contenders back off for a random while that
+ * grows with the attempts, in units of how long one attempt took (a round
+ * trip is 2 us on a NIC, 100+ us under emulation), so they spread out instead
+ * of colliding in lock step. An operation gives up (HKV_EAGAIN) only when it
+ * has been losing for the whole configured timeout.
+ */
+struct retry {
+	uint64_t start, last;
+	int attempt;
+};
 
-/* After losing a race: wait a random while, growing with the attempts, so
- * contenders spread out instead of colliding in lock step. */
-static void backoff(struct hkv_client *c, int attempt)
+static void retry_begin(struct retry *r)
 {
-	uint64_t max_ns = 500ull << (attempt < 10 ? attempt : 10); /* up to ~0.5 ms */
-	uint64_t until = hkv_now_ns() + hkv_rand(c) % max_ns;
+	r->start = r->last = hkv_now_ns();
+	r->attempt = 0;
+}
 
+/* Wait before the next attempt; 0 to go on, HKV_EAGAIN when time is up. */
+static int retry_wait(struct hkv_client *c, struct retry *r)
+{
+	uint64_t now = hkv_now_ns(), unit = now - r->last, until;
+	int shift = r->attempt < 8 ? r->attempt : 8;
+
+	if (now - r->start > (uint64_t)c->timeout_ms * 1000000ull || r->attempt >= HKV_MAX_RETRIES)
+		return HKV_EAGAIN;
+	if (unit < 1000)
+		unit = 1000;
+	until = now + hkv_rand(c) % (unit << shift);
 	while (hkv_now_ns() < until)
 		;
+	r->attempt++;
+	r->last = hkv_now_ns();
+	return 0;
 }
+
 #define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
 
 /* WRITE of the block just built, with its bitmap-bit clear if it was reused. */
@@ -626,6 +651,7 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 		 const struct value *v, uint64_t version)
 {
 	uint64_t slot, slot_off = 0;
+	struct retry rt;
 	uint32_t blen;
 	int ret, written = 0;
 
@@ -643,17 +669,17 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 			ret = store_warm(c, k, slot, blen, &slot_off);
 	}
 	written = ret == CONFLICT;
-	for (int attempt = 0; ret > 0 && attempt < HKV_MAX_RETRIES; attempt++) {
-		if (attempt) {
+	retry_begin(&rt);
+	while (ret > 0) {
+		if (ret == CONFLICT) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
-			backoff(c, attempt);
+			if ((ret = retry_wait(c, &rt)))
+				break;
 		}
 		ret = store_cold(c, k, mode, version, slot, blen, &written, &slot_off);
 		if (ret == YIELDED) /* our block is already withdrawn and freed */
 			return mode == STORE_ADD ? HKV_EEXISTS : 0;
 	}
-	if (ret > 0)
-		ret = HKV_EAGAIN;
 	if (ret) {
 		unbuild_block(c, slot);
 		return ret;
@@ -671,7 +697,10 @@ typedef int (*rmw_fn)(struct hkv_client *c, const struct item *old, struct value
 static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *arg,
 		  enum hkv_op op)
 {
-	for (int attempt = 0; attempt < HKV_MAX_RETRIES; attempt++) {
+	struct retry rt;
+
+	retry_begin(&rt);
+	for (int attempt = 0;; attempt++) {
 		struct value v;
 		struct item it;
 		struct view view;
@@ -699,9 +728,9 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 		unbuild_block(c, slot);
 		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
-		backoff(c, attempt);
+		if (retry_wait(c, &rt))
+			return HKV_EAGAIN;
 	}
-	return HKV_EAGAIN;
 }
 
 struct incr_arg {
@@ -961,6 +990,7 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 
 HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 {
+	struct retry rt;
 	struct op_scope sc;
 	struct key k;
 	int ret = key_init(c, &k, key, klen);
@@ -968,13 +998,15 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	if (ret)
 		return ret;
 	op_begin(c, &sc, HKV_OP_DELETE);
+	retry_begin(&rt);
 	ret = delete_once(c, &k, 1);
-	for (int attempt = 0; ret == CONFLICT && attempt < HKV_MAX_RETRIES; attempt++) {
+	while (ret == CONFLICT) {
 		c->stats.op[HKV_OP_DELETE].retries++;
-		backoff(c, attempt);
+		if ((ret = retry_wait(c, &rt)))
+			break;
 		ret = delete_once(c, &k, 0);
 	}
-	return op_end(c, &sc, ret == CONFLICT ? HKV_EAGAIN : ret);
+	return op_end(c, &sc, ret);
 }
 
 /* A block read for a multi-get item: keep it if it is still the key's. */
