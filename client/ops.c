@@ -231,105 +231,6 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 }
 
 /*
- * Read the blocks of the candidate slots (canonical order, batches that fit
- * the read area) and take the first that holds the key with the generation
- * its slot names. 0 found; HKV_ENOTFOUND, with *torn counting candidates that
- * failed validation (being rewritten, reused since, or garbage).
- */
-static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
-			    const struct view *v, const int *cand, int ncand, int *torn)
-{
-	for (int first = 0; first < ncand;) {
-		struct hkv_wr wrs[MAX_CANDIDATES];
-		size_t used = 0;
-		int n = 0, ret;
-
-		while (first + n < ncand && n < MAX_CANDIDATES) {
-			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[first + n]])];
-
-			if (n && used + sz > c->read_cap)
-				break;
-			wrs[n] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[first + n]]), sz);
-			used += sz;
-			n++;
-		}
-		ret = hkv_exec(c, wrs, n);
-		if (ret)
-			return ret;
-		used = 0;
-		for (int i = first; i < first + n; i++) {
-			uint64_t s = v->slot[cand[i]];
-			uint8_t *blk = c->rblk + used;
-			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
-			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
-			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
-
-			used += sz;
-			if (chk == HKV_ENOTFOUND)
-				continue; /* another key with the same fingerprint */
-			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
-			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
-				(*torn)++;
-				continue;
-			}
-			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
-			if (it->state == HKV_BLK_LIVE)
-				remember(c, k, it);
-			return 0;
-		}
-		first += n;
-	}
-	return HKV_ENOTFOUND;
-}
-
-/*
- * Cold find: READ both buckets (after any `lead` requests, e.g. the WRITE of
- * a new block), then the candidate blocks (check_candidates). Fills *v with
- * what the buckets held. 0 found, HKV_ENOTFOUND.
- */
-static int find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
-		     struct hkv_wr *lead, int nlead)
-{
-	for (int attempt = 0;; attempt++) {
-		struct hkv_wr wrs[4];
-		int cand[CANON_SLOTS], ncand = 0, n = 0, torn = 0, ret;
-
-		for (int i = 0; i < nlead; i++)
-			wrs[n++] = lead[i];
-		nlead = 0; /* the lead requests go out once */
-		wrs[n++] = hkv_wr_read(c, c->bkt, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
-		wrs[n++] = hkv_wr_read(c, c->bkt + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
-				       HKV_BUCKET_SIZE);
-		ret = hkv_exec(c, wrs, n);
-		if (ret)
-			return ret;
-		memcpy(v->slot, c->bkt, sizeof(v->slot));
-		for (int p = 0; p < CANON_SLOTS; p++)
-			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
-				cand[ncand++] = p;
-		ret = check_candidates(c, k, it, v, cand, ncand, &torn);
-		if (ret != HKV_ENOTFOUND || !torn)
-			return ret;
-		if (attempt >= 8) {
-			/* A slot whose block never validates is garbage, not our key. */
-			c->stats.corrupt_reads += (uint64_t)torn;
-			return HKV_ENOTFOUND;
-		}
-		c->stats.op[HKV_OP_GET].retries++;
-	}
-}
-
-static int find(struct hkv_client *c, const struct key *k, struct item *it, struct view *v)
-{
-	int ret = find_warm(c, k, it);
-
-	return ret <= 0 ? ret : find_cold(c, k, it, v, NULL, 0);
-}
-
-/* ---- publishing --------------------------------------------------------------- */
-
-#define CONFLICT 1 /* internal: lost a race, look again */
-/*
  * Retrying after a lost race. Contenders back off for a random while that
  * grows with the attempts, in units of how long one attempt took (a round
  * trip is 2 us on a NIC, 100+ us under emulation), so they spread out instead
@@ -364,6 +265,134 @@ static int retry_wait(struct hkv_client *c, struct retry *r)
 	r->last = hkv_now_ns();
 	return 0;
 }
+
+/*
+ * Read the blocks of the candidate slots (canonical order, batches that fit
+ * the read area) and take the first that holds the key with the generation
+ * its slot names. 0 found; HKV_ENOTFOUND, with the slot values of candidates
+ * that failed validation (replaced and reused since the bucket READ, or
+ * garbage) in torn[*ntorn].
+ */
+static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
+			    const struct view *v, const int *cand, int ncand, uint64_t *torn,
+			    int *ntorn)
+{
+	for (int first = 0; first < ncand;) {
+		struct hkv_wr wrs[MAX_CANDIDATES];
+		size_t used = 0;
+		int n = 0, ret;
+
+		while (first + n < ncand && n < MAX_CANDIDATES) {
+			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[first + n]])];
+
+			if (n && used + sz > c->read_cap)
+				break;
+			wrs[n] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[first + n]]), sz);
+			used += sz;
+			n++;
+		}
+		ret = hkv_exec(c, wrs, n);
+		if (ret)
+			return ret;
+		used = 0;
+		for (int i = first; i < first + n; i++) {
+			uint64_t s = v->slot[cand[i]];
+			uint8_t *blk = c->rblk + used;
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
+			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
+
+			used += sz;
+			if (chk == HKV_ENOTFOUND)
+				continue; /* another key with the same fingerprint */
+			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
+			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
+				torn[(*ntorn)++] = s;
+				continue;
+			}
+			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
+			if (it->state == HKV_BLK_LIVE)
+				remember(c, k, it);
+			return 0;
+		}
+		first += n;
+	}
+	return HKV_ENOTFOUND;
+}
+
+/* Were all of cur[] also torn in the previous attempt? */
+static int same_torn(const uint64_t *cur, int ncur, const uint64_t *prev, int nprev)
+{
+	if (ncur != nprev)
+		return 0;
+	for (int i = 0; i < ncur; i++)
+		if (cur[i] != prev[i])
+			return 0;
+	return 1;
+}
+
+/*
+ * Cold find: READ both buckets (after any `lead` requests, e.g. the WRITE of
+ * a new block), then the candidate blocks (check_candidates). Fills *v with
+ * what the buckets held. 0 found, HKV_ENOTFOUND.
+ *
+ * A candidate that fails validation was replaced (and its block reused)
+ * between our two READs: look again. Only a slot that still holds the same
+ * value and still fails, three times over, is garbage - a published block
+ * cannot change while its slot names it - and is taken as another key's.
+ * Losing to writers for the whole timeout gives HKV_EAGAIN, never a miss.
+ */
+static int find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
+		     struct hkv_wr *lead, int nlead)
+{
+	uint64_t torn[CANON_SLOTS], prev[CANON_SLOTS];
+	int nprev = -1, stuck = 0;
+	struct retry rt;
+
+	retry_begin(&rt);
+	for (;;) {
+		struct hkv_wr wrs[4];
+		int cand[CANON_SLOTS], ncand = 0, n = 0, ntorn = 0, ret;
+
+		for (int i = 0; i < nlead; i++)
+			wrs[n++] = lead[i];
+		nlead = 0; /* the lead requests go out once */
+		wrs[n++] = hkv_wr_read(c, c->bkt, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+		wrs[n++] = hkv_wr_read(c, c->bkt + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
+				       HKV_BUCKET_SIZE);
+		ret = hkv_exec(c, wrs, n);
+		if (ret)
+			return ret;
+		memcpy(v->slot, c->bkt, sizeof(v->slot));
+		for (int p = 0; p < CANON_SLOTS; p++)
+			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
+				cand[ncand++] = p;
+		ret = check_candidates(c, k, it, v, cand, ncand, torn, &ntorn);
+		if (ret != HKV_ENOTFOUND || !ntorn)
+			return ret;
+		stuck = same_torn(torn, ntorn, prev, nprev) ? stuck + 1 : 0;
+		if (stuck >= 3) {
+			c->stats.corrupt_reads += (uint64_t)ntorn;
+			return HKV_ENOTFOUND;
+		}
+		memcpy(prev, torn, (size_t)ntorn * sizeof(torn[0]));
+		nprev = ntorn;
+		c->stats.op[HKV_OP_GET].retries++;
+		if (retry_wait(c, &rt))
+			return HKV_EAGAIN;
+	}
+}
+
+static int find(struct hkv_client *c, const struct key *k, struct item *it, struct view *v)
+{
+	int ret = find_warm(c, k, it);
+
+	return ret <= 0 ? ret : find_cold(c, k, it, v, NULL, 0);
+}
+
+/* ---- publishing --------------------------------------------------------------- */
+
+#define CONFLICT 1 /* internal: lost a race, look again */
 
 #define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
 
