@@ -303,13 +303,15 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
 
 			used += sz;
-			if (chk == HKV_ENOTFOUND)
-				continue; /* another key with the same fingerprint */
-			if (chk || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
+			if (chk == HKV_ECORRUPT || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
 			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
+				/* torn, or no longer the block the slot named: it was
+				 * replaced and its memory reused, perhaps by another key */
 				torn[(*ntorn)++] = s;
 				continue;
 			}
+			if (chk == HKV_ENOTFOUND)
+				continue; /* the block the slot names holds another key */
 			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
 			if (it->state == HKV_BLK_LIVE)
 				remember(c, k, it);
