@@ -114,6 +114,7 @@ struct hkv_client {
 	uint64_t base;         /* remote address of region offset 0 */
 	uint32_t rkey;
 	uint32_t client_id;
+	int readonly; /* granted RDMA Read rights only: writes fail with -EPERM */
 	int timeout_ms;
 	size_t max_value;
 	uint32_t max_block; /* largest block this handle writes or reads */

@@ -186,6 +186,7 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 	if (!c->conn)
 		return -errno;
 	c->client_id = w->client_id;
+	c->readonly = !(hkv_conn_region(c->conn)->access & HKV_ACCESS_WRITE);
 	c->base = hkv_conn_region(c->conn)->base;
 	c->rkey = hkv_conn_region(c->conn)->rkey;
 	return 0;

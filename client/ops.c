@@ -911,6 +911,8 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 		return ret;
 	if (vlen && !val)
 		return -EINVAL;
+	if (c->readonly)
+		return -EPERM;
 	if (opts) {
 		v.flags = opts->flags;
 		v.exptime = abs_exptime(opts->exptime);
@@ -952,6 +954,8 @@ static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn 
 
 	if (ret)
 		return ret;
+	if (c->readonly)
+		return -EPERM;
 	op_begin(c, &sc, op);
 	return op_end(c, &sc, modify(c, &k, fn, arg, op));
 }
@@ -1028,6 +1032,8 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 
 	if (ret)
 		return ret;
+	if (c->readonly)
+		return -EPERM;
 	op_begin(c, &sc, HKV_OP_DELETE);
 	retry_begin(&rt);
 	ret = delete_once(c, &k, 1);

@@ -41,7 +41,12 @@ struct hkv_ctl_welcome {
 	uint32_t transport; /* enum hkv_transport_kind */
 	uint8_t ticket[HKV_TICKET_LEN];
 	char data_endpoint[112]; /* shm: socket path; verbs: rdma_cm port */
+	uint32_t flags;          /* HKV_WELCOME_F_* */
+	uint32_t pad;
 };
+
+/* The token was the read-only one: the data plane grants READ rights only. */
+#define HKV_WELCOME_F_READONLY 0x1
 
 /* The data plane's hello: which ticket this connection redeems. */
 struct hkv_data_hello {

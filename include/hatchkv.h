@@ -22,6 +22,9 @@
  * is the model; open as many as you like per process). Configs are
  * read-only after hkv_open() and may be shared.
  *
+ * Read-only clients (authenticated with the server's read-only token) may
+ * only read: their rkey permits RDMA Read alone, and writes return -EPERM.
+ *
  * Errors: int functions return 0 or a negative code (hatchkv_err.h);
  * hkv_strerror() names it. Keys are 1..250 bytes of any value; values up to
  * the server's largest block (1 MiB by default; hkv_config_set_max_value()

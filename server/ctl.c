@@ -54,33 +54,37 @@ static void refuse(struct ctl_conn *cc, int status, const char *why)
 	reply(cc, HKV_CTL_ERROR, status, why, (uint32_t)strlen(why));
 }
 
-static int token_equal(const struct hkv_ctl *ctl, const uint8_t *tok, size_t len)
+static int token_equal(const char *secret, size_t slen, const uint8_t *tok, size_t len)
 {
-	const uint8_t *want = (const uint8_t *)ctl->o.token;
-	uint8_t diff = len != ctl->o.token_len;
+	const uint8_t *want = (const uint8_t *)secret;
+	uint8_t diff = len != slen;
 
 	/* constant time in the secret: always walk the whole expected token */
-	for (size_t i = 0; i < ctl->o.token_len; i++)
+	for (size_t i = 0; i < slen; i++)
 		diff |= want[i] ^ (i < len ? tok[i] : 0);
 	return diff == 0;
 }
 
 static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 {
+	const struct hkv_ctl_opts *o = &cc->ctl->o;
+	int full = token_equal(o->token, o->token_len, body, len);
+	int ro = o->ro_token && token_equal(o->ro_token, o->ro_token_len, body, len);
 	struct hkv_ctl_welcome w;
 	int ret;
 
-	if (!token_equal(cc->ctl, body, len)) {
+	if (!full && !ro) {
 		refuse(cc, HKV_EAUTH, "wrong token");
 		return;
 	}
-	ret = hkv_store_admit(cc->ctl->store, &w);
+	ret = hkv_store_admit(cc->ctl->store, &w, !full);
 	if (ret) {
 		refuse(cc, ret, "too many clients");
 		return;
 	}
-	w.transport = cc->ctl->o.kind;
-	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", cc->ctl->o.data_endpoint);
+	w.transport = o->kind;
+	w.flags = full ? 0 : HKV_WELCOME_F_READONLY;
+	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", o->data_endpoint);
 	reply(cc, HKV_CTL_WELCOME, 0, &w, sizeof(w));
 }
 

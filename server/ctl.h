@@ -1,6 +1,7 @@
 /*
  * ctl.h - the server's control plane on libevent: accepts TCP (verbs) or
- * unix-socket (shm) connections, checks the shared token in constant time,
+ * unix-socket (shm) connections, checks the shared token (or the read-only
+ * token, whose clients get rights to RDMA Read only) in constant time,
  * answers WELCOME (client id, one-time ticket, data endpoint) or ERROR, and
  * closes. Bounded: at most HKV_CTL_MAX_CONNS at once, bodies of at most
  * HKV_CTL_BODY_MAX bytes, 5 s to send a request; anything else is refused
@@ -25,6 +26,8 @@ struct hkv_ctl_opts {
 	const char *data_endpoint; /* told to clients: rdma_cm port or shm data socket */
 	const char *token;
 	size_t token_len;
+	const char *ro_token; /* NULL: no read-only clients */
+	size_t ro_token_len;
 };
 
 struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,

@@ -19,7 +19,7 @@
 
 struct server_opts {
 	enum hkv_transport_kind kind;
-	const char *host, *port, *socket_path, *token_file;
+	const char *host, *port, *socket_path, *token_file, *ro_token_file;
 	struct hkv_store_opts store;
 	char data_port[16], data_path[128];
 };
@@ -38,6 +38,8 @@ static void usage(FILE *f)
 		"                             the largest item is one segment\n"
 		"  -i, --index-slots N        index slots (default memory/256)\n"
 		"  -k, --token-file PATH      shared secret; created if missing (hatchkv.token)\n"
+		"  -r, --ro-token-file PATH   a second secret for read-only clients (RDMA Read\n"
+		"                             rights only); created if missing\n"
 		"  -f, --memory-file PATH     keep the region in this file: a restart (even after\n"
 		"                             SIGKILL) serves every committed item again\n"
 		"  -c, --cache                cache mode: evict when full instead of failing\n"
@@ -71,11 +73,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"index-slots", required_argument, NULL, 'i'}, {"token-file", required_argument, NULL, 'k'},
 		{"cache", no_argument, NULL, 'c'},           {"verbose", no_argument, NULL, 'v'},
 		{"memory-file", required_argument, NULL, 'f'},
+		{"ro-token-file", required_argument, NULL, 'r'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:cvh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -99,6 +102,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			break;
 		case 'k': o->token_file = optarg; break;
 		case 'f': o->store.memory_file = optarg; break;
+		case 'r': o->ro_token_file = optarg; break;
 		case 'c': o->store.cache_mode = 1; break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
@@ -172,8 +176,8 @@ int main(int argc, char **argv)
 	struct server sv = {0};
 	struct event *ev_data, *ev_int, *ev_term, *ev_tick;
 	struct timeval one_sec = {1, 0};
-	char token[HKV_TOKEN_MAX + 1];
-	int tlen, rc = 1;
+	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1];
+	int tlen, ro_len = 0, rc = 1;
 
 	hkv_log_set_prog("hatchkv-server");
 	signal(SIGPIPE, SIG_IGN);
@@ -186,6 +190,11 @@ int main(int argc, char **argv)
 		hkv_err("server: token file %s: %s", o.token_file, hkv_strerror(tlen));
 		return 1;
 	}
+	if (o.ro_token_file &&
+	    (ro_len = hkv_token_load(o.ro_token_file, ro_token, sizeof(ro_token), 1)) < 0) {
+		hkv_err("server: read-only token file %s: %s", o.ro_token_file, hkv_strerror(ro_len));
+		return 1;
+	}
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;
 	sv.base = event_base_new();
@@ -193,6 +202,7 @@ int main(int argc, char **argv)
 		goto out;
 	co = (struct hkv_ctl_opts){.kind = o.kind, .host = o.host, .port = o.port,
 				   .path = o.socket_path, .token = token, .token_len = (size_t)tlen,
+				   .ro_token = ro_len > 0 ? ro_token : NULL, .ro_token_len = (size_t)ro_len,
 				   .data_endpoint = o.kind == HKV_TRANSPORT_SHM ? o.data_path : o.data_port};
 	sv.ctl = hkv_ctl_create(sv.base, &sv.store, &co);
 	if (!sv.ctl) {

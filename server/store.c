@@ -110,7 +110,7 @@ void hkv_store_fini(struct hkv_store *s)
 	s->clients = NULL;
 }
 
-int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w)
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly)
 {
 	uint64_t now = hkv_now_ns();
 
@@ -124,6 +124,7 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w)
 		if (getrandom(c->ticket, HKV_TICKET_LEN, 0) != HKV_TICKET_LEN)
 			return -errno;
 		c->ticket_expiry_ns = now + TICKET_TTL_NS;
+		c->readonly = readonly;
 		memset(w, 0, sizeof(*w));
 		w->client_id = id;
 		memcpy(w->ticket, c->ticket, HKV_TICKET_LEN);
@@ -162,6 +163,8 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 	c->connected = 1;
 	s->nconnected++;
 	out->cookie = h.client_id;
+	if (c->readonly) /* enforced by the NIC (a read-only MR), not by the client */
+		out->access = HKV_ACCESS_READ;
 	hkv_info("store: client %u connected (%u connected)", h.client_id, s->nconnected);
 	return 0;
 }

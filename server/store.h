@@ -30,6 +30,7 @@ struct hkv_client_rec {
 	uint8_t ticket[HKV_TICKET_LEN];
 	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
 	int connected;
+	int readonly; /* its rkey permits RDMA Read only */
 };
 
 struct hkv_store {
@@ -45,7 +46,7 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
 void hkv_store_fini(struct hkv_store *s);
 
 /* Control plane: a client authenticated; fill its welcome (id + ticket). */
-int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w);
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly);
 
 /* Transport callbacks (arg = the store). */
 int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/client_int.h"
 #include "common/transport.h"
 #include "hatchkv.h"
 #include "tests/hkv_test.h"
@@ -420,6 +421,50 @@ static void test_warm_restart(void)
 	unlink(file);
 }
 
+/*
+ * A client that authenticates with the read-only token can read; writes are
+ * refused by the library (-EPERM) and, underneath, by the NIC: its rkey does
+ * not permit RDMA Write (the shm backend maps the region read-only).
+ */
+static void test_readonly_client(void)
+{
+	char ro_file[160], buf[16];
+	const char *extra[] = {"--ro-token-file", ro_file, NULL};
+	struct hkv_client *rw, *ro;
+	struct hkv_config *cfg;
+	struct hkvserver s;
+	struct hkv_wr wr;
+	size_t vlen;
+	int ret;
+
+	snprintf(ro_file, sizeof(ro_file), "/tmp/hkv-ro-%d.token", (int)getpid());
+	unlink(ro_file);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	rw = hkvserver_client(&s);
+	CHECK_RC(set_str(rw, "shared", "value"), 0);
+	cfg = hkvserver_config(&s);
+	CHECK(cfg && hkv_config_set_token_file(cfg, ro_file) == 0);
+	CHECK_RC(hkv_open(cfg, &ro), 0);
+	hkv_config_free(cfg);
+	CHECK_RC(hkv_get(ro, "shared", 6, buf, sizeof(buf), &vlen, NULL), 0);
+	CHECK(vlen == 5 && !memcmp(buf, "value", 5));
+	CHECK_RC(set_str(ro, "shared", "evil"), -EPERM);
+	CHECK_RC(hkv_delete(ro, "shared", 6), -EPERM);
+	CHECK_RC(hkv_incr(ro, "shared", 6, 1, NULL), -EPERM);
+	/* below the library: a raw RDMA Write with the read-only rkey */
+	wr = (struct hkv_wr){.opcode = HKV_WR_WRITE, .local = buf, .length = 8,
+			     .remote_addr = ro->base + ro->g.data_off, .rkey = ro->rkey};
+	ret = hkv_conn_exec(ro->conn, &wr, 1);
+	printf("# read-only client: raw RDMA WRITE -> %s\n", hkv_strerror(ret));
+	CHECK_RC(ret, HKV_EREMOTE_ACCESS);
+	CHECK_RC(get_str(rw, "shared", buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "value"));
+	hkv_close(ro);
+	hkv_close(rw);
+	hkvserver_stop(&s);
+	unlink(ro_file);
+}
+
 /* The server dies: operations fail with a clear error, quickly, and stay failed. */
 static void test_lost_server(void)
 {
@@ -456,5 +501,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_memory_returns);
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_warm_restart);
+	RUN_TEST(test_readonly_client);
 	return hkv_test_finish();
 }
