@@ -172,10 +172,10 @@ struct scan {
 	uint32_t *gen;
 };
 
-/* Read an orphan's bitmap and every block header (generations, never-used). */
+/* Read an orphan's bitmap and every block's meta word (generations, never-used). */
 static int scan_segment(struct hkv_client *c, uint32_t idx, uint32_t cls, struct scan *sc)
 {
-	uint32_t csize = c->g.class_size[cls], per_chunk = (uint32_t)(c->read_cap / csize);
+	uint32_t csize = c->g.class_size[cls], per_chain = (uint32_t)(c->read_cap / 8);
 	int ret;
 
 	sc->nblocks = c->g.seg_size / csize;
@@ -187,18 +187,22 @@ static int scan_segment(struct hkv_client *c, uint32_t idx, uint32_t cls, struct
 		return -ENOMEM;
 	ret = read_bitmap(c, idx, sc->nblocks, (uint64_t *)c->scr);
 	memcpy(sc->bits, c->scr, (sc->nblocks + 63) / 64 * 8);
-	for (uint32_t first = 0; !ret && first < sc->nblocks; first += per_chunk) {
-		uint32_t cnt = sc->nblocks - first < per_chunk ? sc->nblocks - first : per_chunk;
-		struct hkv_wr wr = hkv_wr_read(c, c->rblk, seg_base(c, idx) + (uint64_t)first * csize,
-					       cnt * csize);
+	if (per_chain > 128)
+		per_chain = 128;
+	for (uint32_t first = 0; !ret && first < sc->nblocks; first += per_chain) {
+		uint32_t cnt = sc->nblocks - first < per_chain ? sc->nblocks - first : per_chain;
+		struct hkv_wr wrs[128];
 
-		ret = hkv_exec(c, &wr, 1);
+		for (uint32_t i = 0; i < cnt; i++) /* 8 bytes per block, one chain */
+			wrs[i] = hkv_wr_read(c, c->rblk + (size_t)i * 8,
+					     seg_base(c, idx) + (uint64_t)(first + i) * csize, 8);
+		ret = hkv_exec(c, wrs, (int)cnt);
 		for (uint32_t i = 0; !ret && i < cnt; i++) {
 			uint32_t b = first + i;
 			uint64_t meta;
 			int bit = (int)(sc->bits[b / 64] >> (b % 64) & 1);
 
-			memcpy(&meta, c->rblk + (size_t)i * csize, 8);
+			memcpy(&meta, c->rblk + (size_t)i * 8, 8);
 			sc->gen[b] = hkv_meta_gen(meta);
 			if (sc->gen[b] > sc->max_gen)
 				sc->max_gen = sc->gen[b];

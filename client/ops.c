@@ -271,11 +271,12 @@ static int retry_wait(struct hkv_client *c, struct retry *r)
  * the read area) and take the first that holds the key with the generation
  * its slot names. 0 found; HKV_ENOTFOUND, with the slot values of candidates
  * that failed validation (replaced and reused since the bucket READ, or
- * garbage) in torn[*ntorn].
+ * garbage) in torn[*ntorn]. Blocks of a class larger than this handle's read
+ * area are never read (*too_big counts them).
  */
 static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
 			    const struct view *v, const int *cand, int ncand, uint64_t *torn,
-			    int *ntorn)
+			    int *ntorn, int *too_big)
 {
 	for (int first = 0; first < ncand;) {
 		struct hkv_wr wrs[MAX_CANDIDATES];
@@ -285,12 +286,21 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 		while (first + n < ncand && n < MAX_CANDIDATES) {
 			uint32_t sz = c->g.class_size[hkv_slot_class(v->slot[cand[first + n]])];
 
+			if (sz > c->read_cap) { /* larger than this handle reads: never READ it */
+				if (n)
+					break;
+				(*too_big)++;
+				first++;
+				continue;
+			}
 			if (n && used + sz > c->read_cap)
 				break;
 			wrs[n] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(v->slot[cand[first + n]]), sz);
 			used += sz;
 			n++;
 		}
+		if (!n)
+			continue;
 		ret = hkv_exec(c, wrs, n);
 		if (ret)
 			return ret;
@@ -354,7 +364,7 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 	retry_begin(&rt);
 	for (;;) {
 		struct hkv_wr wrs[4];
-		int cand[CANON_SLOTS], ncand = 0, n = 0, ntorn = 0, ret;
+		int cand[CANON_SLOTS], ncand = 0, n = 0, ntorn = 0, too_big = 0, ret;
 
 		for (int i = 0; i < nlead; i++)
 			wrs[n++] = lead[i];
@@ -369,7 +379,9 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 		for (int p = 0; p < CANON_SLOTS; p++)
 			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
 				cand[ncand++] = p;
-		ret = check_candidates(c, k, it, v, cand, ncand, torn, &ntorn);
+		ret = check_candidates(c, k, it, v, cand, ncand, torn, &ntorn, &too_big);
+		if (ret == HKV_ENOTFOUND && !ntorn && too_big)
+			return HKV_ETOOBIG; /* perhaps ours, but larger than this handle's max value */
 		if (ret != HKV_ENOTFOUND || !ntorn)
 			return ret;
 		stuck = same_torn(torn, ntorn, prev, nprev) ? stuck + 1 : 0;
@@ -470,29 +482,40 @@ static int resolve_duplicates(struct hkv_client *c, const struct key *k, int pos
 	*yielded = 0;
 	for (int p = 0; p < CANON_SLOTS; p++) {
 		uint64_t s = re[p];
-		struct hkv_wr wr;
-		struct item dup;
-		uint32_t sz;
-		int ret;
 
-		if (p == pos || !s || hkv_slot_fp(s) != k->fp || !slot_sane(c, s))
-			continue;
-		sz = c->g.class_size[hkv_slot_class(s)];
-		wr = hkv_wr_read(c, blk, hkv_slot_off(s), sz);
-		ret = hkv_exec(c, &wr, 1);
-		if (ret)
-			return ret;
-		if (hkv_block_check(&c->g, blk, sz, k->p, k->len) ||
-		    (hkv_meta_gen(((struct hkv_block_hdr *)blk)->meta) & 0x7ff) != hkv_slot_ver(s))
-			continue;
-		item_from_block(&dup, blk, slot_off_of(c, k, p), s, p);
-		if (p < pos) {
-			*yielded = 1;
-			return publish_remove(c, ours) < 0 ? HKV_ETRANSPORT : 0;
+		/* a removal that loses a race looks at the slot again: it may hold a
+		 * newer entry of the same key, which must go too */
+		for (int tries = 0; tries < 8; tries++) {
+			struct hkv_wr wr;
+			struct item dup;
+			uint32_t sz;
+			int ret;
+
+			if (p == pos || !s || hkv_slot_fp(s) != k->fp || !slot_sane(c, s))
+				break;
+			sz = c->g.class_size[hkv_slot_class(s)];
+			if (sz > c->read_cap)
+				break;
+			wr = hkv_wr_read(c, blk, hkv_slot_off(s), sz);
+			ret = hkv_exec(c, &wr, 1);
+			if (ret)
+				return ret;
+			if (hkv_block_check(&c->g, blk, sz, k->p, k->len) ||
+			    (hkv_meta_gen(((struct hkv_block_hdr *)blk)->meta) & 0x7ff) !=
+				    hkv_slot_ver(s))
+				break;
+			item_from_block(&dup, blk, slot_off_of(c, k, p), s, p);
+			if (p < pos) {
+				*yielded = 1;
+				return publish_remove(c, ours) < 0 ? HKV_ETRANSPORT : 0;
+			}
+			ret = publish_remove(c, &dup);
+			if (ret < 0)
+				return ret;
+			if (ret == 0)
+				break;
+			s = c->atom[1]; /* lost the slot CAS: what it holds now */
 		}
-		ret = publish_remove(c, &dup);
-		if (ret < 0)
-			return ret;
 	}
 	return 0;
 }
@@ -1091,7 +1114,7 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 			if (!cache_get(c, k.h, &locs[nw], 0) || !slot_sane(c, locs[nw].slot) ||
 			    locs[nw].blen > c->read_cap)
 				continue;
-			if (used + locs[nw].blen + 64 > c->read_cap)
+			if (nw && used + locs[nw].blen + 64 > c->read_cap)
 				break;
 			idx[nw] = i;
 			offs[nw] = used;

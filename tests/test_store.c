@@ -465,6 +465,46 @@ static void test_readonly_client(void)
 	unlink(ro_file);
 }
 
+/*
+ * Handles with a small max value next to big items: a GET of an item larger
+ * than the handle reads is HKV_ETOOBIG (no READ past its buffers, the
+ * connection stays usable), and adopting an orphan of a class larger than
+ * the handle reads terminates.
+ */
+static void test_small_handle(void)
+{
+	struct hkv_client *big, *small;
+	struct hkv_config *cfg;
+	struct hkvserver s;
+	size_t vlen, bigsz = 200u << 10;
+	char *v = calloc(1, bigsz), key[32], buf[64];
+	int n = 0, ret = 0;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "256K", NULL) == 0);
+	big = hkvserver_client(&s);
+	CHECK_RC(hkv_set(big, "huge", 4, v, bigsz, NULL), 0);
+	CHECK_RC(hkv_set(big, "huge2", 5, v, bigsz, NULL), 0);
+	cfg = hkvserver_config(&s);
+	CHECK(cfg && hkv_config_set_max_value(cfg, 1000) == 0);
+	CHECK_RC(hkv_open(cfg, &small), 0);
+	hkv_config_free(cfg);
+	CHECK_RC(hkv_get(small, "huge", 4, buf, sizeof(buf), &vlen, NULL), HKV_ETOOBIG);
+	CHECK_RC(set_str(small, "tiny", "ok"), 0);
+	CHECK_RC(get_str(small, "tiny", buf, sizeof(buf), NULL), 0);
+	/* the big client's segments become orphans; the small one adopts them */
+	CHECK_RC(hkv_delete(big, "huge", 4), 0);
+	CHECK_RC(hkv_delete(big, "huge2", 5), 0);
+	hkv_close(big);
+	while (!ret && n < 100000)
+		ret = hkv_set(small, key, (size_t)snprintf(key, sizeof(key), "f%d", n++), v, 900, NULL);
+	printf("# small handle filled the store with %d items, then: %s\n", n - 1, hkv_strerror(ret));
+	CHECK_RC(ret, HKV_EFULL);
+	hkv_close(small);
+	hkvserver_stop(&s);
+	free(v);
+}
+
 /* The server dies: operations fail with a clear error, quickly, and stay failed. */
 static void test_lost_server(void)
 {
@@ -502,5 +542,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
+	RUN_TEST(test_small_handle);
 	return hkv_test_finish();
 }
