@@ -16,7 +16,8 @@
  * writes the block, before the block is published. So the bitmap always
  * names every free block except those a client is writing this moment.
  *
- * Hence a dead client loses at most the block it was writing: the server
+ * Hence a dead client loses at most the block it was writing (and blocks
+ * it wrote but never published, held for reuse): the server
  * orphans its segments when its connection goes, and the next client short
  * of memory adopts them: free = bit set or never written. An orphan whose
  * blocks are all free is re-carved into whatever class the adopter needs.
@@ -241,6 +242,29 @@ static int adopt_as_is(struct hkv_client *c, struct hkv_seg_own *so, const struc
 }
 
 /*
+ * After re-carving, the new block starts hold old payload bytes. Write an
+ * UNUSED meta carrying the generation floor at each, so that a later
+ * adopter's scan reads what is true there.
+ */
+static int stamp_unused(struct hkv_client *c, const struct hkv_seg_own *so, uint32_t gen)
+{
+	uint64_t *meta = &c->atom[60]; /* registered: no inline support needed */
+	struct hkv_wr wrs[128];
+	int n = 0, ret = 0;
+
+	*meta = hkv_meta_make(HKV_BLK_UNUSED, so->cls, gen);
+	for (uint32_t b = 0; b < so->nblocks && !ret; b++) {
+		wrs[n++] = hkv_wr_write(c, meta, seg_base(c, so->idx) +
+						 (uint64_t)b * c->g.class_size[so->cls], 8);
+		if (n == 128 || b == so->nblocks - 1) {
+			ret = hkv_exec(c, wrs, n);
+			n = 0;
+		}
+	}
+	return ret;
+}
+
+/*
  * Every block is free: clear the old layout's bits and carve the segment
  * into class cls. Generations continue above the highest one seen, so no
  * block address ever repeats one.
@@ -273,7 +297,7 @@ static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t 
 	for (uint32_t b = 0; b < so->nblocks; b++)
 		so->gen[b] = sc->max_gen;
 	c->stats.segments_adopted++;
-	return 0;
+	return stamp_unused(c, so, sc->max_gen);
 }
 
 /* Adopt an orphan we just took: as it is, or re-carved when wholly free. */
@@ -446,7 +470,13 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	/* If the WRITE (and with it the bit clear) never went out, the bit is
 	 * still set and held: the block goes back as it came. */
 	uint32_t bit_set = c->alloc_clear.word_off != 0;
+	struct hkv_seg_own *so = c->owned[seg];
 
+	/* Never published, so nobody can know its generation: give it back too,
+	 * so that a client retrying on one block does not race its generation
+	 * (and the slot's 11-bit ver) around. */
+	if (so && blk < so->nblocks && so->gen[blk] > 1)
+		so->gen[blk]--;
 	c->alloc_clear.word_off = 0;
 	fifo_push(&c->classes[cls], seg, blk, bit_set, 0);
 }

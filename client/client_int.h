@@ -7,7 +7,7 @@
  * waited for is one round trip.
  *
  * Scratch arena (registered once, carved at open):
- *   bkt   4 x 64 B    bucket reads: [b1, b2] and the re-read after an insert
+ *   bkt   4 x 128 B   bucket reads: [b1, b2] and the re-read after an insert
  *   atom  64 x 8 B    atomic results
  *   rblk  read_cap    block reads (cold candidates, warm reads, mget)
  *   wblk  max_block   the block being written
