@@ -7,8 +7,9 @@
  * each into blocks of one size class. Only the owner allocates from a
  * segment, so it alone chooses - and remembers - every block's generation.
  *
- * Freeing: whoever unlinks a block from the index (the winner of the slot
- * CAS) sets the block's bit in its segment's free bitmap with a FAA, posted
+ * Freeing: the writer that retired a block (its mark CAS took it LIVE ->
+ * OBSOLETE; see publish_replace) sets the block's bit in its segment's free
+ * bitmap with a FAA, posted
  * unsignaled at once (no round trip). The owner harvests its bitmaps when it
  * runs short: bits it has not taken yet go to a FIFO where each block rests
  * HKV_QUARANTINE_NS (200 us) before reuse (docs/design.md: the ABA argument). A bit is

@@ -431,19 +431,26 @@ static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t s
 		 (unsigned long long)old->blk_off);
 	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen,
 			(seen & ~3ull) | HKV_BLK_OBSOLETE);
-	hkv_exec(c, &wr, 1);
+	if (!hkv_exec(c, &wr, 1) && c->atom[2] == seen)
+		hkv_free_block(c, old->blk_off, hkv_meta_class(seen)); /* we retired it */
 }
 
 /*
  * [WRITE new block?, CAS old meta LIVE->OBSOLETE, CAS slot old->new]; new_slot
- * 0 (and no write) removes. 0 when the slot swung (old block freed),
- * CONFLICT, or <0.
+ * 0 (and no write) removes. 0 when the slot swung, CONFLICT, or <0.
+ *
+ * Who frees the old block: the one whose mark CAS took it LIVE -> OBSOLETE,
+ * exactly one writer per incarnation. It is out of the index either way: our
+ * slot CAS removed it, or - if ours failed - the slot no longer names it (a
+ * slot naming a block is a function of that block's incarnation). A slot
+ * that pointed at a block that was not LIVE (garbage, or a block someone
+ * else retires) never leads to a free, so nothing is freed twice.
  */
 static int publish_replace(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 			   uint32_t blen, int with_write)
 {
 	struct hkv_wr wrs[8];
-	int n = 0, ret;
+	int n = 0, ret, marked;
 
 	if (with_write)
 		n = append_block_write(c, wrs, n, new_slot, blen);
@@ -453,11 +460,13 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 	ret = hkv_exec(c, wrs, n);
 	if (ret)
 		return ret;
+	marked = c->atom[0] == meta_live(old);
+	if (marked)
+		hkv_free_block(c, old->blk_off, old->cls);
 	if (c->atom[1] != old->slot)
 		return CONFLICT;
-	if (c->atom[0] != meta_live(old))
+	if (!marked)
 		repair_mark(c, old, c->atom[0]);
-	hkv_free_block(c, old->blk_off, old->cls);
 	return 0;
 }
 
