@@ -930,6 +930,14 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 	return op_end(c, &sc, ret);
 }
 
+/* Start of every write: the key is valid and this handle may write. */
+static int write_key(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	int ret = key_init(c, k, key, klen);
+
+	return ret ? ret : c->readonly ? -EPERM : 0;
+}
+
 static int store_op(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
 		    uint64_t version, enum hkv_op op)
@@ -937,14 +945,12 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 	struct value v = {.p1 = val, .l1 = vlen};
 	struct op_scope sc;
 	struct key k;
-	int ret = key_init(c, &k, key, klen);
+	int ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
 	if (vlen && !val)
 		return -EINVAL;
-	if (c->readonly)
-		return -EPERM;
 	if (opts) {
 		v.flags = opts->flags;
 		v.exptime = abs_exptime(opts->exptime);
@@ -982,12 +988,10 @@ static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn 
 {
 	struct op_scope sc;
 	struct key k;
-	int ret = key_init(c, &k, key, klen);
+	int ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
-	if (c->readonly)
-		return -EPERM;
 	op_begin(c, &sc, op);
 	return op_end(c, &sc, modify(c, &k, fn, arg, op));
 }
@@ -1060,12 +1064,10 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	struct retry rt;
 	struct op_scope sc;
 	struct key k;
-	int ret = key_init(c, &k, key, klen);
+	int ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
-	if (c->readonly)
-		return -EPERM;
 	op_begin(c, &sc, HKV_OP_DELETE);
 	retry_begin(&rt);
 	ret = delete_once(c, &k, 1);
