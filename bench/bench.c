@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -646,6 +647,7 @@ static pid_t start_memcached(const char *port, int threads)
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the bench */
 		execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-m",
 		       "2048", "-t", t, "-u", "root", (char *)NULL);
 		_exit(127);
@@ -853,6 +855,7 @@ int main(int argc, char **argv)
 
 	o.verbs = hkv_verbs_available();
 	signal(SIGINT, on_sigint);
+	signal(SIGTERM, on_sigint);
 	signal(SIGPIPE, SIG_IGN);
 	saved_argv = argv;
 	if (parse(argc, argv, &o))
