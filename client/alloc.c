@@ -463,11 +463,19 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 	}
 }
 
+/* Segment and block index of the block of class cls at region offset off. */
+static void block_pos(const struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t *seg,
+		      uint32_t *blk)
+{
+	*seg = (uint32_t)((off - c->g.data_off) / c->g.seg_size);
+	*blk = (uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]);
+}
+
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
-	uint32_t seg = (uint32_t)((off - c->g.data_off) / c->g.seg_size);
-	uint32_t blk = (uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]);
+	uint32_t seg, blk;
 
+	block_pos(c, off, cls, &seg, &blk);
 	/* If the WRITE (and with it the bit clear) never went out, the bit is
 	 * still set and held: the block goes back as it came. */
 	uint32_t bit_set = c->alloc_clear.word_off != 0;
@@ -495,10 +503,12 @@ static void set_bit(struct hkv_client *c, uint32_t seg, uint32_t blk)
 
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
+	uint32_t seg, blk;
+
 	if (cls >= c->g.nclasses || !hkv_block_range_ok(&c->g, off, c->g.class_size[cls]))
 		return; /* not a block we could have validated: never touch it */
-	set_bit(c, (uint32_t)((off - c->g.data_off) / c->g.seg_size),
-		(uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]));
+	block_pos(c, off, cls, &seg, &blk);
+	set_bit(c, seg, blk);
 	c->stats.blocks_freed++;
 }
 

@@ -192,11 +192,27 @@ static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, ui
 	it->pos = pos;
 }
 
+/*
+ * A block read through a cached location (loc->blen bytes at blk) is still
+ * the key's current value iff it is LIVE with the cached generation and
+ * class, holds the key, and its CRC and length check out (invariant 2 in
+ * docs/design.md).
+ */
+static int loc_block_current(const struct hkv_client *c, const struct hkv_loc *loc,
+			     const uint8_t *blk, const void *key, uint16_t klen)
+{
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+
+	return hkv_meta_state(h->meta) == HKV_BLK_LIVE && hkv_meta_gen(h->meta) == loc->gen &&
+	       hkv_meta_class(h->meta) == hkv_slot_class(loc->slot) &&
+	       !hkv_block_check(&c->g, blk, loc->blen, key, klen) &&
+	       HKV_BLOCK_HDR + h->klen + h->vlen == loc->blen;
+}
+
 /* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
 static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 {
 	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc, 0);
-	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
 	struct hkv_wr wr;
 	int ret;
 
@@ -213,10 +229,7 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 	ret = hkv_exec(c, &wr, 1);
 	if (ret)
 		return ret;
-	if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_gen(h->meta) != loc->gen ||
-	    hkv_meta_class(h->meta) != hkv_slot_class(loc->slot) ||
-	    hkv_block_check(&c->g, c->rblk, loc->blen, k->p, k->len) ||
-	    HKV_BLOCK_HDR + h->klen + h->vlen != loc->blen) {
+	if (!loc_block_current(c, loc, c->rblk, k->p, k->len)) {
 		hkv_cache_drop(c->cache, k->h); /* replaced, reused or torn: ask the index */
 		c->stats.cache_misses++;
 		return 1;
@@ -646,6 +659,14 @@ static int pick_empty(const struct view *v)
 
 #define NO_CACHE 2 /* internal: no usable cache entry, nothing was sent */
 
+/* The item a cached location names (no block copy: for writes that CAS it). */
+static struct item item_of_loc(const struct hkv_loc *loc)
+{
+	return (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
+			     .blk_off = hkv_slot_off(loc->slot), .cls = hkv_slot_class(loc->slot),
+			     .gen = loc->gen};
+}
+
 /* A blind update through the location cache: one round trip when it holds. */
 static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, uint32_t blen,
 		      uint64_t *slot_off)
@@ -656,9 +677,7 @@ static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, 
 
 	if (!loc || !slot_sane(c, loc->slot))
 		return NO_CACHE;
-	old = (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
-			    .blk_off = hkv_slot_off(loc->slot), .cls = hkv_slot_class(loc->slot),
-			    .gen = loc->gen};
+	old = item_of_loc(loc);
 	*slot_off = loc->slot_addr;
 	ret = publish_replace(c, &old, slot, blen, 1);
 	if (ret == CONFLICT)
@@ -1044,9 +1063,7 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 	int ret, expired;
 
 	if (loc && slot_sane(c, loc->slot)) {
-		it = (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
-				   .blk_off = hkv_slot_off(loc->slot),
-				   .cls = hkv_slot_class(loc->slot), .gen = loc->gen};
+		it = item_of_loc(loc);
 		hkv_cache_drop(c->cache, k->h);
 		return publish_remove(c, &it);
 	}
@@ -1087,8 +1104,7 @@ static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struc
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 	struct item it;
 
-	if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_gen(h->meta) != loc->gen ||
-	    hkv_block_check(&c->g, blk, loc->blen, m->key, (uint16_t)m->klen))
+	if (!loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
 		return; /* stale: the single-key path will find it */
 	item_from_block(&it, blk, loc->slot_addr, loc->slot, -1);
 	m->vlen = h->vlen;
