@@ -526,6 +526,19 @@ static int resolve_duplicates(struct hkv_client *c, const struct key *k, int pos
 			    (hkv_meta_gen(((struct hkv_block_hdr *)blk)->meta) & 0x7ff) !=
 				    hkv_slot_ver(s))
 				break;
+			if (hkv_meta_state(((struct hkv_block_hdr *)blk)->meta) != HKV_BLK_LIVE) {
+				/* being replaced (its slot changes within that writer's
+				 * chain), or a stale entry naming a retired block: look
+				 * at the slot again; an unchanged one is no duplicate */
+				wr = hkv_wr_read(c, &c->atom[3], slot_off_of(c, k, p), 8);
+				ret = hkv_exec(c, &wr, 1);
+				if (ret)
+					return ret;
+				if (c->atom[3] == s)
+					break;
+				s = c->atom[3];
+				continue;
+			}
 			item_from_block(&dup, blk, slot_off_of(c, k, p), s, p);
 			if (p < pos) {
 				*yielded = 1;
