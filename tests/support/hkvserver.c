@@ -85,8 +85,9 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
-	/* ready once a client can authenticate */
-	for (int i = 0; i < 400; i++) {
+	/* ready once a client can authenticate; allow a minute, since an
+	 * emulated guest under load can take seconds per connection */
+	for (int i = 0; i < 2400; i++) {
 		struct hkv_config *cfg;
 		struct hkv_client *c;
 		int status;
@@ -108,6 +109,7 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 		}
 		usleep(25000);
 	}
+	fprintf(stderr, "hkvserver: server on port %s never accepted a client\n", s->port);
 	hkvserver_kill(s);
 	return -ETIMEDOUT;
 }
