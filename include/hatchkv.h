@@ -137,6 +137,25 @@ HKV_EXPORT int hkv_decr(struct hkv_client *c, const void *key, size_t klen, uint
 /* Change only the expiry time (HKV_ENOTFOUND if absent). */
 HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int64_t exptime);
 
+/*
+ * Invalidate every item stored now (memcached flush_all): walks the whole
+ * index with batched reads and removes each entry it finds, like delete.
+ * Items stored concurrently with the walk may survive. Rare and slow (the
+ * index size / 64 KiB round trips); not for the data path.
+ */
+HKV_EXPORT int hkv_flush_all(struct hkv_client *c);
+
+/* What the server announced: limits and mode. */
+struct hkv_server_info {
+	uint64_t region_bytes;   /* whole registered region */
+	uint64_t index_slots;    /* 8-byte slots in the hash index */
+	uint64_t value_bytes;    /* bytes of the value area (segments) */
+	uint64_t segment_bytes;  /* one segment */
+	uint32_t max_value;      /* largest value this handle accepts */
+	int cache_mode;          /* 1: writers evict when full; 0: HKV_EFULL */
+};
+HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out);
+
 /* One key of a multi-get: in key/klen/buf/cap; out vlen/status/info. */
 struct hkv_mget_item {
 	const void *key;
@@ -181,6 +200,8 @@ struct hkv_client_stats {
 	uint64_t segments_claimed, segments_adopted;
 	uint64_t blocks_freed, blocks_harvested;
 	uint64_t corrupt_reads; /* blocks that failed validation */
+	uint64_t evictions;     /* live items this handle evicted (cache mode) */
+	uint64_t expired_reclaimed; /* expired items this handle removed */
 };
 
 /* Counters of this handle since hkv_open(). */
