@@ -349,3 +349,15 @@ HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_tr
 	*bytes_read = c->conn->stats.bytes_read;
 	*bytes_written = c->conn->stats.bytes_written;
 }
+
+HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out)
+{
+	*out = (struct hkv_server_info){
+		.region_bytes = c->g.total_size,
+		.index_slots = c->g.nbuckets * HKV_BUCKET_SLOTS,
+		.value_bytes = (uint64_t)c->g.nsegs * c->g.seg_size,
+		.segment_bytes = c->g.seg_size,
+		.max_value = (uint32_t)c->max_value,
+		.cache_mode = !!(c->g.flags & HKV_GEOM_F_CACHE),
+	};
+}

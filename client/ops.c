@@ -1174,3 +1174,57 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 	}
 	return op_end(c, &sc, 0);
 }
+
+/*
+ * flush_all: walk the index 1024 slots at a time. Per chunk: one READ of
+ * the slots, one chain of 8-byte READs of the metas they name, then each
+ * entry whose block is LIVE with the slot's generation is removed exactly as
+ * delete removes it ([CAS meta, CAS slot], the mark's winner frees).
+ */
+#define FLUSH_CHUNK 1024
+
+HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
+{
+	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + FLUSH_CHUNK;
+	struct op_scope sc;
+
+	if (c->readonly)
+		return -EPERM;
+	op_begin(c, &sc, HKV_OP_DELETE);
+	for (uint64_t first = 0; first < nslots; first += FLUSH_CHUNK) {
+		uint64_t base = c->g.index_off + first * 8;
+		int chunk = nslots - first < FLUSH_CHUNK ? (int)(nslots - first) : FLUSH_CHUNK;
+		struct hkv_wr wr = hkv_wr_read(c, slots, base, (uint32_t)chunk * 8), wrs[32];
+		int idx[32], ret;
+
+		if ((ret = hkv_exec(c, &wr, 1)))
+			return op_end(c, &sc, ret);
+		for (int i = 0; i < chunk;) {
+			int n = 0;
+
+			for (; i < chunk && n < 32; i++) {
+				if (!slots[i] || !slot_sane(c, slots[i]))
+					continue;
+				idx[n] = i;
+				wrs[n++] = hkv_wr_read(c, &metas[i], hkv_slot_off(slots[i]), 8);
+			}
+			if (n && (ret = hkv_exec(c, wrs, n)))
+				return op_end(c, &sc, ret);
+			for (int j = 0; j < n; j++) {
+				uint64_t s = slots[idx[j]], m = metas[idx[j]];
+				struct item it = {.slot_off = base + (uint64_t)idx[j] * 8, .slot = s,
+						  .blk_off = hkv_slot_off(s), .cls = hkv_slot_class(s),
+						  .gen = hkv_meta_gen(m)};
+
+				if (hkv_meta_state(m) != HKV_BLK_LIVE ||
+				    hkv_meta_class(m) != it.cls || (it.gen & 0x7ff) != hkv_slot_ver(s))
+					continue; /* not a live entry (being replaced, or garbage) */
+				ret = publish_remove(c, &it);
+				if (ret < 0)
+					return op_end(c, &sc, ret);
+			}
+		}
+	}
+	return op_end(c, &sc, 0);
+}

@@ -367,6 +367,51 @@ static void test_memory_returns(void)
 }
 
 /*
+ * flush_all: every item stored before it reads as missing, through a warm
+ * location cache too (another handle of the same config), and the memory
+ * and slots come back: the blocks' owner fills the store to about the same
+ * count again.
+ */
+static void test_flush_all(void)
+{
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *c, *c2;
+	char key[32], val[2000], buf[2100];
+	int n1 = 0, n2 = 0, ret;
+
+	memset(val, 'f', sizeof(val));
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &c), 0);
+	CHECK_RC(hkv_open(cfg, &c2), 0);
+	for (ret = 0; !ret; n1++)
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "f-%d", n1), val,
+			      sizeof(val), NULL);
+	CHECK_RC(ret, HKV_EFULL);
+	n1--;
+	for (int i = 0; i < n1; i++) /* warm c2's cache */
+		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
+				 sizeof(buf), &(size_t){0}, NULL),
+			 0);
+	CHECK_RC(hkv_flush_all(c), 0);
+	for (int i = 0; i < n1; i++)
+		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
+				 sizeof(buf), &(size_t){0}, NULL),
+			 HKV_ENOTFOUND);
+	for (ret = 0; !ret; n2++)
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "g-%d", n2), val,
+			      sizeof(val), NULL);
+	n2--;
+	printf("# %d items before flush_all, %d stored after it\n", n1, n2);
+	CHECK(n2 >= n1 * 9 / 10);
+	hkv_close(c2);
+	hkv_close(c);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+}
+
+/*
  * --memory-file: the server is SIGKILLed and started again on the same file;
  * every committed item is there, deletes stay deleted, new writes work. A
  * header that fails validation is refused, not served.
@@ -539,6 +584,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_reference_fuzz);
 	RUN_TEST(test_load_factor);
 	RUN_TEST(test_memory_returns);
+	RUN_TEST(test_flush_all);
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
