@@ -1,11 +1,28 @@
-/* ctl.c - see ctl.h. */
+/*
+ * ctl.c - see ctl.h. Requests are decoded by server/ctl_decode.h.
+ *
+ * Rate limit: every source (a TCP peer's IP address; a unix-socket peer's
+ * uid) has a token bucket of CTL_RATE_BURST tokens refilled at CTL_RATE_PER_S
+ * per second. A refused request (wrong token, malformed) takes a token; a
+ * request from a source whose bucket is empty is answered ERROR
+ * HKV_EAGAIN "rate limited" without looking at its token (so a guesser
+ * learns nothing while limited) and closed, with at most one log line per
+ * second. Correct tokens take nothing: a host opening many handles at once
+ * is never limited unless it also sends bad requests. Sources live in a
+ * fixed table (CTL_RATE_SOURCES, a few probes per lookup; the stalest entry
+ * makes room), so neither the limiter nor the connection cap can grow memory:
+ * at most HKV_CTL_MAX_CONNS connections, each buffering at most
+ * HKV_CTL_REQ_MAX bytes (the read high-watermark) and one reply.
+ */
 #include "server/ctl.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -13,7 +30,21 @@
 #include <event2/listener.h>
 
 #include "common/hkv_alloc.h"
+#include "common/layout.h"
 #include "common/log.h"
+#include "server/ctl_decode.h"
+
+#define CTL_RATE_PER_S   20
+#define CTL_RATE_BURST   40
+#define CTL_RATE_SOURCES 1024 /* power of two */
+#define CTL_RATE_PROBES  8
+#define CTL_MILLI        1000 /* bucket levels in thousandths of a token */
+
+struct ctl_source {
+	uint64_t key;      /* 0 = empty entry */
+	uint64_t stamp_ns; /* when level was last brought up to date */
+	uint64_t level;    /* thousandths of a token */
+};
 
 struct hkv_ctl {
 	struct hkv_store *store;
@@ -21,13 +52,81 @@ struct hkv_ctl {
 	struct hkv_ctl_opts o;
 	char path[108];
 	int nconns;
+	struct ctl_source sources[CTL_RATE_SOURCES];
+	uint64_t limited_log_ns; /* last "rate limited" log line */
+	uint64_t limited_quiet;  /* refusals not logged since */
 };
 
 struct ctl_conn {
 	struct hkv_ctl *ctl;
 	struct bufferevent *bev;
+	uint64_t source; /* rate-limit key of the peer */
 	int closing;
 };
+
+/* ---- rate limit -------------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The peer's rate-limit key: its IP address (TCP) or uid (unix socket); never 0. */
+static uint64_t source_key(evutil_socket_t fd, const struct sockaddr *sa)
+{
+	struct ucred cr;
+	socklen_t crlen = sizeof(cr);
+
+	if (sa->sa_family == AF_INET)
+		return 1ull << 62 | ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+	if (sa->sa_family == AF_INET6)
+		return 2ull << 62 |
+		       hkv_hash64(&((const struct sockaddr_in6 *)sa)->sin6_addr, 16) >> 2;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) == 0)
+		return 3ull << 62 | cr.uid;
+	return 3ull << 62 | 1ull << 32; /* unknown peer: one shared bucket */
+}
+
+/* The source's entry, brought up to date; a fresh full one if it was not tracked. */
+static struct ctl_source *source_get(struct hkv_ctl *ctl, uint64_t key)
+{
+	uint64_t now = now_ns(), h = hkv_hash64(&key, sizeof(key));
+	struct ctl_source *s, *victim = NULL;
+
+	for (int i = 0; i < CTL_RATE_PROBES; i++) {
+		s = &ctl->sources[(h + (uint64_t)i) & (CTL_RATE_SOURCES - 1)];
+		if (s->key == key)
+			goto refill;
+		if (!victim || s->stamp_ns < victim->stamp_ns)
+			victim = s; /* empty entries have stamp 0 */
+	}
+	/* forgetting the stalest entry forgives at most a bucket's worth */
+	s = victim;
+	*s = (struct ctl_source){.key = key, .stamp_ns = now,
+				 .level = CTL_RATE_BURST * CTL_MILLI};
+refill:
+	s->level += (now - s->stamp_ns) * CTL_RATE_PER_S / (1000000000ull / CTL_MILLI);
+	if (s->level > CTL_RATE_BURST * CTL_MILLI)
+		s->level = CTL_RATE_BURST * CTL_MILLI;
+	s->stamp_ns = now;
+	return s;
+}
+
+static int source_limited(struct ctl_conn *cc)
+{
+	return source_get(cc->ctl, cc->source)->level < CTL_MILLI;
+}
+
+/* A refused request costs its source one token. */
+static void source_charge(struct ctl_conn *cc)
+{
+	struct ctl_source *s = source_get(cc->ctl, cc->source);
+
+	s->level = s->level >= CTL_MILLI ? s->level - CTL_MILLI : 0;
+}
 
 static void conn_free(struct ctl_conn *cc)
 {
@@ -54,6 +153,24 @@ static void refuse(struct ctl_conn *cc, int status, const char *why)
 	reply(cc, HKV_CTL_ERROR, status, why, (uint32_t)strlen(why));
 }
 
+/* Over its source's limit: refuse without judging the request; log <= 1/s. */
+static void refuse_limited(struct ctl_conn *cc)
+{
+	static const char why[] = "rate limited";
+	struct hkv_ctl *ctl = cc->ctl;
+	uint64_t now = now_ns();
+
+	if (now - ctl->limited_log_ns >= 1000000000ull) {
+		hkv_warn("ctl: refused a client: %s (and %llu more since the last such line)", why,
+			 (unsigned long long)ctl->limited_quiet);
+		ctl->limited_log_ns = now;
+		ctl->limited_quiet = 0;
+	} else {
+		ctl->limited_quiet++;
+	}
+	reply(cc, HKV_CTL_ERROR, HKV_EAGAIN, why, sizeof(why) - 1);
+}
+
 static int token_equal(const char *secret, size_t slen, const uint8_t *tok, size_t len)
 {
 	const uint8_t *want = (const uint8_t *)secret;
@@ -74,6 +191,7 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	int ret;
 
 	if (!full && !ro) {
+		source_charge(cc);
 		refuse(cc, HKV_EAUTH, "wrong token");
 		return;
 	}
@@ -92,29 +210,28 @@ static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct ctl_conn *cc = arg;
 	struct evbuffer *in = bufferevent_get_input(bev);
-	uint8_t body[HKV_CTL_BODY_MAX];
-	struct hkv_ctl_hdr h;
+	size_t have = evbuffer_get_length(in);
+	enum hkv_ctl_verdict v;
+	struct hkv_ctl_req req;
+	const uint8_t *bytes;
 
-	if (cc->closing || evbuffer_get_length(in) < sizeof(h))
+	if (cc->closing)
 		return;
-	evbuffer_copyout(in, &h, sizeof(h));
-	if (h.magic != HKV_CTL_MAGIC) {
-		refuse(cc, HKV_EPROTO, "not a hatchkv control message");
+	if (have > HKV_CTL_REQ_MAX)
+		have = HKV_CTL_REQ_MAX; /* the watermark keeps it there anyway */
+	bytes = evbuffer_pullup(in, (ev_ssize_t)have);
+	v = hkv_ctl_decode(bytes, have, &req);
+	if (v == HKV_CTL_NEED_MORE)
 		return;
+	if (source_limited(cc)) {
+		refuse_limited(cc);
+	} else if (v == HKV_CTL_REJECT) {
+		source_charge(cc);
+		refuse(cc, req.status, req.why);
+	} else {
+		process_auth(cc, req.token, req.token_len);
 	}
-	if (h.version != HKV_CTL_VERSION) {
-		refuse(cc, HKV_EPROTO, "unsupported control protocol version");
-		return;
-	}
-	if (h.type != HKV_CTL_AUTH || h.len == 0 || h.len > HKV_TOKEN_MAX) {
-		refuse(cc, HKV_EPROTO, "malformed request");
-		return;
-	}
-	if (evbuffer_get_length(in) < sizeof(h) + h.len)
-		return; /* wait for the rest (the read timeout bounds the wait) */
-	evbuffer_drain(in, sizeof(h));
-	evbuffer_remove(in, body, h.len);
-	process_auth(cc, body, h.len);
+	evbuffer_drain(in, evbuffer_get_length(in));
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -153,6 +270,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		return;
 	}
 	cc->ctl = ctl;
+	cc->source = source_key(fd, sa);
 	cc->bev = bufferevent_socket_new(evconnlistener_get_base(l), fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!cc->bev) {
 		evutil_closesocket(fd);
@@ -162,7 +280,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	ctl->nconns++;
 	bufferevent_setcb(cc->bev, on_read, on_write, on_event, cc);
 	bufferevent_set_timeouts(cc->bev, &tmo, &tmo);
-	bufferevent_setwatermark(cc->bev, EV_READ, 0, sizeof(struct hkv_ctl_hdr) + HKV_TOKEN_MAX);
+	bufferevent_setwatermark(cc->bev, EV_READ, 0, HKV_CTL_REQ_MAX);
 	bufferevent_enable(cc->bev, EV_READ | EV_WRITE);
 }
 

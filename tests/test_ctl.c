@@ -3,7 +3,10 @@
  * token, a wrong protocol version, a wrong magic, an oversized or truncated
  * request, garbage bytes, a silent client. Each is refused (an ERROR reply
  * with the right code, or the connection closed) and the server keeps
- * serving real clients throughout.
+ * serving real clients throughout. Then the limits: requests at the body
+ * size boundary, a flood of idle and half-sent connections beyond the
+ * connection cap, and a flood of wrong tokens against the per-source rate
+ * limit.
  *
  *   test_ctl shm|verbs
  */
@@ -14,11 +17,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/ctl_proto.h"
 #include "common/transport.h"
 #include "hatchkv.h"
+#include "server/ctl.h"
 #include "tests/hkv_test.h"
 #include "tests/support/hkvserver.h"
 
@@ -59,14 +64,19 @@ static int ctl_connect(void)
 	return -1;
 }
 
-/* Send raw bytes; return the status of an ERROR reply, 0 for WELCOME, 1 if closed. */
-static int exchange(const void *msg, size_t len, int timeout_ms)
+/*
+ * Send raw bytes; return the status of an ERROR reply (its text in why, if
+ * given), 0 for WELCOME, 1 if closed without a reply.
+ */
+static int exchange_why(const void *msg, size_t len, int timeout_ms, char *why, size_t cap)
 {
 	struct hkv_ctl_hdr h;
 	struct pollfd p;
 	int fd = ctl_connect(), ret = 1;
 	ssize_t n;
 
+	if (why)
+		why[0] = 0;
 	if (fd < 0)
 		return -999;
 	if (len && write(fd, msg, len) != (ssize_t)len) {
@@ -75,21 +85,57 @@ static int exchange(const void *msg, size_t len, int timeout_ms)
 	}
 	p = (struct pollfd){.fd = fd, .events = POLLIN};
 	if (poll(&p, 1, timeout_ms) == 1 && (n = read(fd, &h, sizeof(h))) == sizeof(h) &&
-	    h.magic == HKV_CTL_MAGIC)
+	    h.magic == HKV_CTL_MAGIC) {
 		ret = h.type == HKV_CTL_WELCOME ? 0 : h.status;
+		if (why && h.type == HKV_CTL_ERROR && h.len < cap &&
+		    (n = read(fd, why, h.len)) >= 0)
+			why[n] = 0;
+	}
 	close(fd);
 	return ret;
 }
 
-static int request(uint32_t magic, uint16_t version, uint16_t type, uint32_t len,
-		   const char *body, size_t body_len)
+static int exchange(const void *msg, size_t len, int timeout_ms)
+{
+	return exchange_why(msg, len, timeout_ms, NULL, 0);
+}
+
+static int request_why(uint32_t magic, uint16_t version, uint16_t type, uint32_t len,
+		       const char *body, size_t body_len, char *why, size_t cap)
 {
 	char buf[sizeof(struct hkv_ctl_hdr) + 512];
 	struct hkv_ctl_hdr h = {.magic = magic, .version = version, .type = type, .len = len};
 
 	memcpy(buf, &h, sizeof(h));
 	memcpy(buf + sizeof(h), body, body_len);
-	return exchange(buf, sizeof(h) + body_len, 3000);
+	return exchange_why(buf, sizeof(h) + body_len, 3000, why, cap);
+}
+
+static int request(uint32_t magic, uint16_t version, uint16_t type, uint32_t len,
+		   const char *body, size_t body_len)
+{
+	return request_why(magic, version, type, len, body, body_len, NULL, 0);
+}
+
+/* The server's token (trailing newline and blanks cut); its length, 0 if unreadable. */
+static size_t read_token(char *token, size_t cap)
+{
+	FILE *f = fopen(srv.token_file, "r");
+	size_t tl = f ? fread(token, 1, cap - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	while (tl && (token[tl - 1] == '\n' || token[tl - 1] == ' '))
+		tl--;
+	return tl;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static void still_serving(void)
@@ -106,13 +152,8 @@ static void still_serving(void)
 static void test_bad_requests(void)
 {
 	char token[300], junk[256];
-	FILE *f = fopen(srv.token_file, "r");
-	size_t tl = f ? fread(token, 1, sizeof(token) - 1, f) : 0;
+	size_t tl = read_token(token, sizeof(token));
 
-	if (f)
-		fclose(f);
-	while (tl && (token[tl - 1] == '\n' || token[tl - 1] == ' '))
-		tl--;
 	CHECK(tl >= 16);
 	/* the real token works over the raw protocol */
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl), 0);
@@ -144,6 +185,170 @@ static void test_bad_requests(void)
 	still_serving();
 }
 
+/* Bodies at the limit: HKV_TOKEN_MAX bytes are judged (a wrong token), one
+ * more is refused from the header alone; bytes streamed past a request's end
+ * are never buffered or judged. */
+static void test_size_limits(void)
+{
+	char big[HKV_TOKEN_MAX + 1], stream[4096];
+	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				.type = HKV_CTL_AUTH, .len = 16};
+
+	memset(big, 'x', sizeof(big));
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, HKV_TOKEN_MAX, big,
+			 HKV_TOKEN_MAX),
+		 HKV_EAUTH);
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, HKV_TOKEN_MAX + 1, big,
+			 HKV_TOKEN_MAX + 1),
+		 HKV_EPROTO);
+	/* a 16-byte request followed by 4 KiB more: the 16 bytes are the token */
+	memset(stream, 'y', sizeof(stream));
+	memcpy(stream, &h, sizeof(h));
+	CHECK_RC(exchange(stream, sizeof(stream), 3000), HKV_EAUTH);
+	still_serving();
+}
+
+static long server_rss_kb(void)
+{
+	char path[64], line[128];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)srv.pid);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb;
+}
+
+/* How many of fds[0..n) the server closes (EOF or reset) within timeout_ms;
+ * closed ones are marked -1 in seen. */
+static int count_closed(const int *fds, int *seen, int n, int timeout_ms)
+{
+	double end = now_s() + timeout_ms / 1e3;
+	int closed = 0;
+
+	do {
+		for (int i = 0; i < n; i++) {
+			struct pollfd p = {.fd = fds[i], .events = POLLIN};
+			char b;
+
+			if (fds[i] < 0 || seen[i] || poll(&p, 1, 0) != 1 || read(fds[i], &b, 1) > 0)
+				continue;
+			seen[i] = -1;
+			closed++;
+		}
+		usleep(20000);
+	} while (now_s() < end);
+	return closed;
+}
+
+#define FLOOD_CONNS 300
+
+/* 300 connections that send nothing or half a header: those beyond the cap
+ * are closed at once, the server keeps serving as slots free up, the rest are
+ * dropped by the request timeout, and the server's memory does not grow. */
+static void test_idle_flood(void)
+{
+	static int fds[FLOOD_CONNS], seen[FLOOD_CONNS];
+	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				.type = HKV_CTL_AUTH, .len = 16};
+	int nopen = 0, beyond, freed = 50, dropped;
+	long rss0 = server_rss_kb(), rss1;
+
+	memset(seen, 0, sizeof(seen));
+	for (int i = 0; i < FLOOD_CONNS; i++) {
+		fds[i] = ctl_connect();
+		nopen += fds[i] >= 0;
+		if (fds[i] >= 0 && i % 2 && write(fds[i], &h, 10) != 10)
+			nopen = -FLOOD_CONNS; /* a half header */
+	}
+	beyond = count_closed(fds, seen, FLOOD_CONNS, 1000);
+	rss1 = server_rss_kb();
+	/* free 50 of the held slots: a real client gets in at once */
+	for (int i = 0; i < FLOOD_CONNS && freed; i++)
+		if (fds[i] >= 0 && !seen[i]) {
+			close(fds[i]);
+			fds[i] = -1;
+			freed--;
+		}
+	still_serving();
+	dropped = count_closed(fds, seen, FLOOD_CONNS, 7000);
+	for (int i = 0; i < FLOOD_CONNS; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	printf("# %d connections: %d closed at once, %d dropped by the timeout; server RSS "
+	       "%ld -> %ld KiB\n",
+	       nopen, beyond, dropped, rss0, rss1);
+	CHECK(nopen == FLOOD_CONNS);
+	CHECK(beyond == FLOOD_CONNS - HKV_CTL_MAX_CONNS);
+	CHECK(dropped == HKV_CTL_MAX_CONNS - 50);
+	CHECK(rss0 > 0 && rss1 - rss0 < 8192);
+	still_serving();
+}
+
+static int log_lines_with(const char *what)
+{
+	char path[300], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/server.log", srv.dir);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	if (f)
+		fclose(f);
+	return f ? n : -1;
+}
+
+/* 1000 AUTH attempts from one source, every 50th with the right token: once
+ * its bucket is empty everything is "rate limited" (the right token too, so
+ * guessing learns nothing), at most one log line a second; after the bucket
+ * refills the right token works again. */
+static void test_rate_limit(void)
+{
+	char token[300], why[64];
+	size_t tl = read_token(token, sizeof(token));
+	int wrong = 0, limited = 0, right_limited = 0, other = 0, log0, log1;
+	double t0, el;
+
+	CHECK(tl >= 16);
+	log0 = log_lines_with("rate limited");
+	t0 = now_s();
+	for (int i = 0; i < 1000; i++) {
+		int right = i % 50 == 49, rc;
+
+		token[0] ^= !right;
+		rc = request_why(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token,
+				 tl, why, sizeof(why));
+		token[0] ^= !right;
+		if (rc == HKV_EAGAIN && !strcmp(why, "rate limited")) {
+			limited++;
+			right_limited += right;
+		} else if (rc == HKV_EAUTH && !right) {
+			wrong++;
+		} else if (rc != 0 || !right) {
+			other++;
+		}
+	}
+	el = now_s() - t0;
+	log1 = log_lines_with("rate limited");
+	printf("# 1000 attempts in %.2f s: %d wrong token, %d rate limited (%d of them right), "
+	       "%d log lines\n",
+	       el, wrong, limited, right_limited, log1 - log0);
+	CHECK(other == 0);
+	CHECK(limited > 0 && right_limited > 0);
+	CHECK(wrong <= 40 + (int)(20 * el) + 1);
+	CHECK(log0 < 0 || (log1 - log0 >= 1 && log1 - log0 <= (int)el + 2));
+	usleep(2100 * 1000); /* the bucket refills: 40 tokens at 20/s */
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl), 0);
+	still_serving();
+}
+
 int main(int argc, char **argv)
 {
 	int verbs = hkvserver_want_verbs(argc, argv);
@@ -155,6 +360,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	RUN_TEST(test_bad_requests);
+	RUN_TEST(test_size_limits);
+	RUN_TEST(test_idle_flood);
+	RUN_TEST(test_rate_limit);
 	hkvserver_stop(&srv);
 	return hkv_test_finish();
 }

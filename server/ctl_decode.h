@@ -1,0 +1,77 @@
+/*
+ * ctl_decode.h - the control plane's request decoder, pure: the bytes a
+ * connection has sent so far in, a verdict out. No I/O, no allocation, no
+ * state; server/ctl.c calls it on every read, tests/fuzz/fuzz_ctl.c feeds it
+ * garbage.
+ *
+ * A request is one AUTH message (common/ctl_proto.h):
+ *
+ *   +--------+--------+--------+----------+--------+------------------+
+ *   | magic4 | ver2   | type2  | status4  | len4   | token, len bytes |
+ *   +--------+--------+--------+----------+--------+------------------+
+ *   with 1 <= len <= HKV_TOKEN_MAX, so a request is at most
+ *   HKV_CTL_REQ_MAX bytes: the server never buffers more per connection.
+ *
+ * The header is judged as soon as it is complete (magic, then version, then
+ * type and length), before the body arrives: a bad header is rejected at
+ * once, a good one waits for its body.
+ */
+#ifndef HKV_SERVER_CTL_DECODE_H
+#define HKV_SERVER_CTL_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/ctl_proto.h"
+#include "hatchkv_err.h"
+
+#define HKV_CTL_REQ_MAX (sizeof(struct hkv_ctl_hdr) + HKV_TOKEN_MAX)
+
+enum hkv_ctl_verdict {
+	HKV_CTL_NEED_MORE = 0, /* not a whole request yet: read on */
+	HKV_CTL_DECODED = 1,   /* req->token, token_len, consumed are set */
+	HKV_CTL_REJECT = 2,    /* req->status, why are set: answer ERROR, close */
+};
+
+struct hkv_ctl_req {
+	const uint8_t *token; /* points into the caller's bytes */
+	uint32_t token_len;   /* 1..HKV_TOKEN_MAX */
+	size_t consumed;      /* header + body bytes of this request */
+	int status;           /* REJECT: the ERROR reply's status (HKV_EPROTO) */
+	const char *why;      /* REJECT: the ERROR reply's text (static) */
+};
+
+/*
+ * Decode the len bytes at buf (all the connection sent so far; buf may be
+ * unaligned and is only read within [buf, buf+len)). Fills *req as the
+ * verdict says; never fails otherwise. Thread-safe (no state).
+ */
+static inline enum hkv_ctl_verdict hkv_ctl_decode(const void *buf, size_t len,
+						  struct hkv_ctl_req *req)
+{
+	struct hkv_ctl_hdr h;
+
+	memset(req, 0, sizeof(*req));
+	if (len < sizeof(h))
+		return HKV_CTL_NEED_MORE;
+	memcpy(&h, buf, sizeof(h));
+	req->status = HKV_EPROTO;
+	if (h.magic != HKV_CTL_MAGIC)
+		req->why = "not a hatchkv control message";
+	else if (h.version != HKV_CTL_VERSION)
+		req->why = "unsupported control protocol version";
+	else if (h.type != HKV_CTL_AUTH || h.len == 0 || h.len > HKV_TOKEN_MAX)
+		req->why = "malformed request";
+	if (req->why)
+		return HKV_CTL_REJECT;
+	req->status = 0;
+	if (len < sizeof(h) + h.len)
+		return HKV_CTL_NEED_MORE; /* the caller's read timeout bounds the wait */
+	req->token = (const uint8_t *)buf + sizeof(h);
+	req->token_len = h.len;
+	req->consumed = sizeof(h) + h.len;
+	return HKV_CTL_DECODED;
+}
+
+#endif /* HKV_SERVER_CTL_DECODE_H */
