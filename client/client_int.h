@@ -31,6 +31,7 @@
 #define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
 #define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* writes trust a location 250 ms */
 #define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
+#define HKV_PENDING_LEASE_MS 1000 /* an uncommitted insert older than this is abandoned */
 #define HKV_MAX_SERVERS     8
 
 struct hkv_config {
@@ -132,6 +133,7 @@ struct hkv_client {
 	struct hkv_class_alloc *classes;
 	struct hkv_bit_clear alloc_clear;
 	uint64_t rng;
+	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 
 	struct hkv_client_stats stats;
 };

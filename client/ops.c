@@ -335,6 +335,8 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 			}
 			if (chk == HKV_ENOTFOUND)
 				continue; /* the block the slot names holds another key */
+			if (hkv_meta_state(h->meta) == HKV_BLK_PENDING || (h->meta & HKV_META_ABORTED))
+				continue; /* an insert not (or never) committed: absent */
 			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
 			if (it->state == HKV_BLK_LIVE)
 				remember(c, k, it);
@@ -421,7 +423,15 @@ static int find(struct hkv_client *c, const struct key *k, struct item *it, stru
 
 #define CONFLICT 1 /* internal: lost a race, look again */
 
-#define YIELDED  3 /* internal: inserted, then withdrew for an earlier duplicate */
+#define YIELDED  3 /* internal: our insert withdrew (or was aborted): start over */
+
+/* Our block's meta word (from the copy in wblk) in state st. */
+static uint64_t our_meta(const struct hkv_client *c, enum hkv_block_state st)
+{
+	uint64_t m = ((const struct hkv_block_hdr *)c->wblk)->meta;
+
+	return hkv_meta_make(st, hkv_meta_class(m), hkv_meta_gen(m));
+}
 
 /* WRITE of the block just built, with its bitmap-bit clear if it was reused. */
 static int append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, uint64_t slot,
@@ -429,6 +439,15 @@ static int append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, u
 {
 	wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
 	return hkv_wr_alloc_clear(c, wrs, n);
+}
+
+/* WRITE of just our block's meta word in state st (8 bytes, from atom[4 + st % 2]). */
+static struct hkv_wr wr_our_meta(struct hkv_client *c, uint64_t slot, enum hkv_block_state st)
+{
+	uint64_t *src = &c->atom[4 + (st == HKV_BLK_PENDING)];
+
+	*src = our_meta(c, st);
+	return hkv_wr_write(c, src, hkv_slot_off(slot), 8);
 }
 
 /* The old block's mark did not apply: it was reused (ABA on the slot) or is
@@ -449,8 +468,11 @@ static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t s
 }
 
 /*
- * [WRITE new block?, CAS old meta LIVE->OBSOLETE, CAS slot old->new]; new_slot
- * 0 (and no write) removes. 0 when the slot swung, CONFLICT, or <0.
+ * [WRITE new block | WRITE its meta LIVE, CAS old meta LIVE->OBSOLETE, CAS
+ * slot old->new]; new_slot 0 (and no write) removes. 0 when the slot swung,
+ * CONFLICT, or <0. Without with_write the block went out earlier (with a
+ * cold find) and may have been left PENDING by an insert attempt: its meta is
+ * set LIVE first, in the same chain, before the slot can name it.
  *
  * Who frees the old block: the one whose mark CAS took it LIVE -> OBSOLETE,
  * exactly one writer per incarnation. It is out of the index either way: our
@@ -467,6 +489,8 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 
 	if (with_write)
 		n = append_block_write(c, wrs, n, new_slot, blen);
+	else if (new_slot)
+		wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_LIVE);
 	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
 			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
 	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, new_slot);
@@ -489,111 +513,191 @@ static int publish_remove(struct hkv_client *c, const struct item *old)
 	return publish_replace(c, old, 0, 0, 0);
 }
 
-/*
- * After our insert at `pos`, other entries of the same key may exist (two
- * clients inserted at once into different empty slots). The entry first in
- * canonical order wins: if one precedes ours we withdraw ours (*yielded),
- * later ones we remove. Reads the candidate blocks: rare, extra round trips.
- */
-static int resolve_duplicates(struct hkv_client *c, const struct key *k, int pos,
-			      const struct item *ours, int *yielded)
+static uint32_t now_ms32(void)
 {
-	const uint64_t *re = (const uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+}
+
+/*
+ * A PENDING entry whose writer stamped it more than the lease ago is
+ * abandoned (its writer died between publishing and committing, or stalled):
+ * abort it - CAS meta PENDING -> OBSOLETE|ABORTED, so its commit can never
+ * land, then take its slot back. The abort's winner frees the block.
+ * 0 or <0.
+ */
+static int abort_stale_pending(struct hkv_client *c, uint64_t slot_off, uint64_t s,
+			       const struct hkv_block_hdr *h)
+{
+	uint64_t pend = h->meta, dead = hkv_meta_make(HKV_BLK_OBSOLETE, hkv_meta_class(pend),
+						    hkv_meta_gen(pend)) | HKV_META_ABORTED;
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(s), pend, dead);
+	int ret = hkv_exec(c, &wr, 1);
+
+	if (ret || c->atom[2] != pend)
+		return ret; /* committed or aborted meanwhile: look again */
+	hkv_warn("client %u: aborted an abandoned insert at 0x%llx", c->client_id,
+		 (unsigned long long)hkv_slot_off(s));
+	hkv_free_block(c, hkv_slot_off(s), hkv_meta_class(pend));
+	wr = hkv_wr_cas(c, &c->atom[2], slot_off, s, 0);
+	return hkv_exec(c, &wr, 1);
+}
+
+/*
+ * The same OBSOLETE entry of our key under an unchanged slot, seen again
+ * after the lease: its writer died between marking and swinging the slot
+ * (or the region was vandalised). 1 if so.
+ */
+static int stuck_obsolete(struct hkv_client *c, uint64_t slot_off, uint64_t s)
+{
+	uint64_t now = hkv_coarse_ns();
+
+	if (c->stuck_slot_off != slot_off || c->stuck_slot != s) {
+		c->stuck_slot_off = slot_off;
+		c->stuck_slot = s;
+		c->stuck_since_ns = now;
+		return 0;
+	}
+	return now - c->stuck_since_ns > (uint64_t)HKV_PENDING_LEASE_MS * 1000000u;
+}
+
+/*
+ * After our PENDING entry went in at `pos` (and the buckets were re-read into
+ * re[]): is there another entry of the key that is, or may still become, its
+ * value? A LIVE one, a PENDING one of another inserter, or one being
+ * replaced (OBSOLETE, not aborted, its slot unchanged) is a rival; aborted
+ * entries, other keys' blocks and garbage under an unchanged slot are not.
+ * A slot that changed under us is looked at again. Stale PENDING entries are
+ * aborted and stale OBSOLETE ones removed, so a dead writer blocks nobody
+ * for longer than the lease. Sets *rival; 0 or <0.
+ */
+static int find_rival(struct hkv_client *c, const struct key *k, int pos, const uint64_t *re,
+		      int *rival)
+{
 	uint8_t *blk = c->rblk;
 
-	*yielded = 0;
+	*rival = 0;
 	for (int p = 0; p < CANON_SLOTS; p++) {
-		uint64_t s = re[p];
+		uint64_t s = re[p], soff = slot_off_of(c, k, p);
+		int tries;
 
-		/* a removal that loses a race looks at the slot again: it may hold a
-		 * newer entry of the same key, which must go too */
-		for (int tries = 0; tries < 8; tries++) {
+		for (tries = 0; tries < 8; tries++) {
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 			struct hkv_wr wr;
-			struct item dup;
 			uint32_t sz;
-			int ret;
+			int ret, chk, ours_key;
 
 			if (p == pos || !s || hkv_slot_fp(s) != k->fp || !slot_sane(c, s))
 				break;
 			sz = c->g.class_size[hkv_slot_class(s)];
 			if (sz > c->read_cap)
-				break;
+				sz = (uint32_t)(HKV_BLOCK_HDR + k->len); /* header and key suffice */
 			wr = hkv_wr_read(c, blk, hkv_slot_off(s), sz);
-			ret = hkv_exec(c, &wr, 1);
-			if (ret)
+			if ((ret = hkv_exec(c, &wr, 1)))
 				return ret;
-			if (hkv_block_check(&c->g, blk, sz, k->p, k->len) ||
-			    (hkv_meta_gen(((struct hkv_block_hdr *)blk)->meta) & 0x7ff) !=
-				    hkv_slot_ver(s))
-				break;
-			if (hkv_meta_state(((struct hkv_block_hdr *)blk)->meta) != HKV_BLK_LIVE) {
-				/* being replaced (its slot changes within that writer's
-				 * chain), or a stale entry naming a retired block: look
-				 * at the slot again; an unchanged one is no duplicate */
-				wr = hkv_wr_read(c, &c->atom[3], slot_off_of(c, k, p), 8);
-				ret = hkv_exec(c, &wr, 1);
-				if (ret)
+			if (sz == c->g.class_size[hkv_slot_class(s)])
+				chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
+			else
+				chk = h->klen == k->len && !memcmp(blk + HKV_BLOCK_HDR, k->p, k->len)
+					      ? 0 : HKV_ENOTFOUND;
+			ours_key = chk == 0 && (hkv_meta_gen(h->meta) & 0x7ff) == hkv_slot_ver(s) &&
+				   hkv_meta_class(h->meta) == hkv_slot_class(s);
+			if (chk == HKV_ENOTFOUND && (hkv_meta_gen(h->meta) & 0x7ff) == hkv_slot_ver(s))
+				break; /* another key's block */
+			if (ours_key && hkv_meta_state(h->meta) == HKV_BLK_LIVE) {
+				*rival = 1;
+				return 0;
+			}
+			if (ours_key && hkv_meta_state(h->meta) == HKV_BLK_PENDING) {
+				if ((int32_t)(now_ms32() - h->atime) <= HKV_PENDING_LEASE_MS) {
+					*rival = 1;
+					return 0;
+				}
+				if ((ret = abort_stale_pending(c, soff, s, h)))
 					return ret;
-				if (c->atom[3] == s)
-					break;
+			}
+			/* OBSOLETE, aborted, torn, reused or garbage: the slot decides */
+			wr = hkv_wr_read(c, &c->atom[3], soff, 8);
+			if ((ret = hkv_exec(c, &wr, 1)))
+				return ret;
+			if (c->atom[3] != s) {
 				s = c->atom[3];
 				continue;
 			}
-			item_from_block(&dup, blk, slot_off_of(c, k, p), s, p);
-			if (p < pos) {
-				*yielded = 1;
-				return publish_remove(c, ours) < 0 ? HKV_ETRANSPORT : 0;
+			if (ours_key && hkv_meta_state(h->meta) == HKV_BLK_OBSOLETE &&
+			    !(h->meta & HKV_META_ABORTED)) {
+				if (!stuck_obsolete(c, soff, s)) {
+					*rival = 1; /* being replaced or removed right now */
+					return 0;
+				}
+				wr = hkv_wr_cas(c, &c->atom[3], soff, s, 0);
+				if ((ret = hkv_exec(c, &wr, 1)))
+					return ret;
+				s = c->atom[3] == s ? 0 : c->atom[3];
+				continue;
 			}
-			ret = publish_remove(c, &dup);
-			if (ret < 0)
-				return ret;
-			if (ret == 0)
-				break;
-			s = c->atom[1]; /* lost the slot CAS: what it holds now */
+			break; /* an unchanged slot naming a dead block: no value of anyone's */
+		}
+		if (tries == 8) { /* it keeps changing: someone is busy with the key */
+			*rival = 1;
+			return 0;
 		}
 	}
 	return 0;
 }
 
 /*
- * [WRITE new block?, frees, CAS empty slot 0->new, READ b1, READ b2]: the
- * re-read shows whether someone inserted the same key elsewhere meanwhile.
- * 0 inserted, CONFLICT (slot taken: look again), YIELDED (withdrawn in favour
- * of an earlier duplicate; a set is linearized just before that one, an add
- * fails), <0.
+ * Insert: [WRITE our meta PENDING, CAS empty slot 0->new, READ b1, READ b2],
+ * then find_rival over the re-read, then [CAS our meta PENDING->LIVE]: the
+ * commit, this insert's linearization point. Until it, readers take the
+ * entry as absent. Two inserters of one key cannot both commit: the later of
+ * the two slot CASes is followed by a re-read that sees the earlier entry
+ * (PENDING or LIVE), so that inserter yields. With a rival we withdraw
+ * ([CAS slot new->0, CAS meta PENDING->OBSOLETE|ABORTED]) and the caller
+ * starts over with a fresh block.
+ *
+ * 0 committed, CONFLICT (the slot was taken: look again; our block is still
+ * ours, unreferenced), YIELDED (our block is withdrawn and freed), <0.
  */
-static int publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,
-			  uint32_t blen, int with_write, struct item *ours)
+static int publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot)
 {
-	uint8_t *re = c->bkt + 2 * HKV_BUCKET_SIZE;
-	struct hkv_wr wrs[10];
-	int n = 0, ret, yielded;
+	uint64_t *re = (uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
+	uint64_t soff = slot_off_of(c, k, pos), pend = our_meta(c, HKV_BLK_PENDING);
+	uint64_t dead = our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED;
+	struct hkv_wr wrs[4];
+	int ret, rival;
 
-	if (with_write)
-		n = append_block_write(c, wrs, n, new_slot, blen);
-	wrs[n++] = hkv_wr_cas(c, &c->atom[1], slot_off_of(c, k, pos), 0, new_slot);
-	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
-	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
-			       HKV_BUCKET_SIZE);
-	ret = hkv_exec(c, wrs, n);
-	if (ret)
+	wrs[0] = wr_our_meta(c, new_slot, HKV_BLK_PENDING);
+	wrs[1] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
+	wrs[2] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+	wrs[3] = hkv_wr_read(c, re + HKV_BUCKET_SLOTS, slot_off_of(c, k, HKV_BUCKET_SLOTS),
+			     HKV_BUCKET_SIZE);
+	if ((ret = hkv_exec(c, wrs, 4)))
 		return ret;
 	if (c->atom[1] != 0)
 		return CONFLICT;
-	item_from_block(ours, c->wblk, slot_off_of(c, k, pos), new_slot, pos);
-	ours->blk = c->wblk;
-	for (int p = 0; p < CANON_SLOTS; p++) {
-		uint64_t s;
-
-		memcpy(&s, re + p * 8, 8);
-		if (p != pos && s && hkv_slot_fp(s) == k->fp) {
-			ret = resolve_duplicates(c, k, pos, ours, &yielded);
-			if (ret)
-				return ret;
-			return yielded ? YIELDED : 0;
-		}
+	if ((ret = find_rival(c, k, pos, re, &rival)))
+		return ret;
+	if (!rival) {
+		wrs[0] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend,
+				    our_meta(c, HKV_BLK_LIVE));
+		if ((ret = hkv_exec(c, wrs, 1)))
+			return ret;
+		if (c->atom[0] == pend)
+			return 0;
+		/* aborted as abandoned (we stalled past the lease): the aborter
+		 * frees the block and takes the slot back */
+		return YIELDED;
 	}
-	return 0;
+	wrs[0] = hkv_wr_cas(c, &c->atom[1], soff, new_slot, 0);
+	wrs[1] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend, dead);
+	if ((ret = hkv_exec(c, wrs, 2)))
+		return ret;
+	if (c->atom[0] == pend)
+		hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
+	return YIELDED;
 }
 
 /* ---- building blocks ---------------------------------------------------------- */
@@ -628,7 +732,7 @@ static int build_block(struct hkv_client *c, const struct key *k, const struct v
 	h->flags = v->flags;
 	h->klen = k->len;
 	h->exptime = v->exptime;
-	h->atime = now_unix();
+	h->atime = now_ms32();
 	memcpy(c->wblk + HKV_BLOCK_HDR, k->p, k->len);
 	if (v->l1)
 		memcpy(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
@@ -713,7 +817,7 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 		      uint64_t *slot_off)
 {
 	struct hkv_wr lead[2];
-	struct item it, ours;
+	struct item it;
 	struct view view;
 	int ret, pos, nlead = *written ? 0 : append_block_write(c, lead, 0, slot, blen);
 
@@ -739,7 +843,7 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 	if (pos < 0)
 		return HKV_EFULL;
 	*slot_off = slot_off_of(c, k, pos);
-	return publish_insert(c, k, pos, slot, blen, 0, &ours);
+	return publish_insert(c, k, pos, slot);
 }
 
 static int store(struct hkv_client *c, const struct key *k, enum store_mode mode,
@@ -766,14 +870,21 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	written = ret == CONFLICT;
 	retry_begin(&rt);
 	while (ret > 0) {
-		if (ret == CONFLICT) {
+		if (ret == CONFLICT || ret == YIELDED) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
-			if ((ret = retry_wait(c, &rt)))
+			if (retry_wait(c, &rt)) {
+				if (ret == YIELDED)
+					return HKV_EAGAIN; /* our block is already withdrawn and freed */
+				ret = HKV_EAGAIN;
 				break;
+			}
+		}
+		if (ret == YIELDED) { /* withdrawn and freed: a fresh block, freshly stamped */
+			if ((ret = build_block(c, k, v, &slot, &blen)))
+				return ret;
+			written = 0;
 		}
 		ret = store_cold(c, k, mode, version, slot, blen, &written, &slot_off);
-		if (ret == YIELDED) /* our block is already withdrawn and freed */
-			return mode == STORE_ADD ? HKV_EEXISTS : 0;
 	}
 	if (ret) {
 		unbuild_block(c, slot);

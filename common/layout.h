@@ -26,17 +26,19 @@
  *   offset: block address in 64 B units from the region base.
  *
  * Block (64 B aligned, class size bytes):
- *   0  u64 meta     state(2) | class(7) | rsv(23) | gen(32)   -- CAS word
+ *   0  u64 meta     state(2) | class(7) | aborted(1) | rsv(22) | gen(32) -- CAS word
  *   8  u32 crc      CRC32C of gen, bytes 12..27 and key+value
  *   12 u32 vlen
  *   16 u32 flags    client flags (memcached)
  *   20 u16 klen
  *   22 u16 rsv
  *   24 u32 exptime  absolute Unix seconds, 0 = never
- *   28 u32 atime    last access, seconds (written by readers, not in crc)
+ *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
+ *                   (readers refresh it; not in crc)
  *   32 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
- *   about to be by the writer that marked it). gen: bumped by the segment's
+ *   about to be by the writer that marked it), 3 pending (an insert not yet
+ *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the segment's
  *   owner each time it reuses the address; never repeats for an address.
  *
  * Segment table entry (8 B CAS word):
@@ -130,7 +132,15 @@ static inline uint64_t hkv_slot_off(uint64_t s)
 
 /* ---- block ----------------------------------------------------------------- */
 
-enum hkv_block_state { HKV_BLK_UNUSED = 0, HKV_BLK_LIVE = 1, HKV_BLK_OBSOLETE = 2 };
+enum hkv_block_state {
+	HKV_BLK_UNUSED = 0,
+	HKV_BLK_LIVE = 1,
+	HKV_BLK_OBSOLETE = 2,
+	HKV_BLK_PENDING = 3, /* inserted, not yet committed: readers take it as absent */
+};
+
+/* In an OBSOLETE meta: it was PENDING and never committed (never a value). */
+#define HKV_META_ABORTED (1ull << 9)
 
 struct hkv_block_hdr {
 	uint64_t meta;

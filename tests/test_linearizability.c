@@ -38,6 +38,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +186,8 @@ static int issue(struct wthread *t, int key, struct lc_op *op, size_t wlen, uint
 		return hkv_cas(t->c, k, kl, t->wbuf, wlen, version, NULL);
 	case LC_DELETE:
 		return hkv_delete(t->c, k, kl);
+	case LC_ADD:
+		return hkv_add(t->c, k, kl, t->wbuf, wlen, NULL);
 	case LC_INCR:
 		return hkv_incr(t->c, k, kl, op->arg, &op->out);
 	case LC_DECR:
@@ -203,6 +206,8 @@ static int classify(int rc, enum lc_kind kind, enum lc_status *st)
 		*st = LC_NOTFOUND;
 	else if (rc == HKV_EVERSION && kind == LC_CAS)
 		*st = LC_VERSION;
+	else if (rc == HKV_EEXISTS && kind == LC_ADD)
+		*st = LC_EXISTS;
 	else
 		return -1;
 	return 0;
@@ -229,7 +234,7 @@ static int run_op(struct wthread *t, int key, struct lc_op *op, uint64_t version
 	size_t wlen = 0, vlen = 0;
 	int rc;
 
-	if (op->kind == LC_SET || op->kind == LC_CAS)
+	if (op->kind == LC_SET || op->kind == LC_CAS || op->kind == LC_ADD)
 		wlen = make_value(op->arg, t->wbuf);
 	op->client = t->proc * MAX_THREADS + t->thread;
 	op->call = now_ns();
@@ -254,9 +259,10 @@ static uint64_t next_value(struct wthread *t)
 }
 
 /*
- * get 35%, set 20%, cas 25%, delete 20%. A cas uses the version of the
- * thread's last get of the key (half the time a get made just before it;
- * with none that found the key, it is a set instead).
+ * get 30%, set 15%, add 10%, cas 25%, delete 20%. A cas uses the version of
+ * the thread's last get of the key (half the time a get made just before
+ * it; with none that found the key, it is a set instead). Adds race each
+ * other and the deletes on keys that are often absent.
  */
 static int register_op(struct wthread *t, int key)
 {
@@ -269,15 +275,17 @@ static int register_op(struct wthread *t, int key)
 		if (run_op(t, key, &get, 0))
 			return -1;
 	}
-	if (r < 7)
+	if (r < 6)
 		op.kind = LC_GET;
-	else if (r < 11 || !t->have[key])
+	else if (r < 9 || (r >= 11 && r < 16 && !t->have[key]))
 		op.kind = LC_SET;
+	else if (r < 11)
+		op.kind = LC_ADD;
 	else if (r < 16)
 		op.kind = LC_CAS;
 	else
 		op.kind = LC_DELETE;
-	if (op.kind == LC_SET || op.kind == LC_CAS)
+	if (op.kind == LC_SET || op.kind == LC_CAS || op.kind == LC_ADD)
 		op.arg = next_value(t);
 	if (op.kind == LC_CAS)
 		op.expect = t->seen[key];
@@ -582,7 +590,7 @@ static int parse_line(struct history *h, const char *line)
 
 	if (sscanf(line, "op %d %d %d %d %llu %llu %llu %lld %lld", &key, &kind, &status, &client,
 		   &a, &b, &c, &call, &ret) == 9) {
-		if (kind < 0 || kind >= LC_NKINDS || status < 0 || status > LC_UNKNOWN)
+		if (kind < 0 || kind >= LC_NKINDS || status < 0 || status > LC_EXISTS)
 			return -1;
 		op = (struct lc_op){(enum lc_kind)kind, (enum lc_status)status, client, a, b, c,
 				    call, ret};
@@ -727,7 +735,24 @@ static void test_checker_hand(void)
 		OP(LC_GET, LC_OK, 0, 0, 9, 60, 61),
 	};
 
+	/* Two concurrent adds on an absent key: exactly one may succeed. */
+	static const struct lc_op add_ok[] = {
+		OP(LC_ADD, LC_OK, 1, 0, 0, 0, 10), OP(LC_ADD, LC_EXISTS, 2, 0, 0, 1, 11),
+		OP(LC_GET, LC_OK, 0, 0, 1, 12, 13),
+	};
+	static const struct lc_op add_twice[] = {
+		OP(LC_ADD, LC_OK, 1, 0, 0, 0, 10), OP(LC_ADD, LC_OK, 2, 0, 0, 1, 11),
+	};
+	/* The add that failed was seen by a reader: it did happen. */
+	static const struct lc_op add_seen[] = {
+		OP(LC_ADD, LC_EXISTS, 1, 0, 0, 0, 10), OP(LC_GET, LC_OK, 0, 0, 1, 1, 2),
+		OP(LC_ADD, LC_OK, 2, 0, 0, 3, 11), OP(LC_GET, LC_OK, 0, 0, 2, 12, 13),
+	};
+
 	CHECK_HISTORY(LC_REGISTER, reg_ok, LC_LINEARIZABLE);
+	CHECK_HISTORY(LC_REGISTER, add_ok, LC_LINEARIZABLE);
+	CHECK_HISTORY(LC_REGISTER, add_twice, LC_VIOLATION);
+	CHECK_HISTORY(LC_REGISTER, add_seen, LC_VIOLATION);
 	CHECK_HISTORY(LC_REGISTER, stale_read, LC_VIOLATION);
 	CHECK_HISTORY(LC_REGISTER, bad_cas, LC_VIOLATION);
 	CHECK_HISTORY(LC_REGISTER, crossed, LC_VIOLATION);
@@ -884,7 +909,7 @@ static void test_checker_random(void)
 
 /* Per key, over all rounds. */
 struct tally {
-	size_t ops, kinds[LC_NKINDS], found, cas_ok, overlapped;
+	size_t ops, kinds[LC_NKINDS], found, cas_ok, add_ok, overlapped;
 	uint64_t steps;
 	double seconds;
 	enum lc_result worst;
@@ -947,6 +972,7 @@ static void tally_add(struct tally *t, const struct lc_op *ops, size_t n,
 	for (size_t i = 0; i < n; i++) {
 		t->kinds[ops[i].kind]++;
 		t->cas_ok += ops[i].kind == LC_CAS && ops[i].status == LC_OK;
+		t->add_ok += ops[i].kind == LC_ADD && ops[i].status == LC_OK;
 		t->found += ops[i].kind == LC_GET && ops[i].status == LC_OK;
 	}
 	t->ops += n;
@@ -963,8 +989,8 @@ static void print_tally(int key, const struct tally *t)
 	if (key == COUNTER_KEY)
 		printf("incr %zu, decr %zu", t->kinds[LC_INCR], t->kinds[LC_DECR]);
 	else
-		printf("set %zu, cas %zu [%zu ok], delete %zu", t->kinds[LC_SET], t->kinds[LC_CAS],
-		       t->cas_ok, t->kinds[LC_DELETE]);
+		printf("set %zu, add %zu [%zu ok], cas %zu [%zu ok], delete %zu", t->kinds[LC_SET],
+		       t->kinds[LC_ADD], t->add_ok, t->kinds[LC_CAS], t->cas_ok, t->kinds[LC_DELETE]);
 	printf("), %zu%% overlapping another: %s (%llu search steps, %.3f s)\n",
 	       t->ops ? 100 * t->overlapped / t->ops : 0, lc_result_name(t->worst),
 	       (unsigned long long)t->steps, t->seconds);
@@ -1082,6 +1108,167 @@ static void test_exact_count(void)
 	history_free(&h);
 }
 
+/* ---- 4. racing adds --------------------------------------------------------------- */
+
+/*
+ * Adds of one absent key race each other in every round while a reader
+ * spins on get and a noise thread inserts and deletes other keys. The index
+ * has 4 buckets, so the noise keeps changing which slots are empty and the
+ * racing adders see different buckets. Each round: exactly one add may
+ * succeed, and the reader may only ever see the value of the add that did
+ * (a losing add's value must never be visible). The value names its round
+ * and adder.
+ */
+#define RACE_ADDERS 2 /* one per core here: both truly run at once */
+
+struct race {
+	struct hkvserver *srv;
+	int rounds;
+	atomic_uint arrived; /* spin barrier: adders start a round within ~100 ns */
+	atomic_uint phase;
+	atomic_int stop;
+	int ok[RACE_ADDERS];  /* per adder: adds that succeeded */
+	uint8_t *won;         /* per round: bitmask of adders whose add succeeded */
+	uint64_t *seen;       /* values the reader read */
+	size_t nseen, cap, errors;
+};
+
+static struct race race;
+
+static void race_barrier(void)
+{
+	unsigned ph = atomic_load(&race.phase);
+
+	if (atomic_fetch_add(&race.arrived, 1) + 1 == RACE_ADDERS) {
+		atomic_store(&race.arrived, 0);
+		atomic_store(&race.phase, ph + 1);
+		return;
+	}
+	for (unsigned spins = 0; atomic_load(&race.phase) == ph; spins++)
+		if (spins > 1000)
+			sched_yield();
+}
+
+static void *race_adder(void *arg)
+{
+	int id = (int)(intptr_t)arg;
+	struct hkv_client *c = hkvserver_client(race.srv);
+
+	for (int r = 0; r < race.rounds; r++) {
+		char v[32];
+		int rc, n = snprintf(v, sizeof(v), "%d.%d", r, id);
+
+		race_barrier();
+		rc = hkv_add(c, "K", 1, v, (size_t)n, NULL);
+		if (rc == 0)
+			__atomic_fetch_or(&race.won[r], (uint8_t)(1u << id), __ATOMIC_RELAXED);
+		else if (rc != HKV_EEXISTS)
+			__atomic_fetch_add(&race.errors, 1, __ATOMIC_RELAXED);
+		race_barrier();
+		if (id == 0) {
+			rc = hkv_delete(c, "K", 1);
+			if (rc && rc != HKV_ENOTFOUND)
+				__atomic_fetch_add(&race.errors, 1, __ATOMIC_RELAXED);
+		}
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+static void *race_reader(void *arg)
+{
+	struct hkv_client *c = hkvserver_client(race.srv);
+
+	while (!atomic_load(&race.stop) && race.nseen < race.cap) {
+		char buf[64];
+		size_t vlen = 0;
+		unsigned r, a;
+		int rc = hkv_get(c, "K", 1, buf, sizeof(buf) - 1, &vlen, NULL);
+
+		if (rc == HKV_ENOTFOUND)
+			continue;
+		buf[rc ? 0 : vlen] = 0;
+		if (rc || sscanf(buf, "%u.%u", &r, &a) != 2) {
+			__atomic_fetch_add(&race.errors, 1, __ATOMIC_RELAXED);
+			continue;
+		}
+		race.seen[race.nseen++] = (uint64_t)r << 8 | a;
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+static void *race_noise(void *arg)
+{
+	struct hkv_client *c = hkvserver_client(race.srv);
+	unsigned seed = 7;
+
+	while (!atomic_load(&race.stop)) {
+		char k[16];
+		int n = snprintf(k, sizeof(k), "n%u", (unsigned)rand_r(&seed) % 24);
+
+		if (rand_r(&seed) % 2)
+			(void)hkv_set(c, k, (size_t)n, "x", 1, NULL);
+		else
+			(void)hkv_delete(c, k, (size_t)n);
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+static int race_verbs, race_rounds;
+
+static void test_add_race(void)
+{
+	int verbs = race_verbs;
+
+	static const char *const tiny_index[] = {"--index-slots", "64", NULL};
+	pthread_t adders[RACE_ADDERS], reader, noise;
+	struct hkvserver s;
+	size_t bad_seen = 0;
+	int rounds_one = 0, rounds_many = 0, rounds_none = 0;
+
+	CHECK(hkvserver_start(&s, verbs, "4M", "64K", tiny_index) == 0);
+	race = (struct race){.srv = &s, .rounds = race_rounds, .cap = 1u << 20};
+	race.won = calloc((size_t)race.rounds, 1);
+	race.seen = calloc(race.cap, sizeof(uint64_t));
+	CHECK(race.won && race.seen);
+	pthread_create(&reader, NULL, race_reader, NULL);
+	pthread_create(&noise, NULL, race_noise, NULL);
+	for (int i = 0; i < RACE_ADDERS; i++)
+		pthread_create(&adders[i], NULL, race_adder, (void *)(intptr_t)i);
+	for (int i = 0; i < RACE_ADDERS; i++)
+		pthread_join(adders[i], NULL);
+	atomic_store(&race.stop, 1);
+	pthread_join(reader, NULL);
+	pthread_join(noise, NULL);
+	for (int r = 0; r < race.rounds; r++) {
+		int n = __builtin_popcount(race.won[r]);
+
+		rounds_one += n == 1;
+		rounds_many += n > 1;
+		rounds_none += n == 0;
+	}
+	for (size_t i = 0; i < race.nseen; i++) {
+		uint64_t r = race.seen[i] >> 8, a = race.seen[i] & 0xff;
+
+		bad_seen += r >= (uint64_t)race.rounds || a >= RACE_ADDERS ||
+			    !(race.won[r] & (1u << a));
+	}
+	printf("# add race: %d rounds x %d adders (4-bucket index, noise writer): %d with one "
+	       "winner, %d with several, %d with none; reader saw %zu values, %zu of a losing "
+	       "add; %zu errors\n",
+	       race.rounds, RACE_ADDERS, rounds_one, rounds_many, rounds_none, race.nseen,
+	       bad_seen, race.errors);
+	CHECK(rounds_one == race.rounds);
+	CHECK(bad_seen == 0);
+	CHECK(race.errors == 0);
+	CHECK(race.nseen > 0);
+	free(race.won);
+	free(race.seen);
+	hkvserver_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	int verbs = hkvserver_want_verbs(argc, argv);
@@ -1099,6 +1286,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "cannot start hatchkv-server\n");
 	RUN_TEST(test_mixed);
 	RUN_TEST(test_exact_count);
+	race_verbs = verbs;
+	race_rounds = verbs ? 300 : argc > 2 && !strcmp(argv[2], "--quick") ? 300 : 20000;
+	RUN_TEST(test_add_race);
 	if (server_up)
 		hkvserver_stop(&server);
 	return hkv_test_finish();

@@ -73,6 +73,10 @@ static int step_register(uint64_t st, const struct lc_op *op, uint64_t *next)
 	case LC_DELETE:
 		*next = LC_ABSENT;
 		return unk || op->status == (present ? LC_OK : LC_NOTFOUND);
+	case LC_ADD:
+		if (!present)
+			*next = op->arg;
+		return unk || op->status == (present ? LC_EXISTS : LC_OK);
 	default:
 		return 0;
 	}
@@ -413,14 +417,14 @@ const char *lc_result_name(enum lc_result r)
 
 const char *lc_kind_name(enum lc_kind k)
 {
-	static const char *const names[] = {"get", "set", "cas", "delete", "incr", "decr"};
+	static const char *const names[] = {"get", "set", "cas", "delete", "incr", "decr", "add"};
 
 	return k < LC_NKINDS ? names[k] : "?";
 }
 
 static const char *status_name(enum lc_status st)
 {
-	static const char *const names[] = {"ok", "NOTFOUND", "EVERSION", "UNKNOWN"};
+	static const char *const names[] = {"ok", "NOTFOUND", "EVERSION", "UNKNOWN", "EEXISTS"};
 
 	return names[st];
 }

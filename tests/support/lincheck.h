@@ -17,7 +17,8 @@
  * Two sequential models, both with a 64-bit state:
  *   LC_REGISTER  state = id of the value stored, LC_ABSENT when there is
  *                none. Values are opaque 64-bit ids; every write writes a
- *                distinct one. get / set / cas / delete. A cas names the
+ *                distinct one. get / set / cas / delete / add (stores only
+ *                when absent, else LC_EXISTS). A cas names the
  *                value its version token was read with (`expect`): it
  *                succeeds iff that value is still the current one.
  *   LC_COUNTER   state = the number stored (always present). get / set /
@@ -37,7 +38,7 @@
 
 enum lc_model { LC_REGISTER, LC_COUNTER };
 
-enum lc_kind { LC_GET, LC_SET, LC_CAS, LC_DELETE, LC_INCR, LC_DECR, LC_NKINDS };
+enum lc_kind { LC_GET, LC_SET, LC_CAS, LC_DELETE, LC_INCR, LC_DECR, LC_ADD, LC_NKINDS };
 
 /* What an operation returned. */
 enum lc_status {
@@ -45,6 +46,7 @@ enum lc_status {
 	LC_NOTFOUND, /* key absent */
 	LC_VERSION,  /* cas: version no longer current */
 	LC_UNKNOWN,  /* failed in a way that leaves its effect unknown */
+	LC_EXISTS,   /* add: key already present */
 };
 
 #define LC_ABSENT  0          /* register state: no value stored */
