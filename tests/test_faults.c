@@ -1391,6 +1391,83 @@ static void test_sigkill_writer(void)
 	CHECK(n_after >= n_fresh * 9 / 10);
 }
 
+/*
+ * A writer that died between publishing its insert (slot CAS) and
+ * committing it (meta PENDING -> LIVE) leaves a PENDING entry. Made exactly
+ * so: a key is stored, then its block's meta is turned back to PENDING and
+ * stamped now. Readers must take the key as absent at once; an add of the
+ * key must succeed once the 1 s lease is over (not fail with EAGAIN or
+ * EEXISTS), and the new value is what everyone reads after.
+ */
+static void test_abandoned_insert(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c, *c2;
+	struct raw r;
+	uint64_t h, b[2], blk_off = 0, t0, waited_ms;
+	struct timespec ts;
+	char buf[64];
+	size_t vlen = 0;
+	int ret, found = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	c2 = hkvserver_client(&s);
+	CHECK_RC(hkv_set(c, "abandoned", 9, "old", 3, NULL), 0);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	h = hkv_hash64("abandoned", 9);
+	h += !h;
+	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
+	for (int i = 0; i < 2 && !found; i++) {
+		CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[i] * HKV_BUCKET_SIZE,
+				  HKV_BUCKET_SIZE), 0);
+		for (int j = 0; j < HKV_BUCKET_SLOTS && !found; j++) {
+			uint64_t slot;
+
+			memcpy(&slot, r.buf + j * 8, 8);
+			if (slot && hkv_slot_fp(slot) == hkv_fp_of(h)) {
+				blk_off = hkv_slot_off(slot);
+				found = 1;
+			}
+		}
+	}
+	CHECK(found);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, HKV_BLOCK_HDR), 0);
+	{
+		struct hkv_block_hdr bh;
+
+		memcpy(&bh, r.buf, sizeof(bh));
+		CHECK(hkv_meta_state(bh.meta) == HKV_BLK_LIVE);
+		bh.meta = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(bh.meta),
+					hkv_meta_gen(bh.meta));
+		clock_gettime(CLOCK_REALTIME, &ts);
+		bh.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+		memcpy(r.buf, &bh, sizeof(bh));
+	}
+	CHECK_RC(raw_xfer(&r, HKV_WR_WRITE, blk_off, HKV_BLOCK_HDR), 0);
+	CHECK_RC(hkv_get(c2, "abandoned", 9, buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
+	t0 = now_ms();
+	ret = hkv_add(c2, "abandoned", 9, "new", 3, NULL);
+	waited_ms = now_ms() - t0;
+	printf("# abandoned PENDING entry: read as absent; an add of the key %s after %llu ms\n",
+	       ret ? hkv_strerror(ret) : "succeeded", (unsigned long long)waited_ms);
+	CHECK_RC(ret, 0);
+	CHECK(waited_ms >= 900); /* it waited for the lease, it did not skip the entry */
+	CHECK_RC(hkv_get(c, "abandoned", 9, buf, sizeof(buf), &vlen, NULL), 0);
+	CHECK(vlen == 3 && !memcmp(buf, "new", 3));
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, 8), 0);
+	{
+		uint64_t meta;
+
+		memcpy(&meta, r.buf, 8);
+		CHECK(hkv_meta_state(meta) == HKV_BLK_OBSOLETE && (meta & HKV_META_ABORTED));
+	}
+	raw_close(&r);
+	hkv_close(c2);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "worker"))
@@ -1400,5 +1477,6 @@ int main(int argc, char **argv)
 		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_sigkill_writer);
+	RUN_TEST(test_abandoned_insert);
 	return hkv_test_finish();
 }
