@@ -1,0 +1,122 @@
+/*
+ * hatchkv-memcached - memcached's text protocol in front of a hatchkv server.
+ * Command line like memcached's where it makes sense; see --help.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/memcached/mc_server.h"
+#include "common/log.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hatchkv-memcached --server URI [options]\n"
+		"  -S, --server URI        hatchkv server: shm:/path/ctl.sock or verbs://host:port\n"
+		"                          (default shm:/tmp/hatchkv.sock)\n"
+		"  -k, --token-file PATH   the server's shared secret (default hatchkv.token)\n"
+		"  -p, --port PORT         TCP port (default 11211; 0 = any free port, logged)\n"
+		"  -l, --listen ADDR       address to listen on (default 127.0.0.1)\n"
+		"  -t, --threads N         worker threads, one hatchkv handle each (default 4)\n"
+		"  -c, --conn-limit N      max simultaneous connections (default 1024)\n"
+		"  -I, --max-item-size S   largest item, e.g. 1m, 512k (default 1m)\n"
+		"  -U, --udp-port N        accepted for compatibility; only 0 (UDP off)\n"
+		"  -v, --verbose           debug logs\n"
+		"  -h, --help\n");
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	default: break;
+	}
+	if (end == s || *end || v < 1024 || v > (1ull << 30))
+		return -1;
+	*out = (size_t)v;
+	return 0;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+
+	if (end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct mc_options *o)
+{
+	static const struct option opts[] = {
+		{"server", required_argument, NULL, 'S'},   {"token-file", required_argument, NULL, 'k'},
+		{"port", required_argument, NULL, 'p'},     {"listen", required_argument, NULL, 'l'},
+		{"threads", required_argument, NULL, 't'},  {"conn-limit", required_argument, NULL, 'c'},
+		{"max-item-size", required_argument, NULL, 'I'},
+		{"udp-port", required_argument, NULL, 'U'}, {"verbose", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+	int c, udp;
+
+	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'S': o->server_uri = optarg; break;
+		case 'k': o->token_file = optarg; break;
+		case 'l': o->listen_addr = optarg; break;
+		case 'p':
+			if (parse_int(optarg, 0, 65535, &o->port))
+				return fprintf(stderr, "bad --port '%s'\n", optarg), -1;
+			break;
+		case 't':
+			if (parse_int(optarg, 1, 256, &o->threads))
+				return fprintf(stderr, "bad --threads '%s'\n", optarg), -1;
+			break;
+		case 'c':
+			if (parse_int(optarg, 1, 1 << 20, &o->max_conns))
+				return fprintf(stderr, "bad --conn-limit '%s'\n", optarg), -1;
+			break;
+		case 'I':
+			if (parse_size(optarg, &o->item_max))
+				return fprintf(stderr, "bad --max-item-size '%s' (1k..1024m)\n", optarg), -1;
+			break;
+		case 'U':
+			if (parse_int(optarg, 0, 0, &udp))
+				return fprintf(stderr, "UDP is not supported (-U 0 only)\n"), -1;
+			break;
+		case 'v':
+			o->verbose = 1;
+			hkv_log_set_level(HKV_LOG_DEBUG);
+			break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -1;
+		}
+	}
+	if (optind != argc)
+		return usage(stderr), -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct mc_options o = {
+		.listen_addr = "127.0.0.1",
+		.port = 11211,
+		.threads = 4,
+		.max_conns = 1024,
+		.item_max = 1u << 20,
+		.server_uri = "shm:/tmp/hatchkv.sock",
+		.token_file = "hatchkv.token",
+	};
+
+	hkv_log_set_prog("hatchkv-memcached");
+	if (parse_args(argc, argv, &o))
+		return 2;
+	return mc_server_run(&o);
+}

@@ -1,0 +1,1274 @@
+/*
+ * mc_server.c - hatchkv-memcached: threads, connections and one process_*
+ * function per memcached command (see mc_server.h).
+ */
+#include "client/memcached/mc_server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+#include <event2/util.h>
+
+#include "client/memcached/mc_proto.h"
+#include "common/log.h"
+#include "hatchkv.h"
+
+#define MC_BATCH 64                   /* requests per read callback */
+#define MC_OUT_HIGH (4u << 20)        /* pause reading above this much output */
+#define MC_CAS_RETRIES 64             /* incr/decr read-modify-write attempts */
+#define MC_REL_EXPTIME_MAX (60 * 60 * 24 * 30)
+
+/* memcached-style counters of one worker (written by it alone). */
+struct mc_counters {
+	uint64_t cmd_get, cmd_set, cmd_touch, cmd_flush, get_hits, get_misses;
+	uint64_t get_expired, delete_hits, delete_misses, incr_hits, incr_misses;
+	uint64_t decr_hits, decr_misses, cas_hits, cas_misses, cas_badval;
+	uint64_t touch_hits, touch_misses, bytes_read, bytes_written, hkv_errors;
+};
+
+struct mc_server;
+struct conn;
+
+struct worker {
+	struct mc_server *srv;
+	int id;
+	pthread_t thread;
+	struct event_base *base;
+	struct event *notify;       /* new connections queued */
+	pthread_mutex_t lock;       /* guards queue and snap */
+	int *queue;                 /* fds handed over by the accept thread */
+	size_t nqueue, qcap;
+	struct conn *conns;         /* this worker's connections (list) */
+	struct hkv_client *hkv;     /* NULL after a lost server, until reopened */
+	char *vbuf;                 /* one value (max_value + 1 bytes) */
+	size_t vcap;
+	struct evbuffer *tmp;       /* a get reply under construction */
+	struct mc_counters ctr;
+	struct hkv_client_stats snap;   /* published copy of the handle's counters */
+	struct hkv_client_stats closed; /* handles closed before */
+};
+
+struct mc_server {
+	struct mc_options o;
+	struct hkv_config *cfg;
+	struct event_base *base;    /* accept thread */
+	struct evconnlistener *lis;
+	struct worker *workers;
+	int nworkers;
+	unsigned next;              /* round-robin */
+	time_t started;
+	uint32_t max_value;
+	uint64_t curr_conns, total_conns, rejected_conns;
+};
+
+struct conn {
+	struct worker *w;
+	struct bufferevent *bev;
+	struct event *resume;       /* continue after a full batch */
+	struct conn *prev, *next;
+	size_t swallow;             /* bytes of a refused data block still to drop */
+	size_t need;                /* input length at which parsing can progress */
+	int closing, paused;
+	int eof;                    /* peer finished sending: close when answered */
+};
+
+/* What a process_* function works with. */
+struct ctx {
+	struct worker *w;
+	struct conn *c;
+	struct evbuffer *out;
+	const struct mc_req *r;
+};
+
+static volatile sig_atomic_t stopping;
+
+static void count(uint64_t *ctr, uint64_t n)
+{
+	__atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+}
+
+static uint64_t load(const uint64_t *v)
+{
+	return __atomic_load_n(v, __ATOMIC_RELAXED);
+}
+
+/* ---- replies -------------------------------------------------------------- */
+
+static void reply(struct ctx *x, const char *line)
+{
+	if (!x->r->noreply)
+		evbuffer_add_printf(x->out, "%s\r\n", line);
+}
+
+/* Errors of meta commands are never suppressed by 'q'. */
+static void reply_error(struct ctx *x, const char *line)
+{
+	if (!x->r->noreply || x->r->cmd >= MC_CMD_MG)
+		evbuffer_add_printf(x->out, "%s\r\n", line);
+}
+
+static void reply_hkv_error(struct ctx *x, int rc)
+{
+	char line[160];
+
+	switch (rc) {
+	case HKV_ETOOBIG: reply_error(x, "SERVER_ERROR object too large for cache"); return;
+	case HKV_EFULL: reply_error(x, "SERVER_ERROR out of memory storing object"); return;
+	case HKV_ENOTNUM:
+		reply_error(x, "CLIENT_ERROR cannot increment or decrement non-numeric value");
+		return;
+	default: break;
+	}
+	snprintf(line, sizeof(line), "SERVER_ERROR %s", hkv_strerror(rc));
+	reply_error(x, line);
+}
+
+/* ---- the worker's handle -------------------------------------------------- */
+
+static void stats_add(struct hkv_client_stats *a, const struct hkv_client_stats *b)
+{
+	uint64_t *pa = (uint64_t *)a;
+	const uint64_t *pb = (const uint64_t *)b;
+
+	for (size_t i = 0; i < sizeof(*a) / sizeof(uint64_t); i++)
+		pa[i] += pb[i];
+}
+
+static void publish_stats(struct worker *w)
+{
+	if (!w->hkv)
+		return;
+	pthread_mutex_lock(&w->lock);
+	hkv_client_stats(w->hkv, &w->snap);
+	pthread_mutex_unlock(&w->lock);
+}
+
+static int open_handle(struct worker *w)
+{
+	int rc = hkv_open(w->srv->cfg, &w->hkv);
+
+	if (rc) {
+		w->hkv = NULL;
+		hkv_warn("worker %d: cannot open a hatchkv handle to %s: %s", w->id,
+			 w->srv->o.server_uri, hkv_strerror(rc));
+	}
+	return rc;
+}
+
+/* The handle, reopened if it was lost; NULL after replying the error. */
+static struct hkv_client *handle(struct ctx *x)
+{
+	int rc;
+
+	if (x->w->hkv)
+		return x->w->hkv;
+	rc = open_handle(x->w);
+	if (rc) {
+		reply_hkv_error(x, rc);
+		return NULL;
+	}
+	hkv_info("worker %d: reconnected to %s", x->w->id, x->w->srv->o.server_uri);
+	return x->w->hkv;
+}
+
+/* Pass a library result through; a lost server drops the handle. */
+static int checked(struct ctx *x, int rc)
+{
+	struct worker *w = x->w;
+
+	if ((rc != HKV_EDISCONNECTED && rc != HKV_ETIMEDOUT) || !w->hkv)
+		return rc;
+	hkv_warn("worker %d: hatchkv server lost (%s); will reconnect", w->id, hkv_strerror(rc));
+	count(&w->ctr.hkv_errors, 1);
+	pthread_mutex_lock(&w->lock);
+	hkv_client_stats(w->hkv, &w->snap);
+	stats_add(&w->closed, &w->snap);
+	memset(&w->snap, 0, sizeof(w->snap));
+	pthread_mutex_unlock(&w->lock);
+	hkv_close(w->hkv);
+	w->hkv = NULL;
+	return rc;
+}
+
+/* ---- retrieval ------------------------------------------------------------ */
+
+static int get_one(struct ctx *x, struct hkv_client *h, const char *key, size_t klen,
+		   size_t *vlen, struct hkv_item_info *info)
+{
+	int rc = checked(x, hkv_get(h, key, klen, x->w->vbuf, x->w->vcap, vlen, info));
+
+	return rc == -ENOSPC ? HKV_ETOOBIG : rc;
+}
+
+static void add_value(struct evbuffer *b, const char *key, size_t klen, const char *v,
+		      size_t vlen, const struct hkv_item_info *info, int with_cas)
+{
+	evbuffer_add_printf(b, "VALUE %.*s %" PRIu32 " %zu", (int)klen, key, info->flags, vlen);
+	if (with_cas)
+		evbuffer_add_printf(b, " %" PRIu64, info->version);
+	evbuffer_add(b, "\r\n", 2);
+	evbuffer_add(b, v, vlen);
+	evbuffer_add(b, "\r\n", 2);
+}
+
+static void process_get(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	int touch = r->cmd == MC_CMD_GAT || r->cmd == MC_CMD_GATS;
+	int with_cas = r->cmd == MC_CMD_GETS || r->cmd == MC_CMD_GATS;
+	const char *p = r->keys, *end = r->keys + r->keys_len, *key;
+	struct hkv_client *h = handle(x);
+	struct worker *w = x->w;
+	size_t klen;
+
+	if (!h)
+		return;
+	while (mc_key_next(&p, end, &key, &klen)) {
+		struct hkv_item_info info;
+		size_t vlen;
+		int rc = touch ? checked(x, hkv_touch(h, key, klen, r->exptime)) : 0;
+
+		if (!rc)
+			rc = get_one(x, h, key, klen, &vlen, &info);
+		count(touch ? &w->ctr.cmd_touch : &w->ctr.cmd_get, 1);
+		if (rc == HKV_ENOTFOUND) {
+			count(touch ? &w->ctr.touch_misses : &w->ctr.get_misses, 1);
+			continue;
+		}
+		if (rc) {
+			evbuffer_drain(w->tmp, evbuffer_get_length(w->tmp));
+			reply_hkv_error(x, rc);
+			return;
+		}
+		count(touch ? &w->ctr.touch_hits : &w->ctr.get_hits, 1);
+		add_value(w->tmp, key, klen, w->vbuf, vlen, &info, with_cas);
+	}
+	evbuffer_add_buffer(x->out, w->tmp);
+	evbuffer_add(x->out, "END\r\n", 5);
+}
+
+/* ---- storage -------------------------------------------------------------- */
+
+static int store(struct ctx *x, struct hkv_client *h)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_write_opts o = {.flags = r->flags, .exptime = r->exptime};
+
+	if (r->dlen > x->w->srv->max_value)
+		return HKV_ETOOBIG;
+	switch (r->cmd) {
+	case MC_CMD_SET: return hkv_set(h, r->key, r->klen, r->data, r->dlen, &o);
+	case MC_CMD_ADD: return hkv_add(h, r->key, r->klen, r->data, r->dlen, &o);
+	case MC_CMD_REPLACE: return hkv_replace(h, r->key, r->klen, r->data, r->dlen, &o);
+	case MC_CMD_APPEND: return hkv_append(h, r->key, r->klen, r->data, r->dlen, 0);
+	case MC_CMD_PREPEND: return hkv_append(h, r->key, r->klen, r->data, r->dlen, 1);
+	case MC_CMD_CAS: return hkv_cas(h, r->key, r->klen, r->data, r->dlen, r->cas, &o);
+	default: return -EINVAL;
+	}
+}
+
+static void process_store(struct ctx *x)
+{
+	struct hkv_client *h = handle(x);
+	int rc, is_cas = x->r->cmd == MC_CMD_CAS;
+
+	if (!h)
+		return;
+	count(&x->w->ctr.cmd_set, 1);
+	rc = checked(x, store(x, h));
+	if (is_cas)
+		count(rc == 0 ? &x->w->ctr.cas_hits : rc == HKV_EVERSION ? &x->w->ctr.cas_badval
+			      : &x->w->ctr.cas_misses, 1);
+	switch (rc) {
+	case 0: reply(x, "STORED"); break;
+	case HKV_EEXISTS: reply(x, "NOT_STORED"); break;
+	case HKV_ENOTFOUND: reply(x, is_cas ? "NOT_FOUND" : "NOT_STORED"); break;
+	case HKV_EVERSION: reply(x, "EXISTS"); break;
+	default: reply_hkv_error(x, rc); break;
+	}
+}
+
+/* memcached drops the old value when a set's new one is refused as too big. */
+static void process_too_large(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	int is_set = r->cmd == MC_CMD_SET || (r->cmd == MC_CMD_MS && r->meta.mode == 'S');
+	struct hkv_client *h;
+
+	if (is_set && (h = handle(x)) != NULL)
+		checked(x, hkv_delete(h, r->key, r->klen));
+	reply_error(x, mc_strerror(r->err));
+}
+
+/* ---- incr / decr: read, compute, compare-and-swap ------------------------- */
+
+struct arith {
+	uint64_t delta;
+	int decr;
+	int has_cas;           /* only if the item's version is `cas` */
+	uint64_t cas;
+	int has_ttl;           /* new exptime instead of the item's */
+	int64_t ttl;
+	uint64_t result;       /* out: the new number */
+	struct hkv_item_info info; /* out: the item as read (flags, exptime) */
+};
+
+/*
+ * Exactly memcached's arithmetic: the number is read like strtoull; a result
+ * shorter than the stored value is padded with spaces to the old length
+ * (memcached rewrites such an item in place), a longer one grows the value.
+ */
+static int arith_once(struct ctx *x, struct hkv_client *h, const char *key, size_t klen,
+		      struct arith *a)
+{
+	struct hkv_write_opts o;
+	char digits[24], *v = x->w->vbuf;
+	size_t vlen, n;
+	uint64_t cur;
+	int rc = get_one(x, h, key, klen, &vlen, &a->info);
+
+	if (rc)
+		return rc;
+	if (a->has_cas && a->info.version != a->cas)
+		return HKV_EVERSION;
+	v[vlen] = '\0';
+	if (!mc_value_number(v, vlen, &cur))
+		return HKV_ENOTNUM;
+	a->result = a->decr ? (a->delta > cur ? 0 : cur - a->delta) : cur + a->delta;
+	n = (size_t)snprintf(digits, sizeof(digits), "%" PRIu64, a->result);
+	if (n < vlen)
+		memset(v + n, ' ', vlen - n);
+	memcpy(v, digits, n);
+	o.flags = a->info.flags;
+	o.exptime = a->has_ttl ? a->ttl : a->info.exptime;
+	return checked(x, hkv_cas(h, key, klen, v, n < vlen ? vlen : n, a->info.version, &o));
+}
+
+static int arith(struct ctx *x, struct hkv_client *h, const char *key, size_t klen,
+		 struct arith *a)
+{
+	for (int i = 0; i < MC_CAS_RETRIES; i++) {
+		int rc = arith_once(x, h, key, klen, a);
+
+		if (rc != HKV_EVERSION || a->has_cas)
+			return rc;
+	}
+	return HKV_EAGAIN;
+}
+
+static void process_arith(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	struct arith a = {.delta = r->delta, .decr = r->cmd == MC_CMD_DECR};
+	struct hkv_client *h = handle(x);
+	char num[24];
+	int rc;
+
+	if (!h)
+		return;
+	rc = arith(x, h, r->key, r->klen, &a);
+	if (rc == 0 || rc == HKV_ENOTFOUND)
+		count(a.decr ? (rc ? &x->w->ctr.decr_misses : &x->w->ctr.decr_hits)
+			     : (rc ? &x->w->ctr.incr_misses : &x->w->ctr.incr_hits), 1);
+	if (rc == HKV_ENOTFOUND)
+		return reply(x, "NOT_FOUND");
+	if (rc)
+		return reply_hkv_error(x, rc);
+	snprintf(num, sizeof(num), "%" PRIu64, a.result);
+	reply(x, num);
+}
+
+/* ---- delete, touch, flush_all, small commands ----------------------------- */
+
+static void process_delete(struct ctx *x)
+{
+	struct hkv_client *h = handle(x);
+	int rc;
+
+	if (!h)
+		return;
+	rc = checked(x, hkv_delete(h, x->r->key, x->r->klen));
+	if (rc == 0 || rc == HKV_ENOTFOUND)
+		count(rc ? &x->w->ctr.delete_misses : &x->w->ctr.delete_hits, 1);
+	if (rc == 0)
+		reply(x, "DELETED");
+	else if (rc == HKV_ENOTFOUND)
+		reply(x, "NOT_FOUND");
+	else
+		reply_hkv_error(x, rc);
+}
+
+static void process_touch(struct ctx *x)
+{
+	struct hkv_client *h = handle(x);
+	int rc;
+
+	if (!h)
+		return;
+	count(&x->w->ctr.cmd_touch, 1);
+	rc = checked(x, hkv_touch(h, x->r->key, x->r->klen, x->r->exptime));
+	if (rc == 0 || rc == HKV_ENOTFOUND)
+		count(rc ? &x->w->ctr.touch_misses : &x->w->ctr.touch_hits, 1);
+	if (rc == 0)
+		reply(x, "TOUCHED");
+	else if (rc == HKV_ENOTFOUND)
+		reply(x, "NOT_FOUND");
+	else
+		reply_hkv_error(x, rc);
+}
+
+static void flush_now(struct worker *w)
+{
+	int rc;
+
+	if (!w->hkv && open_handle(w))
+		return;
+	rc = hkv_flush_all(w->hkv);
+	if (rc)
+		hkv_warn("worker %d: flush_all: %s", w->id, hkv_strerror(rc));
+}
+
+static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
+{
+	flush_now(arg);
+}
+
+/* flush_all [delay]: a delay schedules the flush on this worker's loop. */
+static void process_flush(struct ctx *x)
+{
+	int64_t delay = x->r->exptime;
+	struct hkv_client *h;
+	int rc;
+
+	count(&x->w->ctr.cmd_flush, 1);
+	if (delay > MC_REL_EXPTIME_MAX)
+		delay -= (int64_t)time(NULL);
+	if (x->r->has_exptime && delay > 0) {
+		struct timeval tv = {.tv_sec = delay};
+
+		event_base_once(x->w->base, -1, EV_TIMEOUT, on_flush_timer, x->w, &tv);
+		return reply(x, "OK");
+	}
+	if (!(h = handle(x)))
+		return;
+	rc = checked(x, hkv_flush_all(h));
+	if (rc)
+		return reply_hkv_error(x, rc);
+	reply(x, "OK");
+}
+
+static void process_version(struct ctx *x)
+{
+	evbuffer_add_printf(x->out, "VERSION 1.6.18-hatchkv-%s\r\n", hkv_version());
+}
+
+/* ---- stats ---------------------------------------------------------------- */
+
+static const char *const op_names[HKV_OP_NTYPES] = {
+	"get", "set", "add", "replace", "cas", "append", "delete", "incr", "touch", "mget"};
+
+static void sum_workers(struct mc_server *s, struct mc_counters *c, struct hkv_client_stats *h)
+{
+	memset(c, 0, sizeof(*c));
+	memset(h, 0, sizeof(*h));
+	for (int i = 0; i < s->nworkers; i++) {
+		struct worker *w = &s->workers[i];
+		const uint64_t *src = (const uint64_t *)&w->ctr;
+		uint64_t *dst = (uint64_t *)c;
+
+		for (size_t k = 0; k < sizeof(*c) / sizeof(uint64_t); k++)
+			dst[k] += load(&src[k]);
+		pthread_mutex_lock(&w->lock);
+		stats_add(h, &w->snap);
+		stats_add(h, &w->closed);
+		pthread_mutex_unlock(&w->lock);
+	}
+}
+
+#define STAT_U(name, v) evbuffer_add_printf(b, "STAT %s %" PRIu64 "\r\n", name, (uint64_t)(v))
+
+static void stats_general(struct ctx *x, struct evbuffer *b)
+{
+	struct mc_server *s = x->w->srv;
+	struct mc_counters c;
+	struct hkv_client_stats h;
+	struct hkv_server_info si = {0};
+	time_t now = time(NULL);
+
+	publish_stats(x->w);
+	sum_workers(s, &c, &h);
+	if (x->w->hkv)
+		hkv_server_info(x->w->hkv, &si);
+	STAT_U("pid", getpid());
+	STAT_U("uptime", now - s->started);
+	STAT_U("time", now);
+	evbuffer_add_printf(b, "STAT version 1.6.18-hatchkv-%s\r\n", hkv_version());
+	evbuffer_add_printf(b, "STAT libevent %s\r\n", event_get_version());
+	STAT_U("pointer_size", 8 * sizeof(void *));
+	STAT_U("curr_connections", load(&s->curr_conns));
+	STAT_U("total_connections", load(&s->total_conns));
+	STAT_U("rejected_connections", load(&s->rejected_conns));
+	STAT_U("cmd_get", c.cmd_get);
+	STAT_U("cmd_set", c.cmd_set);
+	STAT_U("cmd_flush", c.cmd_flush);
+	STAT_U("cmd_touch", c.cmd_touch);
+	STAT_U("get_hits", c.get_hits);
+	STAT_U("get_misses", c.get_misses);
+	STAT_U("get_expired", c.get_expired);
+	STAT_U("delete_misses", c.delete_misses);
+	STAT_U("delete_hits", c.delete_hits);
+	STAT_U("incr_misses", c.incr_misses);
+	STAT_U("incr_hits", c.incr_hits);
+	STAT_U("decr_misses", c.decr_misses);
+	STAT_U("decr_hits", c.decr_hits);
+	STAT_U("cas_misses", c.cas_misses);
+	STAT_U("cas_hits", c.cas_hits);
+	STAT_U("cas_badval", c.cas_badval);
+	STAT_U("touch_hits", c.touch_hits);
+	STAT_U("touch_misses", c.touch_misses);
+	STAT_U("threads", s->nworkers);
+	STAT_U("limit_maxbytes", si.value_bytes);
+	STAT_U("item_size_max", s->o.item_max);
+	/* hatchkv keeps no item count: the index would have to be walked. */
+	STAT_U("curr_items", 0);
+	STAT_U("bytes", 0);
+	STAT_U("evictions", h.evictions);
+	STAT_U("expired_unfetched", 0);
+	STAT_U("reclaimed", h.expired_reclaimed);
+	STAT_U("hkv_cache_mode", si.cache_mode);
+	STAT_U("hkv_max_value", si.max_value);
+	STAT_U("hkv_index_slots", si.index_slots);
+	STAT_U("hkv_cache_hits", h.cache_hits);
+	STAT_U("hkv_cache_misses", h.cache_misses);
+	STAT_U("hkv_corrupt_reads", h.corrupt_reads);
+	STAT_U("hkv_lost_server", c.hkv_errors);
+	for (int i = 0; i < HKV_OP_NTYPES; i++) {
+		const struct hkv_op_stats *o = &h.op[i];
+
+		evbuffer_add_printf(b, "STAT hkv_ops_%s %" PRIu64 "\r\n", op_names[i], o->count);
+		evbuffer_add_printf(b, "STAT hkv_rt_%s %.3f\r\n", op_names[i],
+				    o->count ? (double)o->round_trips / (double)o->count : 0.0);
+	}
+}
+
+static void process_stats(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+
+	if (r->arg_len == 0) {
+		stats_general(x, x->out);
+		evbuffer_add(x->out, "END\r\n", 5);
+	} else if (r->arg_len == 5 && !memcmp(r->arg, "reset", 5)) {
+		evbuffer_add(x->out, "RESET\r\n", 7);
+	} else if ((r->arg_len == 8 && !memcmp(r->arg, "settings", 8))) {
+		evbuffer_add_printf(x->out, "STAT maxconns %d\r\nSTAT tcpport %d\r\n"
+				    "STAT num_threads %d\r\nSTAT item_size_max %zu\r\nEND\r\n",
+				    x->w->srv->o.max_conns, x->w->srv->o.port, x->w->srv->nworkers,
+				    x->w->srv->o.item_max);
+	} else if ((r->arg_len == 5 && !memcmp(r->arg, "items", 5)) ||
+		   (r->arg_len == 5 && !memcmp(r->arg, "slabs", 5)) ||
+		   (r->arg_len == 5 && !memcmp(r->arg, "sizes", 5)) ||
+		   (r->arg_len == 5 && !memcmp(r->arg, "conns", 5))) {
+		evbuffer_add(x->out, "END\r\n", 5);
+	} else {
+		evbuffer_add(x->out, "ERROR\r\n", 7);
+	}
+}
+
+/* ---- meta commands -------------------------------------------------------- */
+
+static int has(const struct mc_req *r, char f)
+{
+	return (r->meta.flags & MC_META_BIT(f)) != 0;
+}
+
+static int64_t ttl_left(uint32_t exptime)
+{
+	int64_t left = (int64_t)exptime - (int64_t)time(NULL);
+
+	return exptime == 0 ? -1 : left < 0 ? 0 : left;
+}
+
+/* Return flags, in request order; `which` lists the ones this reply carries. */
+static void meta_flags(struct ctx *x, const char *which, const struct hkv_item_info *info,
+		       size_t vlen)
+{
+	const struct mc_req *r = x->r;
+
+	for (int i = 0; i < r->meta.norder; i++) {
+		char f = r->meta.order[i];
+
+		if (!strchr(which, f))
+			continue;
+		switch (f) {
+		case 'O':
+			evbuffer_add_printf(x->out, " O%.*s", (int)r->meta.opaque_len, r->meta.opaque);
+			break;
+		case 'k': evbuffer_add_printf(x->out, " k%.*s", (int)r->klen, r->key); break;
+		case 'c': evbuffer_add_printf(x->out, " c%" PRIu64, info->version); break;
+		case 'f': evbuffer_add_printf(x->out, " f%" PRIu32, info->flags); break;
+		case 's': evbuffer_add_printf(x->out, " s%zu", vlen); break;
+		case 't': evbuffer_add_printf(x->out, " t%" PRId64, ttl_left(info->exptime)); break;
+		default: break;
+		}
+	}
+}
+
+/* A status-only meta reply: code, then O and k (and c when given info). */
+static void meta_status(struct ctx *x, const char *code, const struct hkv_item_info *info,
+			int quiet)
+{
+	if (quiet)
+		return;
+	evbuffer_add(x->out, code, 2);
+	meta_flags(x, info ? "Okc" : "Ok", info, 0);
+	evbuffer_add(x->out, "\r\n", 2);
+}
+
+static void process_mg(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_client *h = handle(x);
+	struct hkv_item_info info;
+	size_t vlen;
+	int rc = 0;
+
+	if (!h)
+		return;
+	count(&x->w->ctr.cmd_get, 1);
+	if (has(r, 'T'))
+		rc = checked(x, hkv_touch(h, r->key, r->klen, r->meta.ttl));
+	if (!rc)
+		rc = get_one(x, h, r->key, r->klen, &vlen, &info);
+	if (rc == HKV_ENOTFOUND) {
+		count(&x->w->ctr.get_misses, 1);
+		if (!has(r, 'q'))
+			evbuffer_add(x->out, "EN\r\n", 4);
+		return;
+	}
+	if (rc)
+		return reply_hkv_error(x, rc);
+	count(&x->w->ctr.get_hits, 1);
+	if (has(r, 'v'))
+		evbuffer_add_printf(x->out, "VA %zu", vlen);
+	else
+		evbuffer_add(x->out, "HD", 2);
+	meta_flags(x, "Okcfst", &info, vlen);
+	evbuffer_add(x->out, "\r\n", 2);
+	if (has(r, 'v')) {
+		evbuffer_add(x->out, x->w->vbuf, vlen);
+		evbuffer_add(x->out, "\r\n", 2);
+	}
+}
+
+/* ms C with append/prepend: the library has no versioned append; check, then act. */
+static int ms_versioned_append(struct ctx *x, struct hkv_client *h, int prepend)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_item_info info;
+	size_t vlen;
+	int rc = get_one(x, h, r->key, r->klen, &vlen, &info);
+
+	if (rc)
+		return rc;
+	if (info.version != r->meta.cas)
+		return HKV_EVERSION;
+	return checked(x, hkv_append(h, r->key, r->klen, r->data, r->dlen, prepend));
+}
+
+static int ms_store(struct ctx *x, struct hkv_client *h)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_write_opts o = {.flags = r->flags, .exptime = r->exptime};
+	int cas = has(r, 'C');
+
+	if (r->dlen > x->w->srv->max_value)
+		return HKV_ETOOBIG;
+	switch (r->meta.mode) {
+	case 'E': return hkv_add(h, r->key, r->klen, r->data, r->dlen, &o);
+	case 'R':
+		if (cas)
+			break;
+		return hkv_replace(h, r->key, r->klen, r->data, r->dlen, &o);
+	case 'A': case 'P':
+		if (cas)
+			return ms_versioned_append(x, h, r->meta.mode == 'P');
+		return hkv_append(h, r->key, r->klen, r->data, r->dlen, r->meta.mode == 'P');
+	default:
+		if (!cas)
+			return hkv_set(h, r->key, r->klen, r->data, r->dlen, &o);
+		break;
+	}
+	return hkv_cas(h, r->key, r->klen, r->data, r->dlen, r->meta.cas, &o);
+}
+
+static void process_ms(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_client *h = handle(x);
+	struct hkv_item_info info = {0};
+	size_t vlen;
+	int rc;
+
+	if (!h)
+		return;
+	count(&x->w->ctr.cmd_set, 1);
+	rc = checked(x, ms_store(x, h));
+	if (rc == 0 && has(r, 'c') && get_one(x, h, r->key, r->klen, &vlen, &info))
+		info.version = 0;
+	switch (rc) {
+	case 0: meta_status(x, "HD", &info, has(r, 'q')); break;
+	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;
+	case HKV_ENOTFOUND: meta_status(x, has(r, 'C') ? "NF" : "NS", NULL, 0); break;
+	case HKV_EVERSION: meta_status(x, "EX", NULL, 0); break;
+	default: reply_hkv_error(x, rc); break;
+	}
+}
+
+/* md C: the library has no versioned delete; check, then delete. */
+static void process_md(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_client *h = handle(x);
+	struct hkv_item_info info;
+	size_t vlen;
+	int rc = 0;
+
+	if (!h)
+		return;
+	if (has(r, 'C')) {
+		rc = get_one(x, h, r->key, r->klen, &vlen, &info);
+		if (!rc && info.version != r->meta.cas)
+			rc = HKV_EVERSION;
+	}
+	if (!rc)
+		rc = checked(x, hkv_delete(h, r->key, r->klen));
+	switch (rc) {
+	case 0: meta_status(x, "HD", NULL, has(r, 'q')); break;
+	case HKV_ENOTFOUND: meta_status(x, "NF", NULL, 0); break;
+	case HKV_EVERSION: meta_status(x, "EX", NULL, 0); break;
+	default: reply_hkv_error(x, rc); break;
+	}
+}
+
+/* ma N: create the counter with the initial value J (no delta applied). */
+static int ma_vivify(struct ctx *x, struct hkv_client *h, struct arith *a)
+{
+	const struct mc_req *r = x->r;
+	struct hkv_write_opts o = {.exptime = r->meta.vivify_ttl};
+	char num[24];
+	int n = snprintf(num, sizeof(num), "%" PRIu64, r->meta.initial);
+	int rc = checked(x, hkv_add(h, r->key, r->klen, num, (size_t)n, &o));
+
+	a->result = r->meta.initial;
+	return rc;
+}
+
+static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a)
+{
+	const struct mc_req *r = x->r;
+	char num[24];
+	size_t vlen;
+	int n = snprintf(num, sizeof(num), "%" PRIu64, a->result);
+
+	if (has(r, 'c') || has(r, 't'))
+		get_one(x, h, r->key, r->klen, &vlen, &a->info);
+	if (has(r, 'v'))
+		evbuffer_add_printf(x->out, "VA %d", n);
+	else if (has(r, 'q'))
+		return;
+	else
+		evbuffer_add(x->out, "HD", 2);
+	meta_flags(x, "Oktc", &a->info, 0);
+	evbuffer_add(x->out, "\r\n", 2);
+	if (has(r, 'v'))
+		evbuffer_add_printf(x->out, "%s\r\n", num);
+}
+
+static void process_ma(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+	struct arith a = {.delta = r->meta.delta, .decr = r->meta.mode == 'D',
+			  .has_cas = has(r, 'C'), .cas = r->meta.cas,
+			  .has_ttl = has(r, 'T'), .ttl = r->meta.ttl};
+	struct hkv_client *h = handle(x);
+	int rc;
+
+	if (!h)
+		return;
+	rc = arith(x, h, r->key, r->klen, &a);
+	for (int i = 0; rc == HKV_ENOTFOUND && has(r, 'N') && i < MC_CAS_RETRIES; i++) {
+		rc = ma_vivify(x, h, &a);
+		if (rc == HKV_EEXISTS)
+			rc = arith(x, h, r->key, r->klen, &a);
+	}
+	switch (rc) {
+	case 0: ma_reply(x, h, &a); break;
+	case HKV_ENOTFOUND: meta_status(x, "NF", NULL, 0); break;
+	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;
+	case HKV_EVERSION: meta_status(x, "EX", NULL, 0); break;
+	default: reply_hkv_error(x, rc); break;
+	}
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+static void execute(struct ctx *x)
+{
+	const struct mc_req *r = x->r;
+
+	if (r->err == MC_E_TOO_LARGE)
+		return process_too_large(x);
+	if (r->err != MC_OK)
+		return reply_error(x, mc_strerror(r->err));
+	switch (r->cmd) {
+	case MC_CMD_GET: case MC_CMD_GETS: case MC_CMD_GAT: case MC_CMD_GATS:
+		return process_get(x);
+	case MC_CMD_SET: case MC_CMD_ADD: case MC_CMD_REPLACE: case MC_CMD_APPEND:
+	case MC_CMD_PREPEND: case MC_CMD_CAS:
+		return process_store(x);
+	case MC_CMD_INCR: case MC_CMD_DECR: return process_arith(x);
+	case MC_CMD_DELETE: return process_delete(x);
+	case MC_CMD_TOUCH: return process_touch(x);
+	case MC_CMD_FLUSH_ALL: return process_flush(x);
+	case MC_CMD_VERSION: return process_version(x);
+	case MC_CMD_VERBOSITY: return reply(x, "OK");
+	case MC_CMD_STATS: return process_stats(x);
+	case MC_CMD_MG: return process_mg(x);
+	case MC_CMD_MS: return process_ms(x);
+	case MC_CMD_MD: return process_md(x);
+	case MC_CMD_MA: return process_ma(x);
+	case MC_CMD_MN: evbuffer_add(x->out, "MN\r\n", 4); return;
+	case MC_CMD_QUIT: x->c->closing = 1; return;
+	default: return reply_error(x, "ERROR");
+	}
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+static void conn_free(struct conn *c)
+{
+	struct worker *w = c->w;
+
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		w->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	event_free(c->resume);
+	bufferevent_free(c->bev);
+	free(c);
+	__atomic_fetch_sub(&w->srv->curr_conns, 1, __ATOMIC_RELAXED);
+}
+
+/* Drop bytes of a refused data block; 0 while more must come. */
+static int conn_swallow(struct conn *c, struct evbuffer *in)
+{
+	size_t len = evbuffer_get_length(in), n = len < c->swallow ? len : c->swallow;
+
+	evbuffer_drain(in, n);
+	c->swallow -= n;
+	return c->swallow == 0;
+}
+
+/* Parse and execute what is complete, at most MC_BATCH requests. 1: closed. */
+static int conn_process(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev), *out = bufferevent_get_output(c->bev);
+	struct worker *w = c->w;
+	int more = 0;
+
+	for (int done = 0; !c->closing; done++) {
+		struct ctx x = {.w = w, .c = c, .out = out};
+		size_t len;
+		struct mc_req req;
+		int n;
+
+		if (c->swallow && !conn_swallow(c, in))
+			break;
+		len = evbuffer_get_length(in);
+		if (!len || len < c->need)
+			break;
+		if (done == MC_BATCH) {
+			event_active(c->resume, EV_TIMEOUT, 0);
+			more = 1;
+			break;
+		}
+		if (evbuffer_get_length(out) > MC_OUT_HIGH) {
+			bufferevent_disable(c->bev, EV_READ);
+			c->paused = more = 1;
+			break;
+		}
+		n = mc_parse((const char *)evbuffer_pullup(in, -1), len, w->srv->o.item_max, &req);
+		if (n < 0) {
+			hkv_debug("worker %d: request line too long, closing", w->id);
+			conn_free(c);
+			return 1;
+		}
+		if (n == 0) {
+			c->need = req.need;
+			break;
+		}
+		c->need = 0;
+		x.r = &req;
+		count(&w->ctr.bytes_read, (uint64_t)n + req.swallow);
+		execute(&x);
+		evbuffer_drain(in, (size_t)n);
+		c->swallow = req.swallow;
+	}
+	publish_stats(w);
+	if (c->eof && !more)
+		c->closing = 1;
+	if (c->closing) {
+		bufferevent_disable(c->bev, EV_READ);
+		if (!evbuffer_get_length(out)) {
+			conn_free(c);
+			return 1;
+		}
+		bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+	}
+	return 0;
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+	conn_process(arg);
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+	conn_process(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+	struct conn *c = arg;
+
+	if (c->closing) {
+		if (!evbuffer_get_length(bufferevent_get_output(bev)))
+			conn_free(c);
+		return;
+	}
+	if (c->paused) {
+		c->paused = 0;
+		bufferevent_enable(bev, EV_READ);
+		conn_process(c);
+	}
+}
+
+/* EOF: answer what was read, then close once the replies are out. */
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct conn *c = arg;
+
+	if (what & BEV_EVENT_ERROR)
+		return conn_free(c);
+	if (what & BEV_EVENT_EOF) {
+		c->eof = 1;
+		conn_process(c);
+	}
+}
+
+static void conn_new(struct worker *w, int fd)
+{
+	struct conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		goto fail;
+	c->w = w;
+	c->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (!c->bev)
+		goto free_conn;
+	c->resume = event_new(w->base, -1, 0, on_resume, c);
+	if (!c->resume)
+		goto free_bev;
+	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+	bufferevent_setwatermark(c->bev, EV_WRITE, MC_OUT_HIGH / 4, 0);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	c->next = w->conns;
+	if (w->conns)
+		w->conns->prev = c;
+	w->conns = c;
+	return;
+free_bev:
+	bufferevent_free(c->bev);
+	fd = -1;
+free_conn:
+	free(c);
+fail:
+	if (fd >= 0)
+		close(fd);
+	__atomic_fetch_sub(&w->srv->curr_conns, 1, __ATOMIC_RELAXED);
+	hkv_warn("worker %d: out of memory for a connection", w->id);
+}
+
+/* ---- workers -------------------------------------------------------------- */
+
+static void on_notify(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	int fds[64];
+	size_t n;
+
+	pthread_mutex_lock(&w->lock);
+	n = w->nqueue < 64 ? w->nqueue : 64;
+	memcpy(fds, w->queue, n * sizeof(int));
+	memmove(w->queue, w->queue + n, (w->nqueue - n) * sizeof(int));
+	w->nqueue -= n;
+	if (w->nqueue)
+		event_active(w->notify, EV_TIMEOUT, 0);
+	pthread_mutex_unlock(&w->lock);
+	for (size_t i = 0; i < n; i++)
+		conn_new(w, fds[i]);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	event_base_dispatch(w->base);
+	while (w->conns)
+		conn_free(w->conns);
+	return NULL;
+}
+
+static int worker_init(struct mc_server *s, struct worker *w, int id)
+{
+	w->srv = s;
+	w->id = id;
+	pthread_mutex_init(&w->lock, NULL);
+	if (open_handle(w))
+		return -1;
+	w->vcap = s->max_value;
+	w->vbuf = malloc(w->vcap + 1);
+	w->base = event_base_new();
+	w->tmp = evbuffer_new();
+	if (!w->vbuf || !w->base || !w->tmp)
+		return -1;
+	w->notify = event_new(w->base, -1, EV_PERSIST, on_notify, w);
+	return w->notify ? 0 : -1;
+}
+
+static void worker_destroy(struct worker *w)
+{
+	if (w->notify)
+		event_free(w->notify);
+	if (w->tmp)
+		evbuffer_free(w->tmp);
+	if (w->base)
+		event_base_free(w->base);
+	free(w->vbuf);
+	free(w->queue);
+	if (w->hkv)
+		hkv_close(w->hkv);
+	pthread_mutex_destroy(&w->lock);
+}
+
+static int worker_enqueue(struct worker *w, int fd)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&w->lock);
+	if (w->nqueue == w->qcap) {
+		size_t cap = w->qcap ? w->qcap * 2 : 16;
+		int *q = realloc(w->queue, cap * sizeof(int));
+
+		if (q) {
+			w->queue = q;
+			w->qcap = cap;
+		}
+	}
+	if (w->nqueue < w->qcap)
+		w->queue[w->nqueue++] = fd;
+	else
+		rc = -ENOMEM;
+	pthread_mutex_unlock(&w->lock);
+	if (!rc)
+		event_active(w->notify, EV_TIMEOUT, 0);
+	return rc;
+}
+
+/* ---- accept thread -------------------------------------------------------- */
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+		      int salen, void *arg)
+{
+	static const char busy[] = "ERROR Too many open connections\r\n";
+	struct mc_server *s = arg;
+	struct worker *w;
+
+	if (load(&s->curr_conns) >= (uint64_t)s->o.max_conns) {
+		ssize_t ignored = write(fd, busy, sizeof(busy) - 1);
+
+		(void)ignored;
+		close(fd);
+		__atomic_fetch_add(&s->rejected_conns, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	evutil_make_socket_nonblocking(fd);
+	__atomic_fetch_add(&s->curr_conns, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&s->total_conns, 1, __ATOMIC_RELAXED);
+	w = &s->workers[s->next++ % (unsigned)s->nworkers];
+	if (worker_enqueue(w, fd)) {
+		close(fd);
+		__atomic_fetch_sub(&s->curr_conns, 1, __ATOMIC_RELAXED);
+	}
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct mc_server *s = arg;
+
+	hkv_info("%s, shutting down", strsignal((int)sig));
+	stopping = 1;
+	event_base_loopbreak(s->base);
+}
+
+static int start_listener(struct mc_server *s)
+{
+	struct sockaddr_storage ss;
+	int sslen = sizeof(ss);
+	char spec[300];
+	socklen_t alen = sizeof(ss);
+
+	snprintf(spec, sizeof(spec), strchr(s->o.listen_addr, ':') ? "[%s]:%d" : "%s:%d",
+		 s->o.listen_addr, s->o.port);
+	if (evutil_parse_sockaddr_port(spec, (struct sockaddr *)&ss, &sslen)) {
+		hkv_err("cannot parse listen address %s", spec);
+		return -1;
+	}
+	s->lis = evconnlistener_new_bind(s->base, on_accept, s,
+					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
+					 (struct sockaddr *)&ss, sslen);
+	if (!s->lis) {
+		hkv_err("cannot listen on %s: %s", spec, strerror(errno));
+		return -1;
+	}
+	getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&ss, &alen);
+	s->o.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						    : ((struct sockaddr_in *)&ss)->sin_port);
+	hkv_info("listening on %s:%d (memcached text protocol), %d workers, hatchkv server %s, "
+		 "item size max %zu", s->o.listen_addr, s->o.port, s->nworkers, s->o.server_uri,
+		 s->o.item_max);
+	return 0;
+}
+
+static int make_config(struct mc_server *s)
+{
+	s->cfg = hkv_config_new();
+	if (!s->cfg)
+		return -1;
+	if (hkv_config_add_server(s->cfg, s->o.server_uri) ||
+	    (s->o.token_file && hkv_config_set_token_file(s->cfg, s->o.token_file)) ||
+	    hkv_config_set_max_value(s->cfg, s->o.item_max)) {
+		hkv_err("bad hatchkv client configuration (server %s)", s->o.server_uri);
+		return -1;
+	}
+	return 0;
+}
+
+/* The largest value: -I, capped by what the server's handle accepts. */
+static void learn_limits(struct mc_server *s)
+{
+	struct hkv_server_info si;
+	struct hkv_client *h;
+
+	s->max_value = (uint32_t)s->o.item_max;
+	if (hkv_open(s->cfg, &h))
+		return;
+	hkv_server_info(h, &si);
+	if (si.max_value < s->max_value) {
+		hkv_warn("the hatchkv server's largest value is %u bytes (< -I %zu)", si.max_value,
+			 s->o.item_max);
+		s->max_value = si.max_value;
+	}
+	hkv_info("hatchkv server: %" PRIu64 " MiB of values, %" PRIu64 " index slots, %s mode",
+		 si.value_bytes >> 20, si.index_slots, si.cache_mode ? "cache" : "store");
+	hkv_close(h);
+}
+
+static int start_workers(struct mc_server *s)
+{
+	s->workers = calloc((size_t)s->nworkers, sizeof(*s->workers));
+	if (!s->workers)
+		return -1;
+	for (int i = 0; i < s->nworkers; i++) {
+		if (worker_init(s, &s->workers[i], i))
+			return -1;
+	}
+	for (int i = 0; i < s->nworkers; i++) {
+		if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i])) {
+			s->nworkers = i;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void stop_workers(struct mc_server *s, int started)
+{
+	for (int i = 0; i < started; i++)
+		event_base_loopbreak(s->workers[i].base);
+	for (int i = 0; i < started; i++)
+		pthread_join(s->workers[i].thread, NULL);
+}
+
+int mc_server_run(const struct mc_options *opts)
+{
+	struct mc_server s = {.o = *opts, .nworkers = opts->threads};
+	struct event *ev_int = NULL, *ev_term = NULL;
+	int rc = 1, started = 0;
+
+	signal(SIGPIPE, SIG_IGN);
+	s.started = time(NULL);
+	if (evthread_use_pthreads() || make_config(&s))
+		goto free_config;
+	learn_limits(&s);
+	s.base = event_base_new();
+	if (!s.base)
+		goto free_config;
+	if (start_workers(&s)) {
+		hkv_err("cannot start the workers (is the hatchkv server at %s running?)",
+			s.o.server_uri);
+		started = s.workers ? s.nworkers : 0;
+		goto free_workers;
+	}
+	started = s.nworkers;
+	ev_int = evsignal_new(s.base, SIGINT, on_signal, &s);
+	ev_term = evsignal_new(s.base, SIGTERM, on_signal, &s);
+	if (!ev_int || !ev_term || event_add(ev_int, NULL) || event_add(ev_term, NULL) ||
+	    start_listener(&s))
+		goto free_listener;
+	event_base_dispatch(s.base);
+	rc = stopping ? 0 : 1;
+free_listener:
+	if (s.lis)
+		evconnlistener_free(s.lis);
+	if (ev_int)
+		event_free(ev_int);
+	if (ev_term)
+		event_free(ev_term);
+free_workers:
+	stop_workers(&s, started);
+	for (int i = 0; s.workers && i < opts->threads; i++)
+		worker_destroy(&s.workers[i]);
+	free(s.workers);
+	event_base_free(s.base);
+	hkv_info("stopped");
+free_config:
+	hkv_config_free(s.cfg);
+	return rc;
+}
