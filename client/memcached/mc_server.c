@@ -1039,7 +1039,7 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
-	event_base_dispatch(w->base);
+	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	while (w->conns)
 		conn_free(w->conns);
 	return NULL;
@@ -1144,17 +1144,21 @@ static int start_listener(struct mc_server *s)
 	char spec[300];
 	socklen_t alen = sizeof(ss);
 
-	snprintf(spec, sizeof(spec), strchr(s->o.listen_addr, ':') ? "[%s]:%d" : "%s:%d",
-		 s->o.listen_addr, s->o.port);
+	snprintf(spec, sizeof(spec), strchr(s->o.listen_addr, ':') ? "[%s]" : "%s",
+		 s->o.listen_addr);
 	if (evutil_parse_sockaddr_port(spec, (struct sockaddr *)&ss, &sslen)) {
 		hkv_err("cannot parse listen address %s", spec);
 		return -1;
 	}
+	if (ss.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)s->o.port);
+	else
+		((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)s->o.port);
 	s->lis = evconnlistener_new_bind(s->base, on_accept, s,
 					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
 					 (struct sockaddr *)&ss, sslen);
 	if (!s->lis) {
-		hkv_err("cannot listen on %s: %s", spec, strerror(errno));
+		hkv_err("cannot listen on %s port %d: %s", spec, s->o.port, strerror(errno));
 		return -1;
 	}
 	getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&ss, &alen);
