@@ -79,6 +79,25 @@ void hkv_geometry_seal(struct hkv_geometry *g)
 	g->crc = hkv_crc32c(0, g, offsetof(struct hkv_geometry, crc));
 }
 
+/*
+ * Every part 4 KiB aligned, in the order of the region map, not overlapping,
+ * and inside total_size, computed without wrapping; the data area addressable
+ * by a slot's 36-bit block offset.
+ */
+static int geometry_parts_fit(const struct hkv_geometry *g)
+{
+	typedef unsigned __int128 u128;
+	u128 table_end = (u128)g->seg_table_off + (u128)g->nsegs * 8;
+	u128 bitmap_end = (u128)g->bitmap_off + (u128)g->nsegs * g->bitmap_bytes;
+	u128 index_end = (u128)g->index_off + (u128)g->nbuckets * HKV_BUCKET_SIZE;
+	u128 data_end = (u128)g->data_off + (u128)g->nsegs * g->seg_size;
+
+	return (g->seg_table_off | g->bitmap_off | g->index_off | g->data_off) % 4096 == 0 &&
+	       g->seg_table_off >= HKV_HEADER_SIZE && table_end <= g->bitmap_off &&
+	       bitmap_end <= g->index_off && index_end <= g->data_off &&
+	       data_end <= g->total_size && (data_end / HKV_BLOCK_ALIGN) >> HKV_SLOT_OFF_BITS == 0;
+}
+
 int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len)
 {
 	if (g->magic != HKV_LAYOUT_MAGIC)
@@ -87,17 +106,16 @@ int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len)
 		return HKV_ECORRUPT;
 	if (g->version != HKV_LAYOUT_VERSION)
 		return HKV_EPROTO;
-	if (g->total_size > region_len || !g->nsegs || !g->nbuckets ||
+	/* two distinct buckets per key (hkv_buckets_of) need nbuckets >= 2 */
+	if (g->total_size > region_len || !g->nsegs || g->nbuckets < 2 ||
 	    (g->nbuckets & (g->nbuckets - 1)) || g->nclasses == 0 ||
 	    g->nclasses > HKV_NCLASSES_MAX || g->seg_size < (64u << 10) ||
-	    g->data_off + (uint64_t)g->nsegs * g->seg_size > g->total_size ||
-	    g->index_off + g->nbuckets * HKV_BUCKET_SIZE > g->data_off ||
-	    g->bitmap_bytes * 8ull < g->seg_size / HKV_BLOCK_ALIGN ||
-	    (g->data_off + (uint64_t)g->nsegs * g->seg_size) / HKV_BLOCK_ALIGN >> HKV_SLOT_OFF_BITS)
+	    (g->seg_size & (g->seg_size - 1)) || g->bitmap_bytes % 8 ||
+	    g->bitmap_bytes * 8ull < g->seg_size / HKV_BLOCK_ALIGN || !geometry_parts_fit(g))
 		return HKV_ECORRUPT;
 	for (uint32_t i = 0; i < g->nclasses; i++)
 		if (g->class_size[i] % HKV_BLOCK_ALIGN || g->class_size[i] > g->seg_size ||
-		    (i && g->class_size[i] <= g->class_size[i - 1]))
+		    g->class_size[i] <= (i ? g->class_size[i - 1] : 0))
 			return HKV_ECORRUPT;
 	return 0;
 }
@@ -215,8 +233,11 @@ int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avai
 		    const void *key, uint16_t klen)
 {
 	const struct hkv_block_hdr *h = blk;
-	uint32_t cls = hkv_meta_class(h->meta);
+	uint32_t cls;
 
+	if (avail < HKV_BLOCK_HDR)
+		return HKV_ECORRUPT; /* not even a header: read nothing */
+	cls = hkv_meta_class(h->meta);
 	if (hkv_meta_state(h->meta) == HKV_BLK_UNUSED || cls >= g->nclasses ||
 	    h->klen == 0 || h->klen > HKV_MAX_KEY ||
 	    (uint64_t)HKV_BLOCK_HDR + h->klen + h->vlen > avail ||
