@@ -530,3 +530,120 @@ void hkv_alloc_release(struct hkv_client *c)
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
 	hkv_exec(c, &wr, 1);
 }
+
+/* ---- moving a segment between classes (cache mode) -------------------------- */
+
+/* One of our segments of another class than cls: the oldest of the class we
+ * hold most segments of (two or more preferred). NULL if we hold none. */
+struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls)
+{
+	struct hkv_seg_own *best = NULL;
+	uint32_t best_n = 0;
+
+	for (uint32_t i = 0; i < c->g.nclasses; i++) {
+		struct hkv_seg_own *so = c->classes[i].segs, *last = NULL;
+		uint32_t n = 0;
+
+		if (i == cls)
+			continue;
+		for (; so; so = so->next, n++)
+			last = so;
+		if (n > best_n) {
+			best_n = n;
+			best = last;
+		}
+	}
+	return best;
+}
+
+/*
+ * Stop allocating from so: take it off its class's list and FIFO. Free
+ * blocks of it we held with their bit already cleared get the bit back, so
+ * that the bitmap names every free block of the segment again.
+ */
+int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so)
+{
+	struct hkv_class_alloc *ca = &c->classes[so->cls];
+	struct hkv_seg_own **pp = &ca->segs;
+	uint32_t keep = ca->head;
+
+	while (*pp && *pp != so)
+		pp = &(*pp)->next;
+	if (!*pp)
+		return -EINVAL;
+	*pp = so->next;
+	so->next = NULL;
+	for (uint32_t i = ca->head; i != ca->tail; i++) {
+		struct hkv_free_block fb = ca->fifo[i & (ca->cap - 1)];
+
+		if (fb.seg != so->idx) {
+			ca->fifo[keep++ & (ca->cap - 1)] = fb;
+			continue;
+		}
+		if (!fb.bit_set)
+			set_bit(c, fb.seg, fb.blk);
+	}
+	ca->tail = keep;
+	memset(so->held, 0, (so->nblocks + 63) / 64 * 8);
+	return 0;
+}
+
+static void seg_own_free(struct hkv_seg_own *so)
+{
+	hkv_free(so->gen);
+	hkv_free(so->held);
+	hkv_free(so);
+}
+
+/*
+ * so (detached, everything in it evicted) becomes a segment of class cls:
+ * once every block of it is free - bit set or never written; frees other
+ * clients posted may still be landing, so it looks a few times - it is
+ * re-carved like a wholly free orphan. If it never gets there it goes back
+ * to its class. 0 or HKV_EFULL (gave it back), <0.
+ */
+int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls)
+{
+	struct scan sc;
+	uint64_t entry;
+	struct hkv_wr wr;
+	int ret = 0, tries;
+
+	for (tries = 0; tries < 50; tries++) {
+		uint64_t t0 = hkv_now_ns();
+
+		ret = scan_segment(c, so->idx, so->cls, &sc);
+		if (!ret && sc.nfree == sc.nblocks)
+			break;
+		scan_free(&sc);
+		if (ret)
+			break;
+		while (hkv_now_ns() - t0 < HKV_QUARANTINE_NS)
+			;
+	}
+	if (!ret && tries < 50) { /* sc holds the scan of a wholly free segment */
+		wr = hkv_wr_read(c, &c->atom[0], c->g.seg_table_off + (uint64_t)so->idx * 8, 8);
+		ret = hkv_exec(c, &wr, 1);
+		entry = c->atom[0];
+		if (!ret && (hkv_seg_state(entry) != HKV_SEG_OWNED ||
+			     hkv_seg_owner(entry) != (c->client_id & 0xffff)))
+			ret = HKV_ECORRUPT;
+		if (!ret) {
+			c->owned[so->idx] = NULL;
+			ret = recarve(c, so->idx, entry, cls, &sc);
+			if (!ret)
+				seg_own_free(so);
+		}
+		scan_free(&sc);
+		if (ret && !c->owned[so->idx]) {
+			c->owned[so->idx] = so;
+		} else if (!ret) {
+			return 0;
+		}
+	}
+	/* give it back to its class: harvesting finds its free blocks again */
+	so->next = c->classes[so->cls].segs;
+	c->classes[so->cls].segs = so;
+	c->classes[so->cls].last_harvest_ns = 0;
+	return ret ? ret : HKV_EFULL;
+}

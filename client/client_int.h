@@ -177,6 +177,11 @@ int hkv_alloc_init(struct hkv_client *c);
 /* Give every block this handle holds back to the shared pool (at close). */
 void hkv_alloc_release(struct hkv_client *c);
 void hkv_alloc_fini(struct hkv_client *c);
+/* Cache mode, moving a segment of ours to another class: pick one, stop
+ * allocating from it, and (once everything in it is evicted) re-carve it. */
+struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls);
+int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
+int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
 
 uint64_t hkv_rand(struct hkv_client *c);
 

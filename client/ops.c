@@ -18,6 +18,9 @@
  * slot away.
  */
 #include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -661,22 +664,39 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
  * 0 committed, CONFLICT (the slot was taken: look again; our block is still
  * ours, unreferenced), YIELDED (our block is withdrawn and freed), <0.
  */
-static int publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot)
+static int publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,
+			  const struct item *victim)
 {
 	uint64_t *re = (uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
 	uint64_t soff = slot_off_of(c, k, pos), pend = our_meta(c, HKV_BLK_PENDING);
 	uint64_t dead = our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED;
-	struct hkv_wr wrs[4];
-	int ret, rival;
+	uint64_t expect = victim ? victim->slot : 0;
+	struct hkv_wr wrs[5];
+	int ret, rival, n = 0;
 
-	wrs[0] = wr_our_meta(c, new_slot, HKV_BLK_PENDING);
-	wrs[1] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
-	wrs[2] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
-	wrs[3] = hkv_wr_read(c, re + HKV_BUCKET_SLOTS, slot_off_of(c, k, HKV_BUCKET_SLOTS),
-			     HKV_BUCKET_SIZE);
-	if ((ret = hkv_exec(c, wrs, 4)))
+	wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_PENDING);
+	if (victim) /* cache mode, both buckets full: take over an evicted entry's slot */
+		wrs[n++] = hkv_wr_cas(c, &c->atom[0], victim->blk_off, meta_live(victim),
+				      hkv_meta_make(HKV_BLK_OBSOLETE, victim->cls, victim->gen));
+	wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, expect, new_slot);
+	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SLOTS, slot_off_of(c, k, HKV_BUCKET_SLOTS),
+			       HKV_BUCKET_SIZE);
+	if ((ret = hkv_exec(c, wrs, n)))
 		return ret;
-	if (c->atom[1] != 0)
+	if (victim) {
+		int marked = c->atom[0] == meta_live(victim);
+
+		if (marked)
+			hkv_free_block(c, victim->blk_off, victim->cls);
+		if (c->atom[1] == expect) {
+			if (!marked)
+				repair_mark(c, victim, c->atom[0]);
+			else
+				c->stats.evictions++;
+		}
+	}
+	if (c->atom[1] != expect)
 		return CONFLICT;
 	if ((ret = find_rival(c, k, pos, re, &rival)))
 		return ret;
@@ -708,7 +728,19 @@ struct value {
 	uint32_t flags, exptime;
 };
 
-/* Allocate and fill the new block in wblk; sets *slot (to publish) and *blen. */
+static int evict(struct hkv_client *c, uint32_t cls);
+static int reassign_segment(struct hkv_client *c, uint32_t cls);
+
+static int cache_mode(const struct hkv_client *c)
+{
+	return !!(c->g.flags & HKV_GEOM_F_CACHE);
+}
+
+/*
+ * Fill the new block in wblk, then allocate it; sets *slot (to publish) and
+ * *blen. The value is copied before allocating: in cache mode a full class
+ * evicts (evict() reads into rblk, where a modify's old value may live).
+ */
 static int build_block(struct hkv_client *c, const struct key *k, const struct value *v,
 		       uint64_t *slot, uint32_t *blen)
 {
@@ -723,21 +755,34 @@ static int build_block(struct hkv_client *c, const struct key *k, const struct v
 	cls = hkv_class_for(&c->g, (uint32_t)total);
 	if (cls < 0)
 		return HKV_ETOOBIG;
-	ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
-	if (ret)
-		return ret;
 	memset(h, 0, sizeof(*h));
-	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
 	h->vlen = (uint32_t)vlen;
 	h->flags = v->flags;
 	h->klen = k->len;
 	h->exptime = v->exptime;
-	h->atime = now_ms32();
 	memcpy(c->wblk + HKV_BLOCK_HDR, k->p, k->len);
 	if (v->l1)
-		memcpy(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
+		memmove(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
 	if (v->l2)
-		memcpy(c->wblk + HKV_BLOCK_HDR + k->len + v->l1, v->p2, v->l2);
+		memmove(c->wblk + HKV_BLOCK_HDR + k->len + v->l1, v->p2, v->l2);
+	ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+	for (int round = 0, empty = 0; ret == HKV_EFULL && cache_mode(c) && round < 64; round++) {
+		int n = evict(c, (uint32_t)cls);
+
+		if (n < 0)
+			return n;
+		empty = n ? 0 : empty + 1;
+		if (empty >= 4) { /* nothing of ours in this class to evict */
+			if ((ret = reassign_segment(c, (uint32_t)cls)))
+				return ret;
+			empty = 0;
+		}
+		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+	}
+	if (ret)
+		return ret;
+	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
+	h->atime = now_ms32();
 	h->crc = hkv_block_crc(h, c->wblk + HKV_BLOCK_HDR);
 	*slot = hkv_slot_make(k->fp, (uint32_t)cls, gen, off);
 	*blen = (uint32_t)total;
@@ -747,6 +792,277 @@ static int build_block(struct hkv_client *c, const struct key *k, const struct v
 static void unbuild_block(struct hkv_client *c, uint64_t slot)
 {
 	hkv_unalloc_block(c, hkv_slot_off(slot), hkv_slot_class(slot));
+}
+
+
+/* ---- cache mode: recency and eviction ------------------------------------------ */
+
+#define ATIME_STEP_MS  1  /* a block's access time is refreshed at most this often */
+#define EVICT_SAMPLES  64 /* blocks sampled per eviction round */
+#define EVICT_BATCH    8  /* the oldest this many of them are evicted */
+#define EVICT_READ     320 /* header + the longest key, 64 B aligned */
+
+/*
+ * Record an access in the block's atime, off the critical path: one CAS on
+ * the exptime|atime word that expects exactly what we read, posted
+ * unsignaled - nothing waits for it. If the block was retired and reused
+ * meanwhile, the word differs and the CAS does nothing.
+ */
+static void touch_atime(struct hkv_client *c, const struct item *it)
+{
+	const struct hkv_block_hdr *h = item_hdr(it);
+	uint32_t now;
+	uint64_t was, now_word;
+	struct hkv_wr wr;
+
+	if (!cache_mode(c) || c->readonly)
+		return;
+	now = now_ms32();
+	if ((int32_t)(now - h->atime) < ATIME_STEP_MS)
+		return;
+	was = (uint64_t)h->exptime | (uint64_t)h->atime << 32;
+	now_word = (uint64_t)h->exptime | (uint64_t)now << 32;
+	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, exptime), was,
+			now_word);
+	wr.flags = HKV_WR_F_NO_COMPLETION;
+	(void)hkv_conn_post(c->conn, &wr, 1); /* a full send queue skips one refresh */
+}
+
+/* Eviction order: expired first, then least recently used. */
+static int64_t evict_score(const struct hkv_block_hdr *h, uint32_t now_ms, uint32_t now_s)
+{
+	if (h->exptime && h->exptime <= now_s)
+		return INT64_MIN;
+	return (int32_t)(h->atime - now_ms);
+}
+
+struct victim {
+	uint64_t off;
+	int64_t score;
+	uint8_t *hdr; /* header + key, in rblk */
+};
+
+static int cmp_victim(const void *a, const void *b)
+{
+	const struct victim *x = a, *y = b;
+
+	return x->score < y->score ? -1 : x->score > y->score;
+}
+
+/* Remove up to EVICT_BATCH of the victims v[0..nv) (their headers and keys
+ * read): one chain of bucket READs, one chain of [CAS meta, CAS slot] pairs.
+ * The winner of a mark frees the block. Returns how many were evicted. */
+static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *v, int nv)
+{
+	uint64_t *bkts = (uint64_t *)(c->rblk + (size_t)EVICT_SAMPLES * EVICT_READ);
+	struct hkv_wr wrs[2 * EVICT_BATCH];
+	struct item it[EVICT_BATCH];
+	struct key key[EVICT_BATCH];
+	int n = 0, ret, evicted = 0;
+
+	for (int i = 0; i < nv; i++) {
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
+
+		key_init(c, &key[i], v[i].hdr + HKV_BLOCK_HDR, h->klen);
+		wrs[2 * i] = hkv_wr_read(c, bkts + i * 2 * HKV_BUCKET_SLOTS,
+					 slot_off_of(c, &key[i], 0), HKV_BUCKET_SIZE);
+		wrs[2 * i + 1] = hkv_wr_read(c, bkts + (i * 2 + 1) * HKV_BUCKET_SLOTS,
+					     slot_off_of(c, &key[i], HKV_BUCKET_SLOTS), HKV_BUCKET_SIZE);
+	}
+	if (nv && (ret = hkv_exec(c, wrs, 2 * nv)))
+		return ret;
+	for (int i = 0; i < nv; i++) {
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
+		const uint64_t *sl = bkts + i * 2 * HKV_BUCKET_SLOTS;
+
+		for (int p = 0; p < CANON_SLOTS; p++) {
+			if (!sl[p] || hkv_slot_off(sl[p]) != v[i].off ||
+			    hkv_slot_ver(sl[p]) != (hkv_meta_gen(h->meta) & 0x7ff))
+				continue;
+			it[n] = (struct item){.slot_off = slot_off_of(c, &key[i], p), .slot = sl[p],
+					      .blk_off = v[i].off, .cls = cls,
+					      .gen = hkv_meta_gen(h->meta)};
+			hkv_cache_drop(c->cache, key[i].h);
+			wrs[2 * n] = hkv_wr_cas(c, &c->atom[8 + 2 * n], it[n].blk_off, meta_live(&it[n]),
+						hkv_meta_make(HKV_BLK_OBSOLETE, cls, it[n].gen));
+			wrs[2 * n + 1] = hkv_wr_cas(c, &c->atom[9 + 2 * n], it[n].slot_off, it[n].slot, 0);
+			n++;
+			break;
+		}
+	}
+	if (n && (ret = hkv_exec(c, wrs, 2 * n)))
+		return ret;
+	for (int i = 0; i < n; i++) {
+		int marked = c->atom[8 + 2 * i] == meta_live(&it[i]);
+
+		if (marked)
+			hkv_free_block(c, it[i].blk_off, cls);
+		if (c->atom[9 + 2 * i] != it[i].slot)
+			continue; /* replaced or removed meanwhile: not an eviction */
+		if (!marked)
+			repair_mark(c, &it[i], c->atom[8 + 2 * i]);
+		evicted++;
+	}
+	c->stats.evictions += (uint64_t)evicted;
+	return evicted;
+}
+
+/*
+ * Read header + key of the blocks at v[0..n).off (one chain) and evict the
+ * `max` oldest LIVE ones (expired first), EVICT_BATCH per group. Returns how
+ * many were evicted, or <0.
+ */
+static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int n, int max)
+{
+	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
+	uint32_t now_ms = now_ms32(), now_s = now_unix();
+	struct hkv_wr wrs[EVICT_SAMPLES];
+	int nv = 0, ret, evicted = 0;
+
+	for (int i = 0; i < n; i++) {
+		v[i].hdr = c->rblk + (size_t)i * EVICT_READ;
+		wrs[i] = hkv_wr_read(c, v[i].hdr, v[i].off, rd);
+	}
+	if (n && (ret = hkv_exec(c, wrs, n)))
+		return ret;
+	for (int i = 0; i < n; i++) {
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
+
+		if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_class(h->meta) != cls ||
+		    h->klen == 0 || (uint32_t)HKV_BLOCK_HDR + h->klen > rd)
+			continue;
+		v[i].score = evict_score(h, now_ms, now_s);
+		v[nv++] = v[i];
+	}
+	qsort(v, (size_t)nv, sizeof(v[0]), cmp_victim);
+	if (nv > max)
+		nv = max;
+	for (int first = 0; first < nv; first += EVICT_BATCH) {
+		ret = evict_group(c, cls, v + first, nv - first < EVICT_BATCH ? nv - first
+									  : EVICT_BATCH);
+		if (ret < 0)
+			return ret;
+		evicted += ret;
+	}
+	return evicted;
+}
+
+/*
+ * Memory is full in class cls (cache mode): evict some of our own items of
+ * that class. Samples EVICT_SAMPLES of our carved blocks and evicts the
+ * EVICT_BATCH oldest (3 round trips); the freed blocks come back through our
+ * bitmap after the quarantine. Returns how many were evicted, or <0.
+ */
+static int evict(struct hkv_client *c, uint32_t cls)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+	uint32_t sz = c->g.class_size[cls];
+	struct victim v[EVICT_SAMPLES];
+	uint64_t total = 0;
+	int n = 0;
+
+	for (struct hkv_seg_own *so = ca->segs; so; so = so->next)
+		total += so->carved;
+	if (!total || (size_t)EVICT_SAMPLES * EVICT_READ + EVICT_BATCH * 2 * HKV_BUCKET_SIZE >
+			      c->read_cap)
+		return 0;
+	for (int i = 0; i < EVICT_SAMPLES; i++) {
+		uint64_t pick = hkv_rand(c) % total;
+		struct hkv_seg_own *so = ca->segs;
+
+		while (pick >= so->carved) {
+			pick -= so->carved;
+			so = so->next;
+		}
+		if (so->held[pick / 64] & 1ull << (pick % 64))
+			continue; /* free already, waiting in our FIFO */
+		v[n++].off = c->g.data_off + (uint64_t)so->idx * c->g.seg_size + pick * sz;
+	}
+	return evict_offs(c, cls, v, n, EVICT_BATCH);
+}
+
+/*
+ * No block of class cls to be had, not even by evicting in it: take one of
+ * our segments of another class (of the class we hold most segments of),
+ * evict everything in it and re-carve it into cls (what memcached's slab
+ * rebalancer does). 0 when cls has a new segment, HKV_EFULL, or <0.
+ */
+static int reassign_segment(struct hkv_client *c, uint32_t cls)
+{
+	struct hkv_seg_own *so = hkv_alloc_donor(c, cls);
+	struct victim v[EVICT_SAMPLES];
+	uint32_t sz, ocls;
+	int ret;
+
+	if (!so)
+		return HKV_EFULL;
+	ocls = so->cls;
+	sz = c->g.class_size[ocls];
+	if ((ret = hkv_alloc_detach(c, so)))
+		return ret;
+	for (uint32_t first = 0; first < so->carved; first += EVICT_SAMPLES) {
+		int n = 0;
+
+		for (uint32_t b = first; b < so->carved && n < EVICT_SAMPLES; b++)
+			v[n++].off = c->g.data_off + (uint64_t)so->idx * c->g.seg_size + (uint64_t)b * sz;
+		ret = evict_offs(c, ocls, v, n, n);
+		if (ret < 0)
+			return ret;
+	}
+	ret = hkv_alloc_recarve_own(c, so, cls);
+	hkv_debug("client %u: segment %u from class %u to class %u: %s", c->client_id, so->idx,
+		  ocls, cls, hkv_strerror(ret));
+	return ret;
+}
+
+/*
+ * Both buckets are full (cache mode): choose a slot to take over - an
+ * expired item's, else the least recently used of the 32 - by reading the
+ * headers of the blocks they name (one chain). -1 if none qualifies;
+ * *victim describes the entry to evict.
+ */
+static int pick_victim_slot(struct hkv_client *c, const struct key *k, const struct view *view,
+			    struct item *victim)
+{
+	uint32_t now_ms = now_ms32(), now_s = now_unix();
+	struct hkv_wr wrs[CANON_SLOTS];
+	int pos[CANON_SLOTS], n = 0, best = -1;
+	int64_t best_score = INT64_MAX;
+
+	for (int p = 0; p < CANON_SLOTS; p++) {
+		if (!slot_sane(c, view->slot[p]))
+			continue;
+		pos[n] = p;
+		wrs[n] = hkv_wr_read(c, c->rblk + (size_t)n * 64, hkv_slot_off(view->slot[p]),
+				     HKV_BLOCK_HDR);
+		n++;
+	}
+	if (!n || hkv_exec(c, wrs, n))
+		return -1;
+	for (int i = 0; i < n; i++) {
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)(c->rblk + (size_t)i * 64);
+		uint64_t s = view->slot[pos[i]];
+		int64_t score;
+
+		if (hkv_meta_state(h->meta) != HKV_BLK_LIVE ||
+		    hkv_meta_class(h->meta) != hkv_slot_class(s) ||
+		    (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s))
+			continue;
+		score = evict_score(h, now_ms, now_s);
+		if (score < best_score) {
+			best_score = score;
+			best = i;
+		}
+	}
+	if (best < 0)
+		return -1;
+	*victim = (struct item){.slot_off = slot_off_of(c, k, pos[best]),
+				.slot = view->slot[pos[best]],
+				.blk_off = hkv_slot_off(view->slot[pos[best]]),
+				.cls = hkv_slot_class(view->slot[pos[best]]),
+				.gen = hkv_meta_gen(((const struct hkv_block_hdr *)(c->rblk +
+										 (size_t)best * 64))->meta)};
+	return pos[best];
 }
 
 /* ---- stores ------------------------------------------------------------------ */
@@ -840,10 +1156,19 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 		return publish_replace(c, &it, slot, blen, 0);
 	}
 	pos = pick_empty(&view);
+	if (pos < 0 && cache_mode(c)) {
+		struct item victim;
+
+		pos = pick_victim_slot(c, k, &view, &victim);
+		if (pos >= 0) {
+			*slot_off = slot_off_of(c, k, pos);
+			return publish_insert(c, k, pos, slot, &victim);
+		}
+	}
 	if (pos < 0)
 		return HKV_EFULL;
 	*slot_off = slot_off_of(c, k, pos);
-	return publish_insert(c, k, pos, slot);
+	return publish_insert(c, k, pos, slot, NULL);
 }
 
 static int store(struct hkv_client *c, const struct key *k, enum store_mode mode,
@@ -1058,8 +1383,15 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 		return ret;
 	op_begin(c, &sc, HKV_OP_GET);
 	ret = find(c, &k, &it, &view);
-	if (!ret && item_expired(&it))
+	if (!ret && item_expired(&it)) {
+		/* a miss; reclaim its memory now (one round trip, expired hits only) */
+		if (!c->readonly && it.state == HKV_BLK_LIVE && publish_remove(c, &it) == 0)
+			c->stats.expired_reclaimed++;
+		hkv_cache_drop(c->cache, k.h);
 		ret = HKV_ENOTFOUND;
+	} else if (!ret) {
+		touch_atime(c, &it);
+	}
 	if (!ret) {
 		const struct hkv_block_hdr *h = item_hdr(&it);
 

@@ -412,6 +412,96 @@ static void test_flush_all(void)
 }
 
 /*
+ * Cache mode (--cache): a full store evicts instead of failing. Writing
+ * three times what fits never fails; every read returns the value written or
+ * a miss; keys read all along (hot) survive while the untouched ones go,
+ * i.e. eviction follows recency; a full index evicts too; an expired item
+ * found by a get is reclaimed.
+ */
+static void test_cache_mode(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	static const char *const cache_tiny_index[] = {"--cache", "--index-slots", "64", NULL};
+	struct hkv_write_opts soon = {.exptime = 1};
+	struct hkv_client_stats st;
+	struct hkv_server_info si;
+	struct hkvserver s;
+	struct hkv_client *c;
+	char key[32], val[1000], buf[1100];
+	int n = 0, fits, hot_kept = 0, cold_kept = 0, wrong = 0, errors = 0, ret;
+	size_t vlen;
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache) == 0);
+	c = hkvserver_client(&s);
+	hkv_server_info(c, &si);
+	CHECK(si.cache_mode == 1);
+	fits = (int)(si.value_bytes / 1088); /* 1000 B value + key + header: the 1088 B class */
+	/* keys 0..99 are hot: read back after every 10th write */
+	for (n = 0; n < 3 * fits; n++) {
+		memset(val, 'a' + n % 26, sizeof(val));
+		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "k%d", n), val, sizeof(val),
+			      NULL);
+		errors += ret != 0;
+		if (n % 10 == 0 && n >= 100)
+			for (int h = 0; h < 100; h += 7)
+				(void)hkv_get(c, key, (size_t)snprintf(key, sizeof(key), "k%d", h), buf,
+					      sizeof(buf), &vlen, NULL);
+	}
+	for (int i = 0; i < n; i++) {
+		ret = hkv_get(c, key, (size_t)snprintf(key, sizeof(key), "k%d", i), buf, sizeof(buf),
+			      &vlen, NULL);
+		if (ret == HKV_ENOTFOUND)
+			continue;
+		if (ret) {
+			errors++;
+			continue;
+		}
+		for (size_t j = 0; j < vlen; j++)
+			wrong += buf[j] != 'a' + i % 26;
+		wrong += vlen != sizeof(val);
+		if (i < 100 && i % 7 == 0)
+			hot_kept++;
+		else if (i >= 100 && i < fits)
+			cold_kept++;
+	}
+	hkv_client_stats(c, &st);
+	printf("# cache mode: %d sets of 1000 B into room for ~%d: %d errors, %llu evictions; "
+	       "hot keys kept %d/15, old untouched keys kept %d/%d, %d wrong bytes\n",
+	       n, fits, errors, (unsigned long long)st.evictions, hot_kept, cold_kept, fits - 100,
+	       wrong);
+	CHECK(errors == 0);
+	CHECK(wrong == 0);
+	CHECK(st.evictions > 0);
+	CHECK(hot_kept >= 13);
+	CHECK(cold_kept < (fits - 100) / 4);
+	/* an expired item a get finds is reclaimed */
+	CHECK_RC(hkv_set(c, "ttl", 3, "x", 1, &soon), 0);
+	sleep(2);
+	CHECK_RC(hkv_get(c, "ttl", 3, buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
+	hkv_client_stats(c, &st);
+	CHECK(st.expired_reclaimed == 1);
+	hkv_close(c);
+	hkvserver_stop(&s);
+
+	/* a full index (64 slots) evicts too */
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache_tiny_index) == 0);
+	c = hkvserver_client(&s);
+	errors = 0;
+	for (n = 0; n < 500; n++)
+		errors += hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "i%d", n), "v", 1,
+				  NULL) != 0;
+	ret = hkv_get(c, "i499", 4, buf, sizeof(buf), &vlen, NULL);
+	hkv_client_stats(c, &st);
+	printf("# cache mode, 64-slot index: 500 sets, %d errors, %llu evictions, last key %s\n",
+	       errors, (unsigned long long)st.evictions, ret ? hkv_strerror(ret) : "present");
+	CHECK(errors == 0);
+	CHECK(st.evictions >= 500 - 64);
+	CHECK_RC(ret, 0);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+/*
  * --memory-file: the server is SIGKILLed and started again on the same file;
  * every committed item is there, deletes stay deleted, new writes work. A
  * header that fails validation is refused, not served.
@@ -585,6 +675,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_load_factor);
 	RUN_TEST(test_memory_returns);
 	RUN_TEST(test_flush_all);
+	RUN_TEST(test_cache_mode);
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
