@@ -318,14 +318,15 @@ static void parse_flush(struct mc_req *r, const struct line *l)
 
 static void parse_verbosity(struct mc_req *r, const struct line *l)
 {
+	uint64_t level;
+
 	if (l->n < 2 || l->n > 3) {
 		r->err = MC_E_ERROR;
 		return;
 	}
-	if (noreply_last(r, l) && l->n == 2) {
-		r->noreply = 0;
-		r->err = MC_E_ERROR;
-	}
+	noreply_last(r, l);
+	if (!parse_u64(l->t[1], &level))
+		r->err = MC_E_FORMAT;
 }
 
 static void parse_stats(struct mc_req *r, const struct line *l)
@@ -339,21 +340,24 @@ static void parse_stats(struct mc_req *r, const struct line *l)
 
 /* ---- meta commands ------------------------------------------------------ */
 
+/* memcached 1.6.18 words the same mistakes differently per command. */
 struct meta_rules {
-	const char *allowed; /* flags this command accepts */
-	enum mc_err bad, dup; /* replies for an unknown / repeated flag */
+	const char *allowed;        /* flags this command accepts */
+	enum mc_err bad, dup, token; /* unknown flag, repeated flag, bad number */
 };
 
-static const struct meta_rules mg_rules = {"cfkOqstuvTPL", MC_E_BAD_FLAG, MC_E_DUP_FLAG};
-static const struct meta_rules ms_rules = {"cCFIkOqTMPLS", MC_E_BAD_FLAG, MC_E_DUP_FLAG};
-static const struct meta_rules md_rules = {"CkOqTIPL", MC_E_BAD_FLAG, MC_E_DUP_FLAG};
-static const struct meta_rules ma_rules = {"CNJDTMqOtcvkPL", MC_E_BAD_DUP_FLAG,
+static const struct meta_rules mg_rules = {"cfkOqstuvTPL", MC_E_BAD_FLAG, MC_E_DUP_FLAG,
+					   MC_E_BAD_TOKEN};
+static const struct meta_rules ms_rules = {"cCFIkOqTMPLS", MC_E_BAD_FLAG, MC_E_DUP_FLAG,
+					   MC_E_BAD_TOKEN};
+static const struct meta_rules md_rules = {"CkOqTIPL", MC_E_BAD_DUP_FLAG, MC_E_BAD_DUP_FLAG,
 					   MC_E_BAD_DUP_FLAG};
+static const struct meta_rules ma_rules = {"CNJDTMqOtcvkPL", MC_E_BAD_DUP_FLAG,
+					   MC_E_BAD_DUP_FLAG, MC_E_BAD_DUP_FLAG};
 
-static enum mc_err meta_token(struct mc_req *r, char f, struct tok a)
+static enum mc_err meta_token(struct mc_req *r, char f, struct tok a, enum mc_err bad)
 {
 	struct mc_meta *m = &r->meta;
-	enum mc_err bad = r->cmd == MC_CMD_MA ? MC_E_BAD_DUP_FLAG : MC_E_BAD_TOKEN;
 	uint64_t u;
 	int ok = 1;
 
@@ -370,7 +374,8 @@ static enum mc_err meta_token(struct mc_req *r, char f, struct tok a)
 	case 'D': ok = parse_u64(a, &m->delta); break;
 	case 'J': ok = parse_u64(a, &m->initial); break;
 	case 'F':
-		ok = parse_u64(a, &u);
+		if (!parse_u64(a, &u))
+			return MC_E_FORMAT;
 		m->client_flags = (uint32_t)u;
 		break;
 	case 'M': m->mode = a.len ? a.p[0] : 0; break;
@@ -419,7 +424,7 @@ static enum mc_err parse_meta_flags(struct mc_req *r, const struct line *l, int 
 			return rules->dup;
 		m->flags |= MC_META_BIT(f);
 		m->order[m->norder++] = f;
-		if ((e = meta_token(r, f, arg)) != MC_OK)
+		if ((e = meta_token(r, f, arg, rules->token)) != MC_OK)
 			return e;
 	}
 	return meta_mode(r);

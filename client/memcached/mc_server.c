@@ -238,10 +238,11 @@ static void process_get(struct ctx *x)
 	while (mc_key_next(&p, end, &key, &klen)) {
 		struct hkv_item_info info;
 		size_t vlen;
-		int rc = touch ? checked(x, hkv_touch(h, key, klen, r->exptime)) : 0;
+		int rc = get_one(x, h, key, klen, &vlen, &info);
 
-		if (!rc)
-			rc = get_one(x, h, key, klen, &vlen, &info);
+		/* memcached fetches, then sets the new TTL (a gat -1 still returns it) */
+		if (!rc && touch)
+			rc = checked(x, hkv_touch(h, key, klen, r->exptime));
 		count(touch ? &w->ctr.cmd_touch : &w->ctr.cmd_get, 1);
 		if (rc == HKV_ENOTFOUND) {
 			count(touch ? &w->ctr.touch_misses : &w->ctr.get_misses, 1);
@@ -594,6 +595,16 @@ static int has(const struct mc_req *r, char f)
 	return (r->meta.flags & MC_META_BIT(f)) != 0;
 }
 
+/* memcached's exptime rules, as the library applies them. */
+static uint32_t abs_exptime(int64_t e)
+{
+	if (e == 0)
+		return 0;
+	if (e < 0)
+		return 1;
+	return e <= MC_REL_EXPTIME_MAX ? (uint32_t)(time(NULL) + e) : (uint32_t)e;
+}
+
 static int64_t ttl_left(uint32_t exptime)
 {
 	int64_t left = (int64_t)exptime - (int64_t)time(NULL);
@@ -626,14 +637,16 @@ static void meta_flags(struct ctx *x, const char *which, const struct hkv_item_i
 	}
 }
 
-/* A status-only meta reply: code, then O and k (and c when given info). */
+/* A status-only meta reply: code, then O and k (and c for ms: 0 on failure). */
 static void meta_status(struct ctx *x, const char *code, const struct hkv_item_info *info,
 			int quiet)
 {
+	static const struct hkv_item_info none;
+
 	if (quiet)
 		return;
 	evbuffer_add(x->out, code, 2);
-	meta_flags(x, info ? "Okc" : "Ok", info, 0);
+	meta_flags(x, x->r->cmd == MC_CMD_MS ? "Okc" : "Ok", info ? info : &none, 0);
 	evbuffer_add(x->out, "\r\n", 2);
 }
 
@@ -648,15 +661,18 @@ static void process_mg(struct ctx *x)
 	if (!h)
 		return;
 	count(&x->w->ctr.cmd_get, 1);
-	if (has(r, 'T'))
+	rc = get_one(x, h, r->key, r->klen, &vlen, &info);
+	if (!rc && has(r, 'T')) {
+		const char *t = memchr(r->meta.order, 't', (size_t)r->meta.norder);
+		const char *T = memchr(r->meta.order, 'T', (size_t)r->meta.norder);
+
 		rc = checked(x, hkv_touch(h, r->key, r->klen, r->meta.ttl));
-	if (!rc)
-		rc = get_one(x, h, r->key, r->klen, &vlen, &info);
+		if (!t || T < t) /* memcached applies flags in order: t before T is the old TTL */
+			info.exptime = abs_exptime(r->meta.ttl);
+	}
 	if (rc == HKV_ENOTFOUND) {
 		count(&x->w->ctr.get_misses, 1);
-		if (!has(r, 'q'))
-			evbuffer_add(x->out, "EN\r\n", 4);
-		return;
+		return meta_status(x, "EN", NULL, has(r, 'q'));
 	}
 	if (rc)
 		return reply_hkv_error(x, rc);
@@ -731,7 +747,9 @@ static void process_ms(struct ctx *x)
 	switch (rc) {
 	case 0: meta_status(x, "HD", &info, has(r, 'q')); break;
 	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;
-	case HKV_ENOTFOUND: meta_status(x, has(r, 'C') ? "NF" : "NS", NULL, 0); break;
+	case HKV_ENOTFOUND: /* NF: cas-set or cas-replace of a missing key */
+		meta_status(x, has(r, 'C') && strchr("SR", r->meta.mode) ? "NF" : "NS", NULL, 0);
+		break;
 	case HKV_EVERSION: meta_status(x, "EX", NULL, 0); break;
 	default: reply_hkv_error(x, rc); break;
 	}
@@ -776,7 +794,7 @@ static int ma_vivify(struct ctx *x, struct hkv_client *h, struct arith *a)
 	return rc;
 }
 
-static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a)
+static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a, int created)
 {
 	const struct mc_req *r = x->r;
 	char num[24];
@@ -787,7 +805,7 @@ static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a)
 		get_one(x, h, r->key, r->klen, &vlen, &a->info);
 	if (has(r, 'v'))
 		evbuffer_add_printf(x->out, "VA %d", n);
-	else if (has(r, 'q'))
+	else if (has(r, 'q') && !created)
 		return;
 	else
 		evbuffer_add(x->out, "HD", 2);
@@ -804,18 +822,19 @@ static void process_ma(struct ctx *x)
 			  .has_cas = has(r, 'C'), .cas = r->meta.cas,
 			  .has_ttl = has(r, 'T'), .ttl = r->meta.ttl};
 	struct hkv_client *h = handle(x);
-	int rc;
+	int rc, created = 0;
 
 	if (!h)
 		return;
 	rc = arith(x, h, r->key, r->klen, &a);
 	for (int i = 0; rc == HKV_ENOTFOUND && has(r, 'N') && i < MC_CAS_RETRIES; i++) {
 		rc = ma_vivify(x, h, &a);
+		created = rc == 0;
 		if (rc == HKV_EEXISTS)
 			rc = arith(x, h, r->key, r->klen, &a);
 	}
 	switch (rc) {
-	case 0: ma_reply(x, h, &a); break;
+	case 0: ma_reply(x, h, &a, created); break;
 	case HKV_ENOTFOUND: meta_status(x, "NF", NULL, 0); break;
 	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;
 	case HKV_EVERSION: meta_status(x, "EX", NULL, 0); break;

@@ -1,0 +1,131 @@
+"""Start a private hatchkv-server (shm) and hatchkv-memcached for a test; stop both.
+
+Ports are never fixed: hatchkv-memcached listens on port 0 and logs the port it
+got; Debian's memcached gets a port found free just before it starts. Every
+process started here is killed on close(), also when the test fails.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+class Daemons:
+    """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
+
+    def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M"):
+        self.procs = []
+        self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
+        try:
+            self._start(mc_bin, srv_bin, item_max, threads, memory)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, argv, log):
+        f = open(os.path.join(self.tmp, log), "w")
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def _start(self, mc_bin, srv_bin, item_max, threads, memory):
+        sock = os.path.join(self.tmp, "ctl.sock")
+        token = os.path.join(self.tmp, "token")
+        srv = self._spawn([srv_bin, "--transport", "shm", "--socket", sock, "--memory", memory,
+                           "--token-file", token], "server.log")
+        wait_for(lambda: os.path.exists(sock + ".data") or srv.poll() is not None, 60,
+                 "hatchkv-server")
+        if srv.poll() is not None:
+            raise RuntimeError("hatchkv-server died: " + self.log("server.log"))
+        mc = self._spawn([mc_bin, "--server", "shm:" + sock, "--token-file", token, "-p", "0",
+                          "-t", str(threads), "-I", item_max], "memcached.log")
+        pat = re.compile(r"listening on \S+:(\d+)")
+        wait_for(lambda: pat.search(self.log("memcached.log")) or mc.poll() is not None, 60,
+                 "hatchkv-memcached")
+        if mc.poll() is not None:
+            raise RuntimeError("hatchkv-memcached died: " + self.log("memcached.log"))
+        self.port = int(pat.search(self.log("memcached.log")).group(1))
+        self.mc = mc
+
+    def log(self, name):
+        try:
+            with open(os.path.join(self.tmp, name)) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def close(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.procs = []
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class RealMemcached:
+    """Debian's memcached on a free port (for differential tests)."""
+
+    def __init__(self, item_max="1m"):
+        self.port = free_port()
+        argv = ["memcached", "-p", str(self.port), "-U", "0", "-l", "127.0.0.1", "-I", item_max,
+                "-t", "1"]
+        if os.geteuid() == 0:
+            argv += ["-u", "root"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def up():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                return self.proc.poll() is not None
+        wait_for(up, 30, "memcached")
+        if self.proc.poll() is not None:
+            raise RuntimeError("memcached did not start")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
