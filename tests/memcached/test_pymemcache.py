@@ -54,7 +54,7 @@ def main():
         check(c.delete("user:1", noreply=False) is False, "delete of a missing key")
         clients = [Client(("127.0.0.1", d.port), timeout=10) for _ in range(40)]
         for i, cl in enumerate(clients):
-            cl.set("conn%d" % i, str(i).encode())
+            cl.set("conn%d" % i, str(i).encode(), noreply=False)  # visible before the reads
         check(all(clients[(i + 7) % 40].get("conn%d" % i) == str(i).encode()
                   for i in range(40)), "40 connections across 4 workers")
         stats = c.stats()
