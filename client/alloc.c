@@ -143,6 +143,7 @@ static int harvest(struct hkv_client *c, uint32_t cls)
 	int got = 0, ret;
 
 	ca->last_harvest_ns = hkv_now_ns();
+	ca->evict_pending = 0; /* their bits are set by now: this pass takes them */
 	for (struct hkv_seg_own *so = ca->segs; so; so = so->next) {
 		uint32_t nwords = (so->nblocks + 63) / 64;
 
@@ -453,8 +454,8 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 				return ret;
 			continue;
 		}
-		if (waited || !ca->segs)
-			return HKV_EFULL;
+		if (waited || !ca->segs || (c->g.flags & HKV_GEOM_F_CACHE))
+			return HKV_EFULL; /* (cache mode evicts instead of waiting) */
 		/* Full: frees may still be in flight from other clients; look once more. */
 		waited = 1;
 		ca->last_harvest_ns = 0;

@@ -98,6 +98,8 @@ struct hkv_class_alloc {
 	struct hkv_free_block *fifo;
 	uint32_t head, tail, cap; /* ring; cap is a power of two */
 	uint64_t last_harvest_ns;
+	uint32_t pressure;      /* cache mode: this class had to evict */
+	uint32_t evict_pending; /* blocks evicted since the last harvest */
 };
 
 /* A bitmap bit to clear in the chain that writes the block just allocated. */

@@ -33,6 +33,12 @@
 #define CANON_SLOTS    (2 * HKV_BUCKET_SLOTS)
 #define REL_EXPTIME_MAX (60 * 60 * 24 * 30) /* memcached: up to 30 days is relative */
 
+/* cache mode */
+#define ATIME_STEP_MS  1  /* a block's access time is refreshed at most this often */
+#define EVICT_SAMPLES  64 /* blocks sampled per eviction round */
+#define EVICT_BATCH    8  /* the oldest this many of them are evicted */
+#define EVICT_READ     320 /* header + the longest key, 64 B aligned */
+
 /* ---- work request helpers --------------------------------------------------- */
 
 struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint32_t len)
@@ -781,6 +787,16 @@ static int build_block(struct hkv_client *c, const struct key *k, const struct v
 	}
 	if (ret)
 		return ret;
+	if (cache_mode(c)) {
+		struct hkv_class_alloc *ca = &c->classes[cls];
+
+		/* evict ahead: blocks freed now are out of quarantine when needed */
+		if (ca->pressure && ca->tail - ca->head + ca->evict_pending < 2 * EVICT_BATCH &&
+		    (ret = evict(c, (uint32_t)cls)) < 0) {
+			hkv_unalloc_block(c, off, (uint32_t)cls);
+			return ret;
+		}
+	}
 	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
 	h->atime = now_ms32();
 	h->crc = hkv_block_crc(h, c->wblk + HKV_BLOCK_HDR);
@@ -796,11 +812,6 @@ static void unbuild_block(struct hkv_client *c, uint64_t slot)
 
 
 /* ---- cache mode: recency and eviction ------------------------------------------ */
-
-#define ATIME_STEP_MS  1  /* a block's access time is refreshed at most this often */
-#define EVICT_SAMPLES  64 /* blocks sampled per eviction round */
-#define EVICT_BATCH    8  /* the oldest this many of them are evicted */
-#define EVICT_READ     320 /* header + the longest key, 64 B aligned */
 
 /*
  * Record an access in the block's atime, off the critical path: one CAS on
@@ -978,7 +989,12 @@ static int evict(struct hkv_client *c, uint32_t cls)
 			continue; /* free already, waiting in our FIFO */
 		v[n++].off = c->g.data_off + (uint64_t)so->idx * c->g.seg_size + pick * sz;
 	}
-	return evict_offs(c, cls, v, n, EVICT_BATCH);
+	n = evict_offs(c, cls, v, n, EVICT_BATCH);
+	if (n > 0) {
+		ca->pressure = 1;
+		ca->evict_pending += (uint32_t)n;
+	}
+	return n;
 }
 
 /*
