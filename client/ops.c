@@ -1535,9 +1535,29 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 	int ret, expired;
 
 	if (loc && slot_sane(c, loc->slot)) {
+		struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->rblk;
+		struct hkv_wr wrs[3];
+
+		/* [READ header, CAS meta, CAS slot]: the header read just before the
+		 * mark is the removed item's, so its expiry decides the answer */
 		it = item_of_loc(loc);
 		hkv_cache_drop(c->cache, k->h);
-		return publish_remove(c, &it);
+		wrs[0] = hkv_wr_read(c, h, it.blk_off, HKV_BLOCK_HDR);
+		wrs[1] = hkv_wr_cas(c, &c->atom[0], it.blk_off, meta_live(&it),
+				    hkv_meta_make(HKV_BLK_OBSOLETE, it.cls, it.gen));
+		wrs[2] = hkv_wr_cas(c, &c->atom[1], it.slot_off, it.slot, 0);
+		ret = hkv_exec(c, wrs, 3);
+		if (ret)
+			return ret;
+		if (c->atom[0] == meta_live(&it))
+			hkv_free_block(c, it.blk_off, it.cls);
+		if (c->atom[1] != it.slot)
+			return CONFLICT;
+		if (c->atom[0] != meta_live(&it)) {
+			repair_mark(c, &it, c->atom[0]);
+			return 0;
+		}
+		return h->exptime && h->exptime <= now_unix() ? HKV_ENOTFOUND : 0;
 	}
 	ret = find_cold(c, k, &it, &view, NULL, 0);
 	if (ret)

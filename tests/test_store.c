@@ -167,6 +167,9 @@ static void test_expiry(void)
 	CHECK_RC(get_str(c, "later", buf, sizeof(buf), &info), 0);
 	CHECK(info.exptime >= (uint32_t)time(NULL) + 98);
 	CHECK_RC(get_str(c, "soon", buf, sizeof(buf), NULL), 0);
+	CHECK_RC(hkv_set(c, "dexp", 4, "x", 1, NULL), 0);
+	CHECK_RC(hkv_touch(c, "dexp", 4, -1), 0); /* expired, its location freshly cached */
+	CHECK_RC(hkv_delete(c, "dexp", 4), HKV_ENOTFOUND); /* so there was nothing to delete */
 	sleep(2);
 	CHECK_RC(get_str(c, "soon", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_replace(c, "soon", 4, "z", 1, NULL), HKV_ENOTFOUND);
