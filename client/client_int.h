@@ -151,7 +151,7 @@ static inline int hkv_block_range_ok(const struct hkv_geometry *g, uint64_t off,
 	uint64_t end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
 
 	return off >= g->data_off && off % HKV_BLOCK_ALIGN == 0 && len <= g->seg_size &&
-	       off + len <= end && (off - g->data_off) % g->seg_size + len <= g->seg_size;
+	       off <= end && len <= end - off && (off - g->data_off) % g->seg_size + len <= g->seg_size;
 }
 
 /* Run a chain and wait: one round trip. Fails the handle's connection on error. */

@@ -3,9 +3,11 @@
  * unix-socket (shm) connections, checks the shared token (or the read-only
  * token, whose clients get rights to RDMA Read only) in constant time,
  * answers WELCOME (client id, one-time ticket, data endpoint) or ERROR, and
- * closes. Bounded: at most HKV_CTL_MAX_CONNS at once, bodies of at most
- * HKV_CTL_BODY_MAX bytes, 5 s to send a request; anything else is refused
- * and logged, and the server keeps serving.
+ * closes. Bounded: at most HKV_CTL_MAX_CONNS at once, a request of at most
+ * header + HKV_TOKEN_MAX bytes (nothing more is ever buffered), 5 s to send
+ * it, and per source (IP, or peer uid on the unix socket) 20 refused
+ * requests a second (burst 40) before it is answered "rate limited"; anything
+ * else is refused and logged, and the server keeps serving.
  */
 #ifndef HKV_SERVER_CTL_H
 #define HKV_SERVER_CTL_H
