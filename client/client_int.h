@@ -33,6 +33,7 @@
 #define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
 #define HKV_PENDING_LEASE_MS 1000 /* an uncommitted insert older than this is abandoned */
 #define HKV_MAX_SERVERS     8
+#define HKV_REVIVE_INTERVAL_MS 200 /* a lost connection is retried at most this often */
 
 struct hkv_config {
 	pthread_mutex_t lock;     /* guards the lazily created cache */
@@ -111,8 +112,12 @@ struct hkv_bit_clear {
 
 /* ---- the handle ---------------------------------------------------------- */
 
+struct hkv_origin;
+
 struct hkv_client {
 	struct hkv_conn *conn;
+	struct hkv_origin *origin; /* how to connect again (connect.c) */
+	uint64_t revive_ns;        /* last reconnect attempt */
 	struct hkv_geometry g; /* validated copy of the region header */
 	uint64_t base;         /* remote address of region offset 0 */
 	uint32_t rkey;
@@ -186,5 +191,8 @@ int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
 
 uint64_t hkv_rand(struct hkv_client *c);
+/* Before an operation: 0 if the connection is up or was re-established;
+ * HKV_EDISCONNECTED (or the reconnect's error) if not. */
+int hkv_revive(struct hkv_client *c);
 
 #endif /* HKV_CLIENT_INT_H */

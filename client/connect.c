@@ -278,11 +278,49 @@ static int share_cache(const struct hkv_config *cfg_in, struct hkv_client *c)
 	return c->cache ? 0 : -ENOMEM;
 }
 
+/* What a handle needs to connect again, copied at hkv_open (the config may
+ * be freed while the handle lives). */
+struct hkv_origin {
+	struct endpoint ep;
+	char token[HKV_TOKEN_MAX + 1];
+	int timeout_ms;
+	size_t max_value;
+};
+
+/* Connect a new handle to the origin's server, sharing `cache`. */
+static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
+			  struct hkv_client **out)
+{
+	struct hkv_ctl_welcome w;
+	struct hkv_client *c = hkv_calloc(1, sizeof(*c));
+	int ret;
+
+	*out = NULL;
+	if (!c)
+		return -ENOMEM;
+	c->timeout_ms = o->timeout_ms;
+	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
+	c->cache = hkv_cache_ref(cache);
+	ret = ctl_auth(&o->ep, o->token, o->timeout_ms, &w);
+	if (!ret)
+		ret = open_data(c, &o->ep, &w);
+	if (!ret)
+		ret = read_geometry(c);
+	if (!ret)
+		ret = setup_arena(c, o->max_value);
+	if (!ret)
+		ret = hkv_alloc_init(c);
+	if (ret) {
+		hkv_close(c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+}
+
 HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 {
-	char token[HKV_TOKEN_MAX + 1];
-	struct hkv_ctl_welcome w;
-	struct endpoint ep;
+	struct hkv_origin *o;
 	struct hkv_client *c;
 	int ret;
 
@@ -291,33 +329,70 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 		return -EINVAL;
 	if (cfg->nservers > 1)
 		return -ENOTSUP; /* sharding across servers: not in this version */
-	ret = parse_uri(cfg->servers[0], &ep);
-	if (ret)
-		return ret;
-	ret = load_token(cfg, token, sizeof(token));
-	if (ret)
-		return ret;
-	c = hkv_calloc(1, sizeof(*c));
-	if (!c)
+	o = hkv_calloc(1, sizeof(*o));
+	if (!o)
 		return -ENOMEM;
-	c->timeout_ms = cfg->timeout_ms;
-	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
-	ret = ctl_auth(&ep, token, cfg->timeout_ms, &w);
+	o->timeout_ms = cfg->timeout_ms;
+	o->max_value = cfg->max_value;
+	ret = parse_uri(cfg->servers[0], &o->ep);
 	if (!ret)
-		ret = open_data(c, &ep, &w);
-	if (!ret)
-		ret = read_geometry(c);
-	if (!ret)
-		ret = setup_arena(c, cfg->max_value);
-	if (!ret)
-		ret = share_cache(cfg, c);
-	if (!ret)
-		ret = hkv_alloc_init(c);
+		ret = load_token(cfg, o->token, sizeof(o->token));
+	if (!ret) {
+		struct hkv_client tmp = {0};
+
+		ret = share_cache(cfg, &tmp);
+		if (!ret) {
+			ret = connect_client(o, tmp.cache, &c);
+			hkv_cache_unref(tmp.cache);
+		}
+	}
 	if (ret) {
-		hkv_close(c);
+		hkv_free(o);
 		return ret;
 	}
+	c->origin = o;
 	*out = c;
+	return 0;
+}
+
+/*
+ * The connection failed (server gone, restarted, network): connect again,
+ * at most every HKV_REVIVE_INTERVAL_MS, so that while the server is away an
+ * operation fails at once with HKV_EDISCONNECTED. Everything the handle knew
+ * of the old connection goes: its segments were orphaned by the server (or
+ * the region is a new one), so allocation starts over; the shared location
+ * cache stays (every use of an entry is validated). Counters continue.
+ */
+int hkv_revive(struct hkv_client *c)
+{
+	struct hkv_client *n, old;
+	uint64_t now = hkv_now_ns();
+	int ret;
+
+	if (!c->conn->error)
+		return 0;
+	if (!c->origin || (c->revive_ns && now - c->revive_ns < HKV_REVIVE_INTERVAL_MS * 1000000ull))
+		return HKV_EDISCONNECTED;
+	c->revive_ns = now;
+	ret = connect_client(c->origin, c->cache, &n);
+	if (ret) {
+		hkv_debug("client %u: reconnect failed: %s", c->client_id, hkv_strerror(ret));
+		return ret == -ECONNREFUSED || ret == -ENOENT ? HKV_EDISCONNECTED : ret;
+	}
+	old = *c;
+	*c = *n;
+	c->origin = old.origin;
+	c->stats = old.stats;
+	c->stats.reconnects++;
+	c->revive_ns = 0;
+	hkv_free(n);
+	old.origin = NULL;
+	hkv_alloc_fini(&old); /* the old connection's segments are not ours any more */
+	hkv_cache_unref(old.cache);
+	hkv_conn_dereg(old.conn, old.mr);
+	hkv_conn_close(old.conn);
+	hkv_free(old.arena);
+	hkv_info("client %u: reconnected (was client %u)", c->client_id, old.client_id);
 	return 0;
 }
 
@@ -334,6 +409,7 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 		hkv_conn_close(c->conn);
 	}
 	hkv_free(c->arena);
+	hkv_free(c->origin);
 	hkv_free(c);
 }
 

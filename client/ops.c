@@ -1395,7 +1395,7 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 	struct key k;
 	int ret = key_init(c, &k, key, klen);
 
-	if (ret)
+	if (ret || (ret = hkv_revive(c)))
 		return ret;
 	op_begin(c, &sc, HKV_OP_GET);
 	ret = find(c, &k, &it, &view);
@@ -1426,6 +1426,9 @@ static int write_key(struct hkv_client *c, struct key *k, const void *key, size_
 {
 	int ret = key_init(c, k, key, klen);
 
+	if (ret)
+		return ret;
+	ret = hkv_revive(c);
 	return ret ? ret : c->readonly ? -EPERM : 0;
 }
 
@@ -1615,7 +1618,10 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 {
 	struct op_scope sc;
 	size_t i = 0;
+	int rv = hkv_revive(c);
 
+	if (rv)
+		return rv;
 	op_begin(c, &sc, HKV_OP_MGET);
 	while (i < n) {
 		struct hkv_wr wrs[32];
@@ -1662,14 +1668,12 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
  */
 #define FLUSH_CHUNK 1024
 
-HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
+static int flush_all(struct hkv_client *c)
 {
 	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
 	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + FLUSH_CHUNK;
 	struct op_scope sc;
 
-	if (c->readonly)
-		return -EPERM;
 	op_begin(c, &sc, HKV_OP_DELETE);
 	for (uint64_t first = 0; first < nslots; first += FLUSH_CHUNK) {
 		uint64_t base = c->g.index_off + first * 8;
@@ -1706,4 +1710,13 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 		}
 	}
 	return op_end(c, &sc, 0);
+}
+
+HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
+{
+	int ret = hkv_revive(c);
+
+	if (ret)
+		return ret;
+	return c->readonly ? -EPERM : flush_all(c);
 }

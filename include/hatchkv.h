@@ -25,6 +25,10 @@
  * Read-only clients (authenticated with the server's read-only token) may
  * only read: their rkey permits RDMA Read alone, and writes return -EPERM.
  *
+ * A handle that loses its server (HKV_EDISCONNECTED, HKV_ETIMEDOUT) connects
+ * again by itself on a later operation, at most every 200 ms; until it
+ * succeeds, operations fail at once with HKV_EDISCONNECTED.
+ *
  * Errors: int functions return 0 or a negative code (hatchkv_err.h);
  * hkv_strerror() names it. Keys are 1..250 bytes of any value; values up to
  * the server's largest block (1 MiB by default; hkv_config_set_max_value()
@@ -201,6 +205,7 @@ struct hkv_client_stats {
 	uint64_t blocks_freed, blocks_harvested;
 	uint64_t corrupt_reads; /* blocks that failed validation */
 	uint64_t evictions;     /* live items this handle evicted (cache mode) */
+	uint64_t reconnects;    /* times the handle connected again after losing the server */
 	uint64_t expired_reclaimed; /* expired items this handle removed */
 };
 

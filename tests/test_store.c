@@ -29,6 +29,14 @@ HKV_TEST_MAIN_DEFS;
 
 static int use_verbs;
 
+static uint64_t now_ms_mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 static int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
 		   struct hkv_item_info *info)
 {
@@ -505,6 +513,71 @@ static void test_cache_mode(void)
 }
 
 /*
+ * The server is SIGKILLed and started again on the same memory file: the
+ * handle's operations fail quickly and clearly while it is away, and the same
+ * handle connects again by itself once it is back, finding every item
+ * committed before the kill.
+ */
+static void test_reconnect(void)
+{
+	char file[128], key[32], buf[64];
+	const char *extra[] = {"--memory-file", file, NULL};
+	struct hkv_client_stats st;
+	struct hkvserver s;
+	struct hkv_client *c;
+	uint64_t t0, worst_ms = 0;
+	int ret = 0, down_errors = 0, found = 0;
+	size_t vlen;
+
+	snprintf(file, sizeof(file), "/tmp/hkv-reconnect-%d.region", (int)getpid());
+	unlink(file);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	c = hkvserver_client(&s);
+	for (int i = 0; i < 100; i++) {
+		size_t kl = (size_t)snprintf(key, sizeof(key), "r%d", i);
+
+		CHECK_RC(hkv_set(c, key, kl, key, kl, NULL), 0); /* the value is the key */
+	}
+	hkvserver_kill(&s);
+	for (int i = 0; i < 50; i++) { /* while it is away: errors, and quick ones */
+		t0 = now_ms_mono();
+		ret = hkv_get(c, "r1", 2, buf, sizeof(buf), &vlen, NULL);
+		if (now_ms_mono() - t0 > worst_ms)
+			worst_ms = now_ms_mono() - t0;
+		down_errors += ret == HKV_EDISCONNECTED || ret == HKV_ETIMEDOUT;
+		usleep(2000);
+	}
+	printf("# server killed: %d of 50 gets failed with a lost-server error, the slowest "
+	       "took %llu ms\n", down_errors, (unsigned long long)worst_ms);
+	CHECK(down_errors >= 45); /* the first few may still be served from nothing */
+	CHECK(worst_ms < 5000 + 1000);
+	CHECK(hkvserver_restart(&s, "16M", "64K", extra) == 0);
+	t0 = now_ms_mono();
+	do { /* the same handle, no hkv_open */
+		ret = hkv_get(c, "r0", 2, buf, sizeof(buf), &vlen, NULL);
+		if (ret)
+			usleep(50000);
+	} while (ret && now_ms_mono() - t0 < 10000);
+	CHECK_RC(ret, 0);
+	for (int i = 0; i < 100; i++) {
+		size_t kl = (size_t)snprintf(key, sizeof(key), "r%d", i);
+
+		ret = hkv_get(c, key, kl, buf, sizeof(buf), &vlen, NULL);
+		found += ret == 0 && vlen == kl && !memcmp(buf, key, kl);
+	}
+	CHECK_RC(hkv_set(c, "after", 5, "yes", 3, NULL), 0);
+	hkv_client_stats(c, &st);
+	printf("# server back: the handle reconnected %llu time(s) after %llu ms and found %d of "
+	       "100 items\n", (unsigned long long)st.reconnects,
+	       (unsigned long long)(now_ms_mono() - t0), found);
+	CHECK(found == 100);
+	CHECK(st.reconnects >= 1);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	unlink(file);
+}
+
+/*
  * --memory-file: the server is SIGKILLed and started again on the same file;
  * every committed item is there, deletes stay deleted, new writes work. A
  * header that fails validation is refused, not served.
@@ -680,6 +753,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_flush_all);
 	RUN_TEST(test_cache_mode);
 	RUN_TEST(test_lost_server);
+	RUN_TEST(test_reconnect);
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
 	RUN_TEST(test_small_handle);

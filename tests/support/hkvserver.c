@@ -26,7 +26,7 @@ static int exe_dir(char *buf, size_t cap)
 }
 
 static int start_once(struct hkvserver *s, int verbs, const char *memory, const char *segment,
-		      const char *const *extra, int attempt)
+		      const char *const *extra, int attempt, int reuse)
 {
 	static int seq;
 	char bin[4096], sock[160], log[160];
@@ -34,15 +34,17 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 	const char *addr = getenv("HKV_RDMA_ADDR");
 	int argc = 0;
 
-	memset(s, 0, sizeof(*s));
-	s->verbs = verbs;
-	snprintf(s->dir, sizeof(s->dir), "/tmp/hkvtest-%d-%d", (int)getpid(), seq);
-	/* ports: pid-derived first; on a clash (the server exits at once) random ones */
-	snprintf(s->port, sizeof(s->port), "%d",
-		 attempt ? 30000 + (int)(random() % 15000) * 2
-			 : 30000 + (int)(getpid() % 15000) * 2 + seq * 2);
-	seq++;
-	mkdir(s->dir, 0700);
+	if (!reuse) { /* a restart keeps directory, port, socket and token */
+		memset(s, 0, sizeof(*s));
+		s->verbs = verbs;
+		snprintf(s->dir, sizeof(s->dir), "/tmp/hkvtest-%d-%d", (int)getpid(), seq);
+		/* ports: pid-derived first; on a clash (the server exits at once) random ones */
+		snprintf(s->port, sizeof(s->port), "%d",
+			 attempt ? 30000 + (int)(random() % 15000) * 2
+				 : 30000 + (int)(getpid() % 15000) * 2 + seq * 2);
+		seq++;
+		mkdir(s->dir, 0700);
+	}
 	snprintf(s->token_file, sizeof(s->token_file), "%s/token", s->dir);
 	snprintf(sock, sizeof(sock), "%s/ctl.sock", s->dir);
 	snprintf(log, sizeof(log), "%s/server.log", s->dir);
@@ -121,8 +123,15 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
 
 	srandom((unsigned)getpid() ^ (unsigned)time(NULL));
 	for (int attempt = 0; attempt < 5 && ret == -ECHILD; attempt++)
-		ret = start_once(s, verbs, memory, segment, extra, attempt);
+		ret = start_once(s, verbs, memory, segment, extra, attempt, 0);
 	return ret;
+}
+
+int hkvserver_restart(struct hkvserver *s, const char *memory, const char *segment,
+		      const char *const *extra)
+{
+	hkvserver_kill(s);
+	return start_once(s, s->verbs, memory, segment, extra, 0, 1);
 }
 
 struct hkv_config *hkvserver_config(const struct hkvserver *s)

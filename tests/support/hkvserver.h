@@ -27,6 +27,10 @@ struct hkvserver {
  */
 int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
 		    const char *const *extra);
+/* Start it again after a kill (or kill it first): same directory, port,
+ * socket and token, so clients reconnect to the same URI. 0 or -errno. */
+int hkvserver_restart(struct hkvserver *s, const char *memory, const char *segment,
+		      const char *const *extra);
 /* A config for it (caller frees). */
 struct hkv_config *hkvserver_config(const struct hkvserver *s);
 /* Open a client handle on it; aborts the test program on failure. */
