@@ -1720,3 +1720,30 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 		return ret;
 	return c->readonly ? -EPERM : flush_all(c);
 }
+
+HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
+{
+	uint64_t nslots = 0, *slots;
+	int ret = hkv_revive(c);
+
+	*items = *bytes = 0;
+	if (ret)
+		return ret;
+	nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	slots = (uint64_t *)c->rblk;
+	for (uint64_t first = 0; first < nslots; first += FLUSH_CHUNK) {
+		int chunk = nslots - first < FLUSH_CHUNK ? (int)(nslots - first) : FLUSH_CHUNK;
+		struct hkv_wr wr = hkv_wr_read(c, slots, c->g.index_off + first * 8,
+					       (uint32_t)chunk * 8);
+
+		if ((ret = hkv_exec(c, &wr, 1)))
+			return ret;
+		for (int i = 0; i < chunk; i++) {
+			if (!slots[i] || !slot_sane(c, slots[i]))
+				continue;
+			(*items)++;
+			*bytes += c->g.class_size[hkv_slot_class(slots[i])];
+		}
+	}
+	return 0;
+}

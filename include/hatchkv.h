@@ -149,6 +149,14 @@ HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int
  */
 HKV_EXPORT int hkv_flush_all(struct hkv_client *c);
 
+/*
+ * Count the entries of the index (*items) and the bytes of the blocks they
+ * name (*bytes: block sizes, header and class rounding included). Walks the
+ * whole index (index size / 8 KiB round trips): for stats, not the data
+ * path. Entries being inserted or removed at that moment may be off by one.
+ */
+HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes);
+
 /* What the server announced: limits and mode. */
 struct hkv_server_info {
 	uint64_t region_bytes;   /* whole registered region */

@@ -405,7 +405,16 @@ static void test_flush_all(void)
 		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
 				 sizeof(buf), &(size_t){0}, NULL),
 			 0);
-	CHECK_RC(hkv_flush_all(c), 0);
+	{
+		uint64_t items, bytes;
+
+		CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
+		CHECK(items == (uint64_t)n1);
+		CHECK(bytes >= items * (sizeof(val) + 32) && bytes < items * (sizeof(val) + 32 + 256));
+		CHECK_RC(hkv_flush_all(c), 0);
+		CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
+		CHECK(items == 0 && bytes == 0);
+	}
 	for (int i = 0; i < n1; i++)
 		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
 				 sizeof(buf), &(size_t){0}, NULL),
