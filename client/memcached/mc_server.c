@@ -301,11 +301,15 @@ static void process_store(struct ctx *x)
 	}
 }
 
-/* memcached drops the old value when a set's new one is refused as too big. */
+/*
+ * memcached drops the old value when a set's new one is refused as too big;
+ * for ms it does so in every mode (append, add, ... too: 1.6.18's mset
+ * unlinks without looking at the mode).
+ */
 static void process_too_large(struct ctx *x)
 {
 	const struct mc_req *r = x->r;
-	int is_set = r->cmd == MC_CMD_SET || (r->cmd == MC_CMD_MS && r->meta.mode == 'S');
+	int is_set = r->cmd == MC_CMD_SET || r->cmd == MC_CMD_MS;
 	struct hkv_client *h;
 
 	if (is_set && (h = handle(x)) != NULL)
@@ -506,12 +510,18 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	struct mc_counters c;
 	struct hkv_client_stats h;
 	struct hkv_server_info si = {0};
+	uint64_t items = 0, bytes = 0;
 	time_t now = time(NULL);
 
 	publish_stats(x->w);
 	sum_workers(s, &c, &h);
-	if (x->w->hkv)
+	if (x->w->hkv) {
 		hkv_server_info(x->w->hkv, &si);
+		/* One walk of the shared index: every daemon on the store sees the same
+		 * numbers (a count kept here would only know this daemon's writes). */
+		if (checked(x, hkv_count_items(x->w->hkv, &items, &bytes)))
+			items = bytes = 0;
+	}
 	STAT_U("pid", getpid());
 	STAT_U("uptime", now - s->started);
 	STAT_U("time", now);
@@ -542,9 +552,8 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	STAT_U("threads", s->nworkers);
 	STAT_U("limit_maxbytes", si.value_bytes);
 	STAT_U("item_size_max", s->o.item_max);
-	/* hatchkv keeps no item count: the index would have to be walked. */
-	STAT_U("curr_items", 0);
-	STAT_U("bytes", 0);
+	STAT_U("curr_items", items);
+	STAT_U("bytes", bytes);
 	STAT_U("evictions", h.evictions);
 	STAT_U("expired_unfetched", 0);
 	STAT_U("reclaimed", h.expired_reclaimed);
@@ -801,12 +810,14 @@ static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a, int c
 	size_t vlen;
 	int n = snprintf(num, sizeof(num), "%" PRIu64, a->result);
 
+	/* q hides a success, also its value (memcached 1.6.18 skips the whole
+	 * response); a vivified item is still reported. */
+	if (has(r, 'q') && !created)
+		return;
 	if (has(r, 'c') || has(r, 't'))
 		get_one(x, h, r->key, r->klen, &vlen, &a->info);
 	if (has(r, 'v'))
 		evbuffer_add_printf(x->out, "VA %d", n);
-	else if (has(r, 'q') && !created)
-		return;
 	else
 		evbuffer_add(x->out, "HD", 2);
 	meta_flags(x, "Oktc", &a->info, 0);
