@@ -110,8 +110,10 @@ static void write_entry(struct hkv_cache_entry *e, const uint64_t *w)
 	if ((s & 1) || !__atomic_compare_exchange_n(&e->seq, &s, s + 1, 0, __ATOMIC_ACQUIRE,
 						    __ATOMIC_RELAXED))
 		return;
+	/* release stores: no data word becomes visible before the odd sequence
+	 * (readers load the words with acquire, then the sequence again) */
 	for (int i = 0; i < 5; i++)
-		__atomic_store_n(&e->w[i], w[i], __ATOMIC_RELAXED);
+		__atomic_store_n(&e->w[i], w[i], __ATOMIC_RELEASE);
 	__atomic_store_n(&e->seq, s + 2, __ATOMIC_RELEASE);
 }
 

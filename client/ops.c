@@ -182,6 +182,21 @@ static int slot_sane(const struct hkv_client *c, uint64_t s)
 	       hkv_block_range_ok(&c->g, hkv_slot_off(s), c->g.class_size[cls]);
 }
 
+/* A write acts on a cached slot without reading the block: the entry must
+ * name one of the key's 32 slots, holding the key's fingerprint. */
+static int loc_fits_key(const struct hkv_client *c, const struct hkv_loc *loc,
+			const struct key *k)
+{
+	for (int b = 0; b < 2; b++) {
+		uint64_t first = c->g.index_off + k->b[b] * HKV_BUCKET_SIZE;
+
+		if (loc->slot_addr >= first && loc->slot_addr < first + HKV_BUCKET_SIZE &&
+		    loc->slot_addr % 8 == 0)
+			return hkv_slot_fp(loc->slot) == k->fp && slot_sane(c, loc->slot);
+	}
+	return 0;
+}
+
 /* ---- finding a key ---------------------------------------------------------- */
 
 /* Fill it from a validated block copy at blk (avail bytes). */
@@ -1124,7 +1139,7 @@ static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, 
 	struct item old;
 	int ret;
 
-	if (!loc || !slot_sane(c, loc->slot))
+	if (!loc || !loc_fits_key(c, loc, k))
 		return NO_CACHE;
 	old = item_of_loc(loc);
 	*slot_off = loc->slot_addr;
@@ -1537,7 +1552,7 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 	struct view view;
 	int ret, expired;
 
-	if (loc && slot_sane(c, loc->slot)) {
+	if (loc && loc_fits_key(c, loc, k)) {
 		struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->rblk;
 		struct hkv_wr wrs[3];
 
