@@ -40,7 +40,9 @@ struct opts {
 	int threads;
 	size_t fieldcount, fieldlength;
 	const char *system, *uri, *token_file, *memcached, *json;
+	const char *hkv_memcached; /* hatchkv-memcached's HOST:PORT (system "hkv-memcached") */
 	int compare, quick, verbs;
+	int via_memcached;         /* --compare also runs hatchkv-memcached */
 	int processes;             /* client processes per run phase */
 	int batch;                 /* operations in flight per thread (reads batched) */
 	int pidx;                  /* this process's index (children: >= 1) */
@@ -99,6 +101,8 @@ static struct driver *open_driver(const struct opts *o, const char *system)
 {
 	if (!strcmp(system, "memcached"))
 		return driver_open_memcached(o->memcached);
+	if (!strcmp(system, "hkv-memcached")) /* the same text-protocol driver */
+		return driver_open_memcached(o->hkv_memcached);
 	return driver_open_hatchkv(hkv_cfg);
 }
 
@@ -528,6 +532,11 @@ static pid_t spawn_child(const struct opts *o, const char *system, char workload
 		args[a++] = (char *)o->memcached;
 		args[a] = NULL;
 	}
+	if (o->hkv_memcached) {
+		args[a++] = "--hkv-memcached";
+		args[a++] = (char *)o->hkv_memcached;
+		args[a] = NULL;
+	}
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
@@ -666,6 +675,42 @@ static pid_t start_memcached(const char *port, int threads)
 	return -1;
 }
 
+/* hatchkv-memcached (beside this program) in front of the server at uri. */
+static pid_t start_hkv_memcached(const char *port, int threads, const char *uri,
+				 const char *token_file)
+{
+	char exe[4096], t[8], *slash;
+	ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 32);
+	pid_t pid;
+
+	if (len <= 0)
+		return -1;
+	exe[len] = 0;
+	slash = strrchr(exe, '/');
+	strcpy(slash + 1, "hatchkv-memcached");
+	snprintf(t, sizeof(t), "%d", threads);
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		execl(exe, exe, "--server", uri, "--token-file", token_file, "-l", "127.0.0.1", "-p",
+		      port, "-t", t, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; pid > 0 && i < 200; i++) {
+		char hp[32];
+		struct driver *d;
+
+		snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
+		usleep(25000);
+		if ((d = driver_open_memcached(hp))) {
+			d->ops->close(d);
+			return pid;
+		}
+	}
+	return -1;
+}
+
 static const struct result *find_result(const struct result *rs, int n, const char *sys, char w)
 {
 	for (int i = 0; i < n; i++)
@@ -674,15 +719,18 @@ static const struct result *find_result(const struct result *rs, int n, const ch
 	return NULL;
 }
 
-static void compare_table(const struct result *rs, int n, const char *workloads)
+static void compare_table(const struct result *rs, int n, const char *workloads, const char *sys)
 {
-	printf("\n== hatchkv vs memcached (same workload, keys, values, %s)\n",
-	       "client threads");
-	printf("%-8s %14s %14s %8s %12s %12s %8s %10s %8s\n", "workload", "hatchkv ops/s",
-	       "memcached ops/s", "ratio", "hkv GET p50", "mc GET p50", "ratio", "hkv RT/GET",
-	       "srv CPU%");
+	printf("\n== %s vs memcached (same workload, keys, values, client threads)\n",
+	       !strcmp(sys, "hatchkv") ? "hatchkv (libhatchkv)"
+				      : "hatchkv-memcached (memcached text protocol, libhatchkv behind)");
+	printf("%-8s %14s %14s %8s %12s %12s %8s %10s %8s\n", "workload",
+	       !strcmp(sys, "hatchkv") ? "hatchkv ops/s" : "hkv-mc ops/s", "memcached ops/s",
+	       "ratio", "hkv GET p50", "mc GET p50", "ratio",
+	       !strcmp(sys, "hatchkv") ? "hkv RT/GET" : "", /* the proxy's handles are not ours */
+	       !strcmp(sys, "hatchkv") ? "srv CPU%" : "proxy CPU%");
 	for (const char *p = workloads; *p; p++) {
-		const struct result *h = find_result(rs, n, "hatchkv", *p);
+		const struct result *h = find_result(rs, n, sys, *p);
 		const struct result *m = find_result(rs, n, "memcached", *p);
 		double hp50, mp50;
 
@@ -690,13 +738,16 @@ static void compare_table(const struct result *rs, int n, const char *workloads)
 			continue;
 		hp50 = us(hist_quantile(&h->h[YOP_READ], 0.5));
 		mp50 = us(hist_quantile(&m->h[YOP_READ], 0.5));
-		printf("%-8c %14.0f %14.0f %8.2f %10.2fus %10.2fus %8.3f %10.3f %8.2f\n", *p,
-		       h->throughput, m->throughput, h->throughput / m->throughput, hp50, mp50,
-		       mp50 > 0 ? hp50 / mp50 : 0,
-		       h->h[YOP_READ].count ? (double)h->cnt[YOP_READ].round_trips /
-						      (double)h->h[YOP_READ].count
-					    : 0,
-		       h->server_cpu);
+		printf("%-8c %14.0f %14.0f %8.2f %10.2fus %10.2fus %8.3f ", *p, h->throughput,
+		       m->throughput, h->throughput / m->throughput, hp50, mp50,
+		       mp50 > 0 ? hp50 / mp50 : 0);
+		if (!strcmp(sys, "hatchkv"))
+			printf("%10.3f", h->h[YOP_READ].count ? (double)h->cnt[YOP_READ].round_trips /
+									(double)h->h[YOP_READ].count
+							      : 0);
+		else
+			printf("%10s", "");
+		printf(" %8.2f\n", h->server_cpu);
 	}
 }
 
@@ -732,12 +783,31 @@ static int compare(struct opts *o)
 	ret = run_system(o, "hatchkv", srv.pid, rs, &n);
 	if (!ret)
 		ret = run_system(o, "memcached", mc, rs, &n);
+	if (!ret && o->via_memcached) {
+		static char hp2[32];
+		pid_t hm;
+
+		snprintf(port, sizeof(port), "%d", 21001 + (int)(getpid() % 20000));
+		hm = start_hkv_memcached(port, o->threads, srv.uri, srv.token_file);
+		if (hm < 0) {
+			fprintf(stderr, "hatchkv-bench: cannot start hatchkv-memcached\n");
+			ret = -1;
+		} else {
+			snprintf(hp2, sizeof(hp2), "127.0.0.1:%s", port);
+			o->hkv_memcached = hp2;
+			ret = run_system(o, "hkv-memcached", hm, rs, &n);
+			kill(hm, SIGTERM);
+			waitpid(hm, NULL, 0);
+		}
+	}
 	kill(mc, SIGTERM);
 	waitpid(mc, NULL, 0);
 	hkvserver_stop(&srv);
 	if (ret)
 		return 1;
-	compare_table(rs, n, o->workloads);
+	compare_table(rs, n, o->workloads, "hatchkv");
+	if (o->via_memcached)
+		compare_table(rs, n, o->workloads, "hkv-memcached");
 	return o->json && report_json(o->json, rs, n, o) ? 1 : 0;
 }
 
@@ -746,9 +816,12 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: hatchkv-bench [options]\n"
 		"  --compare              start hatchkv-server and memcached, run both\n"
+		"  --via-memcached        with --compare: also run hatchkv-memcached (the memcached\n"
+		"                         text protocol in front of hatchkv) with memcached's driver\n"
+		"  --hkv-memcached HOST:PORT  a running hatchkv-memcached (system hkv-memcached)\n"
 		"  --quick                small sizes (finishes in well under 3 minutes)\n"
 		"  -w, --workloads ABCDF  YCSB core workloads to run (E needs range scans: refused)\n"
-		"  -s, --system hatchkv|memcached\n"
+		"  -s, --system hatchkv|memcached|hkv-memcached\n"
 		"  --server URI           hatchkv server (shm:/path or verbs://host:port)\n"
 		"  --token-file PATH      hatchkv token file\n"
 		"  --memcached HOST:PORT  memcached text protocol endpoint\n"
@@ -781,6 +854,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
 		{"processes", required_argument, NULL, 'p'},
 		{"batch", required_argument, NULL, 'B'},
+		{"via-memcached", no_argument, NULL, 'V'},
+		{"hkv-memcached", required_argument, NULL, 'H'},
 		{"child-index", required_argument, NULL, 'I'},
 		{"child-result", required_argument, NULL, 'O'},
 		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
@@ -808,6 +883,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'j': o->json = optarg; break;
 		case 'p': o->processes = atoi(optarg); break;
 		case 'B': o->batch = atoi(optarg); break;
+		case 'V': o->via_memcached = 1; break;
+		case 'H': o->hkv_memcached = optarg; break;
 		case 'I': o->pidx = atoi(optarg); break;
 		case 'O': o->child_result = optarg; break;
 		case 'h': usage(stdout); exit(0);
@@ -833,7 +910,8 @@ static int parse(int argc, char **argv, struct opts *o)
 	    !o->records || !o->fieldcount ||
 	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
 				(!o->uri || !o->token_file)) ||
-	    (!o->compare && !strcmp(o->system, "memcached") && !o->memcached)) {
+	    (!o->compare && !strcmp(o->system, "memcached") && !o->memcached) ||
+	    (!o->compare && !strcmp(o->system, "hkv-memcached") && !o->hkv_memcached)) {
 		usage(stderr);
 		return -1;
 	}
