@@ -34,11 +34,11 @@ def wait_for(pred, timeout, what):
 class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 
-    def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M"):
+    def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False):
         self.procs = []
         self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
         try:
-            self._start(mc_bin, srv_bin, item_max, threads, memory)
+            self._start(mc_bin, srv_bin, item_max, threads, memory, cache)
         except BaseException:
             self.close()
             raise
@@ -49,11 +49,12 @@ class Daemons:
         self.procs.append(p)
         return p
 
-    def _start(self, mc_bin, srv_bin, item_max, threads, memory):
+    def _start(self, mc_bin, srv_bin, item_max, threads, memory, cache):
         sock = os.path.join(self.tmp, "ctl.sock")
         token = os.path.join(self.tmp, "token")
         srv = self._spawn([srv_bin, "--transport", "shm", "--socket", sock, "--memory", memory,
-                           "--token-file", token], "server.log")
+                           "--token-file", token] + (["--cache", "--segment-size", "64K"]
+                                                     if cache else []), "server.log")
         wait_for(lambda: os.path.exists(sock + ".data") or srv.poll() is not None, 60,
                  "hatchkv-server")
         if srv.poll() is not None:

@@ -66,8 +66,22 @@ def main():
         for cl in clients:
             cl.close()
         c.close()
-        print("pymemcache: all checks passed")
-        return 0
+    # A caching tier: a full store evicts like memcached instead of failing.
+    with Daemons(mc_bin, srv_bin, threads=2, memory="8M", cache=True) as d:
+        c = Client(("127.0.0.1", d.port), timeout=10, connect_timeout=10)
+        val = b"v" * 1000
+        n = 20000  # ~20 MB of values into an 8 MB store
+        failed = sum(1 for i in range(n) if not c.set("k%d" % i, val, noreply=False))
+        stats = c.stats()
+        recent = sum(1 for i in range(n - 100, n) if c.get("k%d" % i) == val)
+        wrong = sum(1 for i in range(0, n, 97) if c.get("k%d" % i) not in (None, val))
+        check(failed == 0 and int(stats[b"evictions"]) > 0 and recent == 100 and wrong == 0,
+              "cache mode: %d sets of 1000 B into 8 MB, %d refused, %d evictions, "
+              "%d of the last 100 present, %d wrong values" % (n, failed, stats[b"evictions"],
+                                                               recent, wrong))
+        c.close()
+    print("pymemcache: all checks passed")
+    return 0
 
 
 if __name__ == "__main__":
