@@ -5,12 +5,15 @@
 #include "client/memcached/mc_server.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1019,6 +1022,9 @@ static void conn_new(struct worker *w, int fd)
 	if (!c)
 		goto fail;
 	c->w = w;
+	/* replies go out when written, as memcached's do (no Nagle delay; a
+	 * unix-socket or IPv6 peer simply ignores or refuses it) */
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
 	c->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->bev)
 		goto free_conn;
