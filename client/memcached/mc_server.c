@@ -80,6 +80,7 @@ struct conn {
 	struct worker *w;
 	struct bufferevent *bev;
 	struct event *resume;       /* continue after a full batch */
+	struct evbuffer *stage;     /* replies of this pass, written straight to the socket */
 	struct conn *prev, *next;
 	size_t swallow;             /* bytes of a refused data block still to drop */
 	size_t need;                /* input length at which parsing can progress */
@@ -902,6 +903,8 @@ static void conn_free(struct conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	event_free(c->resume);
+	if (c->stage)
+		evbuffer_free(c->stage);
 	bufferevent_free(c->bev);
 	free(c);
 	__atomic_fetch_sub(&w->srv->curr_conns, 1, __ATOMIC_RELAXED);
@@ -918,6 +921,28 @@ static int conn_swallow(struct conn *c, struct evbuffer *in)
 }
 
 /* Parse and execute what is complete, at most MC_BATCH requests. 1: closed. */
+/*
+ * Send the replies of a pass: straight to the socket when nothing is queued
+ * before them (one writev, and the bufferevent never has to watch for
+ * writability: no epoll_ctl pair and no extra epoll_wait per request), the
+ * rest - what the socket did not take - through the bufferevent's queue.
+ */
+static void flush_stage(struct conn *c)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+
+	if (!evbuffer_get_length(c->stage))
+		return;
+	if (!evbuffer_get_length(out)) {
+		evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+		while (evbuffer_get_length(c->stage) && evbuffer_write(c->stage, fd) > 0)
+			;
+	}
+	if (evbuffer_get_length(c->stage))
+		evbuffer_add_buffer(out, c->stage);
+}
+
 static int conn_process(struct conn *c)
 {
 	struct evbuffer *in = bufferevent_get_input(c->bev), *out = bufferevent_get_output(c->bev);
@@ -925,7 +950,7 @@ static int conn_process(struct conn *c)
 	int more = 0;
 
 	for (int done = 0; !c->closing; done++) {
-		struct ctx x = {.w = w, .c = c, .out = out};
+		struct ctx x = {.w = w, .c = c, .out = c->stage};
 		size_t len;
 		struct mc_req req;
 		int n;
@@ -940,7 +965,7 @@ static int conn_process(struct conn *c)
 			more = 1;
 			break;
 		}
-		if (evbuffer_get_length(out) > MC_OUT_HIGH) {
+		if (evbuffer_get_length(out) + evbuffer_get_length(c->stage) > MC_OUT_HIGH) {
 			bufferevent_disable(c->bev, EV_READ);
 			c->paused = more = 1;
 			break;
@@ -962,6 +987,7 @@ static int conn_process(struct conn *c)
 		evbuffer_drain(in, (size_t)n);
 		c->swallow = req.swallow;
 	}
+	flush_stage(c);
 	publish_stats(w);
 	if (c->eof && !more)
 		c->closing = 1;
@@ -1031,6 +1057,11 @@ static void conn_new(struct worker *w, int fd)
 	c->resume = event_new(w->base, -1, 0, on_resume, c);
 	if (!c->resume)
 		goto free_bev;
+	c->stage = evbuffer_new();
+	if (!c->stage) {
+		event_free(c->resume);
+		goto free_bev;
+	}
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, MC_OUT_HIGH / 4, 0);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
