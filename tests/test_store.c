@@ -161,7 +161,9 @@ static void test_expiry(void)
 {
 	struct hkvserver s;
 	struct hkv_client *c;
-	struct hkv_write_opts past = {.exptime = -1}, soon = {.exptime = 1}, later = {.exptime = 100};
+	/* TTLs count whole seconds of the clock (memcached's rule): a TTL of 1 set
+	 * just before a second ticks is gone a moment later; "soon" uses 2 */
+	struct hkv_write_opts past = {.exptime = -1}, soon = {.exptime = 2}, later = {.exptime = 100};
 	struct hkv_item_info info;
 	char buf[64];
 
@@ -178,7 +180,7 @@ static void test_expiry(void)
 	CHECK_RC(hkv_set(c, "dexp", 4, "x", 1, NULL), 0);
 	CHECK_RC(hkv_touch(c, "dexp", 4, -1), 0); /* expired, its location freshly cached */
 	CHECK_RC(hkv_delete(c, "dexp", 4), HKV_ENOTFOUND); /* so there was nothing to delete */
-	sleep(2);
+	sleep(3);
 	CHECK_RC(get_str(c, "soon", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_replace(c, "soon", 4, "z", 1, NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_touch(c, "later", 5, -1), 0);
