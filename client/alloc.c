@@ -342,9 +342,20 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 {
 	uint64_t *table = (uint64_t *)c->scr;
 	uint32_t n = c->g.nsegs, start;
-	struct hkv_wr wr = hkv_wr_read(c, table, c->g.seg_table_off, n * 8);
-	int ret = hkv_exec(c, &wr, 1);
+	struct hkv_wr wr;
+	int ret;
 
+	if (c->g.max_client_segs) { /* the server's limit per client */
+		uint64_t mine = 0;
+
+		for (uint32_t i = 0; i < c->g.nclasses; i++)
+			for (struct hkv_seg_own *so = c->classes[i].segs; so; so = so->next)
+				mine++;
+		if (mine >= c->g.max_client_segs)
+			return HKV_EFULL;
+	}
+	wr = hkv_wr_read(c, table, c->g.seg_table_off, n * 8);
+	ret = hkv_exec(c, &wr, 1);
 	if (ret)
 		return ret;
 	start = (uint32_t)(hkv_rand(c) % n);

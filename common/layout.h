@@ -80,7 +80,8 @@ struct hkv_geometry {
 	uint32_t bitmap_bytes; /* per segment */
 	uint32_t nclasses;
 	uint64_t boot_id;   /* random per server start */
-	uint64_t reserved[6];
+	uint64_t max_client_segs; /* segments one client may own at once; 0 = no limit */
+	uint64_t reserved[5];
 	uint32_t class_size[HKV_NCLASSES_MAX];
 	uint32_t pad;
 	uint32_t crc; /* CRC32C of everything above */

@@ -43,6 +43,12 @@ static void usage(FILE *f)
 		"  -f, --memory-file PATH     keep the region in this file: a restart (even after\n"
 		"                             SIGKILL) serves every committed item again\n"
 		"  -c, --cache                cache mode: evict when full instead of failing\n"
+		"  -C, --max-clients N        clients connected at once (default 1024); more get\n"
+		"                             ERROR \"too many clients\"\n"
+		"  -g, --max-segments-per-client N\n"
+		"                             segments one client may own at once (default: no\n"
+		"                             limit); a client at its limit evicts (cache mode)\n"
+		"                             or gets HKV_EFULL\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
 		"  -h, --help\n");
 }
@@ -74,11 +80,13 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"cache", no_argument, NULL, 'c'},           {"verbose", no_argument, NULL, 'v'},
 		{"memory-file", required_argument, NULL, 'f'},
 		{"ro-token-file", required_argument, NULL, 'r'},
+		{"max-clients", required_argument, NULL, 'C'},
+		{"max-segments-per-client", required_argument, NULL, 'g'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cvh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -104,6 +112,16 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		case 'f': o->store.memory_file = optarg; break;
 		case 'r': o->ro_token_file = optarg; break;
 		case 'c': o->store.cache_mode = 1; break;
+		case 'C':
+			o->store.max_clients = (uint32_t)strtoul(optarg, NULL, 10);
+			if (!o->store.max_clients || o->store.max_clients > HKV_MAX_CLIENTS)
+				return fprintf(stderr, "bad --max-clients '%s'\n", optarg), -1;
+			break;
+		case 'g':
+			o->store.max_client_segs = (uint32_t)strtoul(optarg, NULL, 10);
+			if (!o->store.max_client_segs)
+				return fprintf(stderr, "bad --max-segments-per-client '%s'\n", optarg), -1;
+			break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -170,7 +188,7 @@ int main(int argc, char **argv)
 		.port = "7700",
 		.socket_path = "/tmp/hatchkv.sock",
 		.token_file = "hatchkv.token",
-		.store = {.memory = 1ull << 30, .seg_size = 4u << 20},
+		.store = {.memory = 1ull << 30, .seg_size = 4u << 20, .max_clients = 1024},
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};

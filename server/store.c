@@ -25,6 +25,7 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 	}
 	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id))
 		return -errno;
+	g.max_client_segs = o->max_client_segs;
 	hkv_geometry_seal(&g);
 	memcpy(s->geom, &g, sizeof(g));
 	return 0;
@@ -61,6 +62,10 @@ static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 						hkv_seg_epoch(table[i]) + 1);
 			orphaned++;
 		}
+	if (s->geom->max_client_segs != o->max_client_segs) { /* this start's limit */
+		s->geom->max_client_segs = o->max_client_segs;
+		hkv_geometry_seal(s->geom);
+	}
 	slot = (const uint64_t *)((uint8_t *)s->region.base + s->geom->index_off);
 	for (uint64_t i = 0; i < s->geom->nbuckets * HKV_BUCKET_SLOTS; i++)
 		entries += slot[i] != 0;
@@ -79,6 +84,7 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
 	if (!s->clients)
 		return -ENOMEM;
+	s->max_clients = o->max_clients;
 	ret = hkv_region_create(&s->region, o->memory, o->memory_file, &existed);
 	if (ret) {
 		hkv_err("store: cannot create a %llu-byte region: %s",
@@ -113,6 +119,16 @@ void hkv_store_fini(struct hkv_store *s)
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly)
 {
 	uint64_t now = hkv_now_ns();
+	uint32_t pending = 0;
+
+	if (s->max_clients && s->nconnected >= s->max_clients)
+		return -EUSERS;
+	if (s->max_clients) { /* admitted but not connected yet count too */
+		for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++)
+			pending += s->clients[id].ticket_expiry_ns > now;
+		if (s->nconnected + pending >= s->max_clients)
+			return -EUSERS;
+	}
 
 	for (uint32_t tries = 0; tries < HKV_MAX_CLIENTS; tries++) {
 		uint32_t id = s->next_id;

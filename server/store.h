@@ -23,6 +23,8 @@ struct hkv_store_opts {
 	uint32_t seg_size;   /* segment bytes (power of two) */
 	uint64_t index_slots;/* 0: derived from memory */
 	int cache_mode;      /* evict instead of failing when full */
+	uint32_t max_clients;     /* connected + admitted at once; 0 = HKV_MAX_CLIENTS */
+	uint32_t max_client_segs; /* announced in the header; clients keep to it (0: none) */
 	const char *memory_file; /* NULL: anonymous memfd */
 };
 
@@ -40,6 +42,7 @@ struct hkv_store {
 	uint32_t next_id;
 	uint64_t orphaned_segments;
 	uint32_t nconnected;
+	uint32_t max_clients;
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);

@@ -589,6 +589,52 @@ static void test_reconnect(void)
 }
 
 /*
+ * Server limits: --max-clients refuses the client beyond it with a clear
+ * error and admits one again when another leaves; --max-segments-per-client
+ * stops one client at that many segments (HKV_EFULL) while others still get
+ * memory.
+ */
+static void test_limits(void)
+{
+	static const char *const lim[] = {"--max-clients", "3", "--max-segments-per-client", "2",
+					  NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *c[4] = {0};
+	char key[32], val[1000];
+	int n1 = 0, n2 = 0, ret;
+
+	memset(val, 'l', sizeof(val));
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", lim) == 0);
+	cfg = hkvserver_config(&s);
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(hkv_open(cfg, &c[i]), 0);
+	ret = hkv_open(cfg, &c[3]);
+	printf("# --max-clients 3: a 4th client gets: %s\n", hkv_strerror(ret));
+	CHECK_RC(ret, -EUSERS);
+	hkv_close(c[2]);
+	c[2] = NULL;
+	for (int i = 0; i < 100 && (ret = hkv_open(cfg, &c[2])) == -EUSERS; i++)
+		usleep(20000); /* the server sees the disconnect */
+	CHECK_RC(ret, 0);
+	for (ret = 0; !ret; n1++)
+		ret = hkv_set(c[0], key, (size_t)snprintf(key, sizeof(key), "a%d", n1), val,
+			      sizeof(val), NULL);
+	CHECK_RC(ret, HKV_EFULL);
+	for (ret = 0; !ret && n2 < 1000; n2++)
+		ret = hkv_set(c[1], key, (size_t)snprintf(key, sizeof(key), "b%d", n2), val,
+			      sizeof(val), NULL);
+	printf("# --max-segments-per-client 2 (64 KiB): one client stored %d items of 1000 B, "
+	       "then HKV_EFULL; another then stored %d\n", n1 - 1, n2 - 1);
+	CHECK(n1 - 1 > 0 && n1 - 1 <= 2 * (65536 / 1024)); /* two segments' worth */
+	CHECK(n2 == n1); /* the other client had its own two */
+	for (int i = 0; i < 3; i++)
+		hkv_close(c[i]);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+}
+
+/*
  * --memory-file: the server is SIGKILLed and started again on the same file;
  * every committed item is there, deletes stay deleted, new writes work. A
  * header that fails validation is refused, not served.
@@ -765,6 +811,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_cache_mode);
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_reconnect);
+	RUN_TEST(test_limits);
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
 	RUN_TEST(test_small_handle);
