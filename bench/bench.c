@@ -647,6 +647,24 @@ out:
 	return ret;
 }
 
+/* A text-protocol server just started as pid on 127.0.0.1:port: pid once it
+ * answers (within 5 s), else -1. */
+static pid_t wait_text_protocol(pid_t pid, const char *port)
+{
+	for (int i = 0; pid > 0 && i < 200; i++) {
+		char hp[32];
+		struct driver *d;
+
+		snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
+		usleep(25000);
+		if ((d = driver_open_memcached(hp))) {
+			d->ops->close(d);
+			return pid;
+		}
+	}
+	return -1;
+}
+
 static pid_t start_memcached(const char *port, int threads)
 {
 	char t[8];
@@ -661,18 +679,7 @@ static pid_t start_memcached(const char *port, int threads)
 		       "2048", "-t", t, "-u", "root", (char *)NULL);
 		_exit(127);
 	}
-	for (int i = 0; pid > 0 && i < 200; i++) {
-		char hp[32];
-		struct driver *d;
-
-		snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
-		usleep(25000);
-		if ((d = driver_open_memcached(hp))) {
-			d->ops->close(d);
-			return pid;
-		}
-	}
-	return -1;
+	return wait_text_protocol(pid, port);
 }
 
 /* hatchkv-memcached (beside this program) in front of the server at uri. */
@@ -697,18 +704,7 @@ static pid_t start_hkv_memcached(const char *port, int threads, const char *uri,
 		      port, "-t", t, (char *)NULL);
 		_exit(127);
 	}
-	for (int i = 0; pid > 0 && i < 200; i++) {
-		char hp[32];
-		struct driver *d;
-
-		snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
-		usleep(25000);
-		if ((d = driver_open_memcached(hp))) {
-			d->ops->close(d);
-			return pid;
-		}
-	}
-	return -1;
+	return wait_text_protocol(pid, port);
 }
 
 static const struct result *find_result(const struct result *rs, int n, const char *sys, char w)
