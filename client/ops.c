@@ -492,6 +492,38 @@ static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t s
 }
 
 /*
+ * Retiring the entry `old` names: [CAS old meta LIVE->OBSOLETE, CAS slot
+ * old->new], results in res[0] and res[1]. Appended to wrs[n]; returns the
+ * new n.
+ */
+static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const struct item *old,
+			 uint64_t new_slot, uint64_t *res)
+{
+	wrs[n++] = hkv_wr_cas(c, &res[0], old->blk_off, meta_live(old),
+			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
+	wrs[n++] = hkv_wr_cas(c, &res[1], old->slot_off, old->slot, new_slot);
+	return n;
+}
+
+/*
+ * After an append_retire() pair ran: the writer whose mark took the block
+ * LIVE -> OBSOLETE frees it; a slot CAS that won without the mark repairs
+ * it. 0 when the slot swung, CONFLICT when it did not.
+ */
+static int retire_outcome(struct hkv_client *c, const struct item *old, const uint64_t *res)
+{
+	int marked = res[0] == meta_live(old);
+
+	if (marked)
+		hkv_free_block(c, old->blk_off, old->cls);
+	if (res[1] != old->slot)
+		return CONFLICT;
+	if (!marked)
+		repair_mark(c, old, res[0]);
+	return 0;
+}
+
+/*
  * [WRITE new block | WRITE its meta LIVE, CAS old meta LIVE->OBSOLETE, CAS
  * slot old->new]; new_slot 0 (and no write) removes. 0 when the slot swung,
  * CONFLICT, or <0. Without with_write the block went out earlier (with a
@@ -509,32 +541,33 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 			   uint32_t blen, int with_write)
 {
 	struct hkv_wr wrs[8];
-	int n = 0, ret, marked;
+	int n = 0, ret;
 
 	if (with_write)
 		n = append_block_write(c, wrs, n, new_slot, blen);
 	else if (new_slot)
 		wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_LIVE);
-	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, meta_live(old),
-			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
-	wrs[n++] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, new_slot);
+	n = append_retire(c, wrs, n, old, new_slot, c->atom);
 	ret = hkv_exec(c, wrs, n);
-	if (ret)
-		return ret;
-	marked = c->atom[0] == meta_live(old);
-	if (marked)
-		hkv_free_block(c, old->blk_off, old->cls);
-	if (c->atom[1] != old->slot)
-		return CONFLICT;
-	if (!marked)
-		repair_mark(c, old, c->atom[0]);
-	return 0;
+	return ret ? ret : retire_outcome(c, old, c->atom);
 }
 
-/* [CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or <0. */
-static int publish_remove(struct hkv_client *c, const struct item *old)
+/*
+ * [READ header?, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or
+ * <0. With hdr, the old block's header is read into it first, in the same
+ * chain: what was removed, if the removal won.
+ */
+static int publish_remove(struct hkv_client *c, const struct item *old,
+			  struct hkv_block_hdr *hdr)
 {
-	return publish_replace(c, old, 0, 0, 0);
+	struct hkv_wr wrs[3];
+	int n = 0, ret;
+
+	if (hdr)
+		wrs[n++] = hkv_wr_read(c, hdr, old->blk_off, HKV_BLOCK_HDR);
+	n = append_retire(c, wrs, n, old, 0, c->atom);
+	ret = hkv_exec(c, wrs, n);
+	return ret ? ret : retire_outcome(c, old, c->atom);
 }
 
 static uint32_t now_ms32(void)
@@ -697,9 +730,9 @@ static int publish_insert(struct hkv_client *c, const struct key *k, int pos, ui
 
 	wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_PENDING);
 	if (victim) /* cache mode, both buckets full: take over an evicted entry's slot */
-		wrs[n++] = hkv_wr_cas(c, &c->atom[0], victim->blk_off, meta_live(victim),
-				      hkv_meta_make(HKV_BLK_OBSOLETE, victim->cls, victim->gen));
-	wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, expect, new_slot);
+		n = append_retire(c, wrs, n, victim, new_slot, c->atom);
+	else
+		wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
 	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
 	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SLOTS, slot_off_of(c, k, HKV_BUCKET_SLOTS),
 			       HKV_BUCKET_SIZE);
@@ -708,14 +741,8 @@ static int publish_insert(struct hkv_client *c, const struct key *k, int pos, ui
 	if (victim) {
 		int marked = c->atom[0] == meta_live(victim);
 
-		if (marked)
-			hkv_free_block(c, victim->blk_off, victim->cls);
-		if (c->atom[1] == expect) {
-			if (!marked)
-				repair_mark(c, victim, c->atom[0]);
-			else
-				c->stats.evictions++;
-		}
+		if (!retire_outcome(c, victim, c->atom) && marked)
+			c->stats.evictions++;
 	}
 	if (c->atom[1] != expect)
 		return CONFLICT;
@@ -909,26 +936,15 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 					      .blk_off = v[i].off, .cls = cls,
 					      .gen = hkv_meta_gen(h->meta)};
 			hkv_cache_drop(c->cache, key[i].h);
-			wrs[2 * n] = hkv_wr_cas(c, &c->atom[8 + 2 * n], it[n].blk_off, meta_live(&it[n]),
-						hkv_meta_make(HKV_BLK_OBSOLETE, cls, it[n].gen));
-			wrs[2 * n + 1] = hkv_wr_cas(c, &c->atom[9 + 2 * n], it[n].slot_off, it[n].slot, 0);
+			append_retire(c, wrs, 2 * n, &it[n], 0, &c->atom[8 + 2 * n]);
 			n++;
 			break;
 		}
 	}
 	if (n && (ret = hkv_exec(c, wrs, 2 * n)))
 		return ret;
-	for (int i = 0; i < n; i++) {
-		int marked = c->atom[8 + 2 * i] == meta_live(&it[i]);
-
-		if (marked)
-			hkv_free_block(c, it[i].blk_off, cls);
-		if (c->atom[9 + 2 * i] != it[i].slot)
-			continue; /* replaced or removed meanwhile: not an eviction */
-		if (!marked)
-			repair_mark(c, &it[i], c->atom[8 + 2 * i]);
-		evicted++;
-	}
+	for (int i = 0; i < n; i++) /* replaced or removed meanwhile: not an eviction */
+		evicted += retire_outcome(c, &it[i], &c->atom[8 + 2 * i]) == 0;
 	c->stats.evictions += (uint64_t)evicted;
 	return evicted;
 }
@@ -973,6 +989,12 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	return evicted;
 }
 
+/* Region offset of block b of our segment so. */
+static uint64_t own_block_off(const struct hkv_client *c, const struct hkv_seg_own *so, uint64_t b)
+{
+	return c->g.data_off + (uint64_t)so->idx * c->g.seg_size + b * c->g.class_size[so->cls];
+}
+
 /*
  * Memory is full in class cls (cache mode): evict some of our own items of
  * that class. Samples EVICT_SAMPLES of our carved blocks and evicts the
@@ -982,7 +1004,6 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 static int evict(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
-	uint32_t sz = c->g.class_size[cls];
 	struct victim v[EVICT_SAMPLES];
 	uint64_t total = 0;
 	int n = 0;
@@ -1002,7 +1023,7 @@ static int evict(struct hkv_client *c, uint32_t cls)
 		}
 		if (so->held[pick / 64] & 1ull << (pick % 64))
 			continue; /* free already, waiting in our FIFO */
-		v[n++].off = c->g.data_off + (uint64_t)so->idx * c->g.seg_size + pick * sz;
+		v[n++].off = own_block_off(c, so, pick);
 	}
 	n = evict_offs(c, cls, v, n, EVICT_BATCH);
 	if (n > 0) {
@@ -1022,20 +1043,19 @@ static int reassign_segment(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_seg_own *so = hkv_alloc_donor(c, cls);
 	struct victim v[EVICT_SAMPLES];
-	uint32_t sz, ocls;
+	uint32_t ocls;
 	int ret;
 
 	if (!so)
 		return HKV_EFULL;
 	ocls = so->cls;
-	sz = c->g.class_size[ocls];
 	if ((ret = hkv_alloc_detach(c, so)))
 		return ret;
 	for (uint32_t first = 0; first < so->carved; first += EVICT_SAMPLES) {
 		int n = 0;
 
 		for (uint32_t b = first; b < so->carved && n < EVICT_SAMPLES; b++)
-			v[n++].off = c->g.data_off + (uint64_t)so->idx * c->g.seg_size + (uint64_t)b * sz;
+			v[n++].off = own_block_off(c, so, b);
 		ret = evict_offs(c, ocls, v, n, n);
 		if (ret < 0)
 			return ret;
@@ -1416,7 +1436,7 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 	ret = find(c, &k, &it, &view);
 	if (!ret && item_expired(&it)) {
 		/* a miss; reclaim its memory now (one round trip, expired hits only) */
-		if (!c->readonly && it.state == HKV_BLK_LIVE && publish_remove(c, &it) == 0)
+		if (!c->readonly && it.state == HKV_BLK_LIVE && publish_remove(c, &it, NULL) == 0)
 			c->stats.expired_reclaimed++;
 		hkv_cache_drop(c->cache, k.h);
 		ret = HKV_ENOTFOUND;
@@ -1554,27 +1574,14 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 
 	if (loc && loc_fits_key(c, loc, k)) {
 		struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->rblk;
-		struct hkv_wr wrs[3];
 
-		/* [READ header, CAS meta, CAS slot]: the header read just before the
-		 * mark is the removed item's, so its expiry decides the answer */
+		/* the header read just before the mark is the removed item's, so its
+		 * expiry decides the answer (if the mark was ours: see repair_mark) */
 		it = item_of_loc(loc);
 		hkv_cache_drop(c->cache, k->h);
-		wrs[0] = hkv_wr_read(c, h, it.blk_off, HKV_BLOCK_HDR);
-		wrs[1] = hkv_wr_cas(c, &c->atom[0], it.blk_off, meta_live(&it),
-				    hkv_meta_make(HKV_BLK_OBSOLETE, it.cls, it.gen));
-		wrs[2] = hkv_wr_cas(c, &c->atom[1], it.slot_off, it.slot, 0);
-		ret = hkv_exec(c, wrs, 3);
-		if (ret)
+		ret = publish_remove(c, &it, h);
+		if (ret || c->atom[0] != meta_live(&it))
 			return ret;
-		if (c->atom[0] == meta_live(&it))
-			hkv_free_block(c, it.blk_off, it.cls);
-		if (c->atom[1] != it.slot)
-			return CONFLICT;
-		if (c->atom[0] != meta_live(&it)) {
-			repair_mark(c, &it, c->atom[0]);
-			return 0;
-		}
 		return h->exptime && h->exptime <= now_unix() ? HKV_ENOTFOUND : 0;
 	}
 	ret = find_cold(c, k, &it, &view, NULL, 0);
@@ -1582,7 +1589,7 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 		return ret;
 	expired = item_expired(&it);
 	hkv_cache_drop(c->cache, k->h);
-	ret = publish_remove(c, &it);
+	ret = publish_remove(c, &it, NULL);
 	return ret == 0 && expired ? HKV_ENOTFOUND : ret;
 }
 
@@ -1681,22 +1688,33 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
  * entry whose block is LIVE with the slot's generation is removed exactly as
  * delete removes it ([CAS meta, CAS slot], the mark's winner frees).
  */
-#define FLUSH_CHUNK 1024
+#define INDEX_CHUNK 1024
+
+/* Index walks (flush_all, count): READ slots [first, first + *chunk) into
+ * slots, at most INDEX_CHUNK of them; one round trip. */
+static int read_index_chunk(struct hkv_client *c, uint64_t first, uint64_t *slots, int *chunk)
+{
+	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	struct hkv_wr wr;
+
+	*chunk = nslots - first < INDEX_CHUNK ? (int)(nslots - first) : INDEX_CHUNK;
+	wr = hkv_wr_read(c, slots, c->g.index_off + first * 8, (uint32_t)*chunk * 8);
+	return hkv_exec(c, &wr, 1);
+}
 
 static int flush_all(struct hkv_client *c)
 {
 	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
-	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + FLUSH_CHUNK;
+	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + INDEX_CHUNK;
 	struct op_scope sc;
 
 	op_begin(c, &sc, HKV_OP_DELETE);
-	for (uint64_t first = 0; first < nslots; first += FLUSH_CHUNK) {
+	for (uint64_t first = 0; first < nslots; first += INDEX_CHUNK) {
 		uint64_t base = c->g.index_off + first * 8;
-		int chunk = nslots - first < FLUSH_CHUNK ? (int)(nslots - first) : FLUSH_CHUNK;
-		struct hkv_wr wr = hkv_wr_read(c, slots, base, (uint32_t)chunk * 8), wrs[32];
-		int idx[32], ret;
+		struct hkv_wr wrs[32];
+		int idx[32], chunk, ret;
 
-		if ((ret = hkv_exec(c, &wr, 1)))
+		if ((ret = read_index_chunk(c, first, slots, &chunk)))
 			return op_end(c, &sc, ret);
 		for (int i = 0; i < chunk;) {
 			int n = 0;
@@ -1718,7 +1736,7 @@ static int flush_all(struct hkv_client *c)
 				if (hkv_meta_state(m) != HKV_BLK_LIVE ||
 				    hkv_meta_class(m) != it.cls || (it.gen & 0x7ff) != hkv_slot_ver(s))
 					continue; /* not a live entry (being replaced, or garbage) */
-				ret = publish_remove(c, &it);
+				ret = publish_remove(c, &it, NULL);
 				if (ret < 0)
 					return op_end(c, &sc, ret);
 			}
@@ -1746,12 +1764,10 @@ HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *
 		return ret;
 	nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
 	slots = (uint64_t *)c->rblk;
-	for (uint64_t first = 0; first < nslots; first += FLUSH_CHUNK) {
-		int chunk = nslots - first < FLUSH_CHUNK ? (int)(nslots - first) : FLUSH_CHUNK;
-		struct hkv_wr wr = hkv_wr_read(c, slots, c->g.index_off + first * 8,
-					       (uint32_t)chunk * 8);
+	for (uint64_t first = 0; first < nslots; first += INDEX_CHUNK) {
+		int chunk;
 
-		if ((ret = hkv_exec(c, &wr, 1)))
+		if ((ret = read_index_chunk(c, first, slots, &chunk)))
 			return ret;
 		for (int i = 0; i < chunk; i++) {
 			if (!slots[i] || !slot_sane(c, slots[i]))
