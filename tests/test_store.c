@@ -12,6 +12,7 @@
  * memory coming back from a client that closed.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,21 @@ static int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
 static int set_str(struct hkv_client *c, const char *key, const char *val)
 {
 	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+}
+
+/* Set keys prefix0, prefix1, ... to val until a set fails or max are stored;
+ * *stored = how many were. Returns the error that stopped it (0: max). */
+static int fill(struct hkv_client *c, const char *prefix, const void *val, size_t vlen, int max,
+		int *stored)
+{
+	char key[64];
+	int ret = 0;
+
+	for (*stored = 0; *stored < max; (*stored)++)
+		if ((ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "%s%d", prefix, *stored),
+				   val, vlen, NULL)))
+			break;
+	return ret;
 }
 
 static void test_semantics(void)
@@ -356,25 +372,19 @@ static void test_memory_returns(void)
 	struct hkvserver s;
 	struct hkv_client *c;
 	char key[32], val[2000];
-	int n1 = 0, n2 = 0, ret;
+	int n1 = 0, n2 = 0;
 
 	memset(val, 'm', sizeof(val));
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
 	c = hkvserver_client(&s);
-	for (ret = 0; !ret; n1++)
-		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "a-%d", n1), val,
-			      sizeof(val), NULL);
-	CHECK_RC(ret, HKV_EFULL);
-	for (int i = 0; i < n1 - 1; i++)
+	CHECK_RC(fill(c, "a-", val, sizeof(val), INT_MAX, &n1), HKV_EFULL);
+	for (int i = 0; i < n1; i++)
 		CHECK_RC(hkv_delete(c, key, (size_t)snprintf(key, sizeof(key), "a-%d", i)), 0);
 	hkv_close(c);
 	c = hkvserver_client(&s);
-	for (ret = 0; !ret; n2++)
-		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "b-%d", n2), val,
-			      sizeof(val), NULL);
-	printf("# first client stored %d items, the next one %d after the first left\n", n1 - 1,
-	       n2 - 1);
-	CHECK(n2 - 1 >= (n1 - 1) * 9 / 10);
+	(void)fill(c, "b-", val, sizeof(val), INT_MAX, &n2);
+	printf("# first client stored %d items, the next one %d after the first left\n", n1, n2);
+	CHECK(n2 >= n1 * 9 / 10);
 	hkv_close(c);
 	hkvserver_stop(&s);
 }
@@ -391,18 +401,14 @@ static void test_flush_all(void)
 	struct hkv_config *cfg;
 	struct hkv_client *c, *c2;
 	char key[32], val[2000], buf[2100];
-	int n1 = 0, n2 = 0, ret;
+	int n1 = 0, n2 = 0;
 
 	memset(val, 'f', sizeof(val));
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
 	cfg = hkvserver_config(&s);
 	CHECK_RC(hkv_open(cfg, &c), 0);
 	CHECK_RC(hkv_open(cfg, &c2), 0);
-	for (ret = 0; !ret; n1++)
-		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "f-%d", n1), val,
-			      sizeof(val), NULL);
-	CHECK_RC(ret, HKV_EFULL);
-	n1--;
+	CHECK_RC(fill(c, "f-", val, sizeof(val), INT_MAX, &n1), HKV_EFULL);
 	for (int i = 0; i < n1; i++) /* warm c2's cache */
 		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
 				 sizeof(buf), &(size_t){0}, NULL),
@@ -421,10 +427,7 @@ static void test_flush_all(void)
 		CHECK_RC(hkv_get(c2, key, (size_t)snprintf(key, sizeof(key), "f-%d", i), buf,
 				 sizeof(buf), &(size_t){0}, NULL),
 			 HKV_ENOTFOUND);
-	for (ret = 0; !ret; n2++)
-		ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "g-%d", n2), val,
-			      sizeof(val), NULL);
-	n2--;
+	(void)fill(c, "g-", val, sizeof(val), INT_MAX, &n2);
 	printf("# %d items before flush_all, %d stored after it\n", n1, n2);
 	CHECK(n2 >= n1 * 9 / 10);
 	hkv_close(c2);
@@ -601,7 +604,7 @@ static void test_limits(void)
 	struct hkvserver s;
 	struct hkv_config *cfg;
 	struct hkv_client *c[4] = {0};
-	char key[32], val[1000];
+	char val[1000];
 	int n1 = 0, n2 = 0, ret;
 
 	memset(val, 'l', sizeof(val));
@@ -617,16 +620,11 @@ static void test_limits(void)
 	for (int i = 0; i < 100 && (ret = hkv_open(cfg, &c[2])) == -EUSERS; i++)
 		usleep(20000); /* the server sees the disconnect */
 	CHECK_RC(ret, 0);
-	for (ret = 0; !ret; n1++)
-		ret = hkv_set(c[0], key, (size_t)snprintf(key, sizeof(key), "a%d", n1), val,
-			      sizeof(val), NULL);
-	CHECK_RC(ret, HKV_EFULL);
-	for (ret = 0; !ret && n2 < 1000; n2++)
-		ret = hkv_set(c[1], key, (size_t)snprintf(key, sizeof(key), "b%d", n2), val,
-			      sizeof(val), NULL);
+	CHECK_RC(fill(c[0], "a", val, sizeof(val), INT_MAX, &n1), HKV_EFULL);
+	(void)fill(c[1], "b", val, sizeof(val), 1000, &n2);
 	printf("# --max-segments-per-client 2 (64 KiB): one client stored %d items of 1000 B, "
-	       "then HKV_EFULL; another then stored %d\n", n1 - 1, n2 - 1);
-	CHECK(n1 - 1 > 0 && n1 - 1 <= 2 * (65536 / 1024)); /* two segments' worth */
+	       "then HKV_EFULL; another then stored %d\n", n1, n2);
+	CHECK(n1 > 0 && n1 <= 2 * (65536 / 1024)); /* two segments' worth */
 	CHECK(n2 == n1); /* the other client had its own two */
 	for (int i = 0; i < 3; i++)
 		hkv_close(c[i]);
