@@ -496,18 +496,34 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 
 static char *const *saved_argv;
 
+/* This program's path, or with `sibling` the program of that name beside it. */
+static int exe_path(char *buf, size_t cap, const char *sibling)
+{
+	ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+	char *slash;
+
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	if (!sibling)
+		return 0;
+	slash = strrchr(buf, '/');
+	if (!slash || (size_t)(slash + 1 - buf) + strlen(sibling) >= cap)
+		return -1;
+	strcpy(slash + 1, sibling);
+	return 0;
+}
+
 /* Start process `pidx` of a run phase: this program again, in child mode. */
 static pid_t spawn_child(const struct opts *o, const char *system, char workload, int pidx,
 			 const char *result_file)
 {
 	char exe[4096], wl[2] = {workload, 0}, idx[16], *args[64];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	int a = 0;
 	pid_t pid;
 
-	if (n <= 0)
+	if (exe_path(exe, sizeof(exe), NULL))
 		return -1;
-	exe[n] = 0;
 	snprintf(idx, sizeof(idx), "%d", pidx);
 	for (int i = 0; saved_argv[i] && a < 50; i++)
 		args[a++] = saved_argv[i];
@@ -686,15 +702,11 @@ static pid_t start_memcached(const char *port, int threads)
 static pid_t start_hkv_memcached(const char *port, int threads, const char *uri,
 				 const char *token_file)
 {
-	char exe[4096], t[8], *slash;
-	ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 32);
+	char exe[4096], t[8];
 	pid_t pid;
 
-	if (len <= 0)
+	if (exe_path(exe, sizeof(exe), "hatchkv-memcached"))
 		return -1;
-	exe[len] = 0;
-	slash = strrchr(exe, '/');
-	strcpy(slash + 1, "hatchkv-memcached");
 	snprintf(t, sizeof(t), "%d", threads);
 	fflush(NULL);
 	pid = fork();
