@@ -47,7 +47,9 @@ int hkv_alloc_init(struct hkv_client *c)
 {
 	c->owned = hkv_calloc(c->g.nsegs, sizeof(*c->owned));
 	c->classes = hkv_calloc(c->g.nclasses, sizeof(*c->classes));
-	return c->owned && c->classes ? 0 : -ENOMEM;
+	if (c->windows)
+		c->wkeys = hkv_calloc(c->g.nsegs, sizeof(*c->wkeys));
+	return c->owned && c->classes && (c->wkeys || !c->windows) ? 0 : -ENOMEM;
 }
 
 void hkv_alloc_fini(struct hkv_client *c)
@@ -69,8 +71,10 @@ void hkv_alloc_fini(struct hkv_client *c)
 	}
 	hkv_free(c->classes);
 	hkv_free(c->owned);
+	hkv_free(c->wkeys);
 	c->classes = NULL;
 	c->owned = NULL;
+	c->wkeys = NULL;
 }
 
 static uint64_t seg_base(const struct hkv_client *c, uint32_t seg)
@@ -104,10 +108,21 @@ static int fifo_push(struct hkv_class_alloc *ca, uint32_t seg, uint32_t blk, uin
 	return 0;
 }
 
-static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint32_t cls)
+/*
+ * We own segment idx now (our CAS on its table entry succeeded): track it.
+ * With memory windows, first get WRITE rights to it from the server, which
+ * checks the table says so. NULL with *err set on failure.
+ */
+static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint32_t cls,
+				       int *err)
 {
-	struct hkv_seg_own *so = hkv_calloc(1, sizeof(*so));
+	struct hkv_seg_own *so;
 
+	*err = c->windows && !c->wkeys[idx] ? hkv_grant(c, idx, &c->wkeys[idx]) : 0;
+	if (*err)
+		return NULL;
+	*err = -ENOMEM;
+	so = hkv_calloc(1, sizeof(*so));
 	if (!so)
 		return NULL;
 	so->idx = idx;
@@ -124,6 +139,7 @@ static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint3
 	so->next = c->classes[cls].segs;
 	c->classes[cls].segs = so;
 	c->owned[idx] = so;
+	*err = 0;
 	return so;
 }
 
@@ -293,9 +309,9 @@ static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t 
 		return ret;
 	if (c->atom[0] != entry)
 		return HKV_ECORRUPT; /* only we may change an entry we own */
-	so = seg_own_new(c, idx, cls);
+	so = seg_own_new(c, idx, cls, &ret);
 	if (!so)
-		return -ENOMEM;
+		return ret;
 	for (uint32_t b = 0; b < so->nblocks; b++)
 		so->gen[b] = sc->max_gen;
 	c->stats.segments_adopted++;
@@ -313,8 +329,9 @@ static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t wa
 	if (!ret && sc.nfree == sc.nblocks && cls != want_cls) {
 		ret = recarve(c, idx, entry, want_cls, &sc);
 	} else if (!ret) {
-		so = seg_own_new(c, idx, cls);
-		ret = so ? adopt_as_is(c, so, &sc) : -ENOMEM;
+		so = seg_own_new(c, idx, cls, &ret);
+		if (so)
+			ret = adopt_as_is(c, so, &sc);
 		c->stats.segments_adopted++;
 	}
 	scan_free(&sc);
@@ -377,7 +394,8 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 			}
 			if (pass == 0) {
 				c->stats.segments_claimed++;
-				return seg_own_new(c, i, cls) ? 0 : -ENOMEM;
+				seg_own_new(c, i, cls, &ret);
+				return ret;
 			}
 			e = hkv_seg_make(HKV_SEG_OWNED, ecls, c->client_id, hkv_seg_epoch(e) + 1);
 			return adopt(c, i, e, cls);

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "common/ctl_proto.h"
 #include "common/layout.h"
 #include "common/transport.h"
 #include "hatchkv.h"
@@ -116,13 +117,17 @@ struct hkv_origin;
 
 struct hkv_client {
 	struct hkv_conn *conn;
-	struct hkv_origin *origin; /* how to connect again (connect.c) */
+	struct hkv_origin *origin; /* how to connect again (connect.c); owned */
+	const struct hkv_origin *via; /* the origin this connection came from (grants) */
 	uint64_t revive_ns;        /* last reconnect attempt */
 	struct hkv_geometry g; /* validated copy of the region header */
 	uint64_t base;         /* remote address of region offset 0 */
 	uint32_t rkey;
 	uint32_t client_id;
+	uint8_t ticket[HKV_TICKET_LEN]; /* spent on the data plane; proves us in GRANTs */
 	int readonly; /* granted RDMA Read rights only: writes fail with -EPERM */
+	int windows;  /* memory windows: rkey is READ|ATOMIC; WRITEs use wkeys */
+	uint32_t *wkeys; /* windows: per segment index, the WRITE window's rkey (0: none) */
 	int timeout_ms;
 	size_t max_value;
 	uint32_t max_block; /* largest block this handle writes or reads */
@@ -191,6 +196,9 @@ int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
 
 uint64_t hkv_rand(struct hkv_client *c);
+/* Memory windows: ask the server (control plane) for rights to segment seg
+ * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */
+int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey);
 /* Before an operation: 0 if the connection is up or was re-established;
  * HKV_EDISCONNECTED (or the reconnect's error) if not. */
 int hkv_revive(struct hkv_client *c);

@@ -30,6 +30,15 @@ struct endpoint {
 	char host[256], port[16], path[108];
 };
 
+/* What a handle needs to connect again, copied at hkv_open (the config may
+ * be freed while the handle lives). */
+struct hkv_origin {
+	struct endpoint ep;
+	char token[HKV_TOKEN_MAX + 1];
+	int timeout_ms;
+	size_t max_value;
+};
+
 static int parse_uri(const char *uri, struct endpoint *ep)
 {
 	const char *colon;
@@ -124,18 +133,22 @@ static int read_full(int fd, void *buf, size_t len, int timeout_ms)
 	return 0;
 }
 
-/* AUTH on the control plane; fills the welcome or returns the refusal. */
-static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms,
-		    struct hkv_ctl_welcome *w)
+/*
+ * One control-plane request: send type + body, read the reply. A reply of
+ * type `want` and exactly out_len bytes fills out; an ERROR reply returns
+ * its status (the message goes to the debug log).
+ */
+static int ctl_request(const struct endpoint *ep, uint16_t type, const void *body, uint32_t len,
+		       int timeout_ms, uint16_t want, void *out, uint32_t out_len)
 {
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
-				.type = HKV_CTL_AUTH, .len = (uint32_t)strlen(token)};
+				.type = type, .len = len};
 	char msg[HKV_CTL_BODY_MAX + 1];
 	int fd = ctl_socket(ep, timeout_ms), ret;
 
 	if (fd < 0)
 		return fd;
-	if (write(fd, &h, sizeof(h)) != sizeof(h) || write(fd, token, h.len) != (ssize_t)h.len) {
+	if (write(fd, &h, sizeof(h)) != sizeof(h) || write(fd, body, len) != (ssize_t)len) {
 		ret = -errno;
 		goto out;
 	}
@@ -153,14 +166,25 @@ static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms
 		msg[h.len] = 0;
 		hkv_debug("client: server refused: %s", msg);
 		ret = h.status < 0 ? h.status : HKV_EPROTO;
-	} else if (h.type != HKV_CTL_WELCOME || h.len != sizeof(*w)) {
+	} else if (h.type != want || h.len != out_len) {
 		ret = HKV_EPROTO;
 	} else {
-		memcpy(w, msg, sizeof(*w));
-		w->data_endpoint[sizeof(w->data_endpoint) - 1] = 0;
+		memcpy(out, msg, out_len);
 	}
 out:
 	close(fd);
+	return ret;
+}
+
+/* AUTH on the control plane; fills the welcome or returns the refusal. */
+static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms,
+		    struct hkv_ctl_welcome *w)
+{
+	int ret = ctl_request(ep, HKV_CTL_AUTH, token, (uint32_t)strlen(token), timeout_ms,
+			      HKV_CTL_WELCOME, w, sizeof(*w));
+
+	if (!ret)
+		w->data_endpoint[sizeof(w->data_endpoint) - 1] = 0;
 	return ret;
 }
 
@@ -186,9 +210,34 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 	if (!c->conn)
 		return -errno;
 	c->client_id = w->client_id;
+	memcpy(c->ticket, w->ticket, HKV_TICKET_LEN);
 	c->readonly = !(hkv_conn_region(c->conn)->access & HKV_ACCESS_WRITE);
+	c->windows = !!(hkv_conn_region(c->conn)->access & HKV_ACCESS_WINDOWS);
 	c->base = hkv_conn_region(c->conn)->base;
 	c->rkey = hkv_conn_region(c->conn)->rkey;
+	return 0;
+}
+
+int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey)
+{
+	struct hkv_ctl_grant g = {.client_id = c->client_id, .seg = seg};
+	struct hkv_ctl_granted out;
+	int ret;
+
+	if (!c->windows)
+		return -EOPNOTSUPP;
+	memcpy(g.ticket, c->ticket, HKV_TICKET_LEN);
+	ret = ctl_request(&c->via->ep, HKV_CTL_GRANT, &g, sizeof(g), c->timeout_ms,
+			  HKV_CTL_GRANTED, &out, sizeof(out));
+	if (!ret && (out.seg != seg || !out.rkey))
+		ret = HKV_EPROTO;
+	if (ret) {
+		hkv_debug("client %u: grant of %s %u: %s", c->client_id,
+			  seg == HKV_GRANT_BASE ? "base rights" : "segment", seg, hkv_strerror(ret));
+		return ret;
+	}
+	*rkey = out.rkey;
+	c->stats.grants++;
 	return 0;
 }
 
@@ -278,15 +327,6 @@ static int share_cache(const struct hkv_config *cfg_in, struct hkv_client *c)
 	return c->cache ? 0 : -ENOMEM;
 }
 
-/* What a handle needs to connect again, copied at hkv_open (the config may
- * be freed while the handle lives). */
-struct hkv_origin {
-	struct endpoint ep;
-	char token[HKV_TOKEN_MAX + 1];
-	int timeout_ms;
-	size_t max_value;
-};
-
 /* Connect a new handle to the origin's server, sharing `cache`. */
 static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 			  struct hkv_client **out)
@@ -301,9 +341,12 @@ static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 	c->timeout_ms = o->timeout_ms;
 	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
 	c->cache = hkv_cache_ref(cache);
+	c->via = o;
 	ret = ctl_auth(&o->ep, o->token, o->timeout_ms, &w);
 	if (!ret)
 		ret = open_data(c, &o->ep, &w);
+	if (!ret && c->windows) /* our rkey is a window on our own connection */
+		ret = hkv_grant(c, HKV_GRANT_BASE, &c->rkey);
 	if (!ret)
 		ret = read_geometry(c);
 	if (!ret)

@@ -9,7 +9,18 @@
  *
  *   AUTH     client -> server  body: the shared token (1..HKV_TOKEN_MAX bytes)
  *   WELCOME  server -> client  body: struct hkv_ctl_welcome
+ *   GRANT    client -> server  body: struct hkv_ctl_grant
+ *   GRANTED  server -> client  body: struct hkv_ctl_granted
  *   ERROR    server -> client  status: HKV_E* code, body: a message
+ *
+ * One request per connection. GRANT exists when the data plane uses memory
+ * windows (the accept's region access has HKV_ACCESS_WINDOWS): a connected
+ * client asks for its base rights (READ and ATOMIC over the region; READ
+ * only for a read-only client) and then for WRITE rights to each segment it
+ * has claimed in the segment table. The server binds a window on the
+ * client's own queue pair and answers its rkey. It is the only control
+ * message a client sends after connecting, and it is rare: once per
+ * connection and once per segment claimed, never per operation.
  *
  * No address or rkey is sent before the token checks out: the WELCOME only
  * carries a one-time ticket; the region's rkey travels in the data plane's
@@ -26,7 +37,13 @@
 #define HKV_TOKEN_MAX    256
 #define HKV_TICKET_LEN   16
 
-enum hkv_ctl_type { HKV_CTL_AUTH = 1, HKV_CTL_WELCOME = 2, HKV_CTL_ERROR = 3 };
+enum hkv_ctl_type {
+	HKV_CTL_AUTH = 1,
+	HKV_CTL_WELCOME = 2,
+	HKV_CTL_ERROR = 3,
+	HKV_CTL_GRANT = 4,
+	HKV_CTL_GRANTED = 5,
+};
 
 struct hkv_ctl_hdr {
 	uint32_t magic;
@@ -52,6 +69,26 @@ struct hkv_ctl_welcome {
 struct hkv_data_hello {
 	uint32_t client_id;
 	uint8_t ticket[HKV_TICKET_LEN];
+};
+
+/* GRANT's seg for the connection's base rights (READ, and ATOMIC for writers). */
+#define HKV_GRANT_BASE 0xffffffffu
+
+/* A connected client's request for rights; its ticket, spent on the data
+ * plane's hello, stays its secret while it is connected. */
+struct hkv_ctl_grant {
+	uint32_t client_id;
+	uint32_t seg; /* segment index, or HKV_GRANT_BASE */
+	uint8_t ticket[HKV_TICKET_LEN];
+};
+
+struct hkv_ctl_granted {
+	uint32_t seg;
+	uint32_t rkey;   /* valid on the client's own connection only */
+	uint64_t off;    /* region offset of the window */
+	uint64_t len;    /* its bytes */
+	uint32_t access; /* HKV_ACCESS_* it carries */
+	uint32_t pad;
 };
 
 #endif /* HKV_CTL_PROTO_H */

@@ -63,7 +63,7 @@ void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hel
 		info.reply_len = 0;
 	acc->len = (uint16_t)info.reply_len;
 	acc->region = l->region;
-	acc->region.access = info.access;
+	acc->region.access = info.access | (l->region.access & HKV_ACCESS_WINDOWS);
 	*access = info.access;
 	*cookie = info.cookie;
 }
@@ -230,6 +230,29 @@ int hkv_listener_dispatch(struct hkv_listener *l)
 int hkv_listener_nconns(const struct hkv_listener *l)
 {
 	return l->ops->nconns(l);
+}
+
+int hkv_listener_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
+		       uint32_t access, uint32_t *rkey)
+{
+	if (!l->ops->grant || !(l->region.access & HKV_ACCESS_WINDOWS))
+		return -EOPNOTSUPP;
+	if (!len || off > l->region.length || len > l->region.length - off ||
+	    !(access & HKV_ACCESS_ALL) || (access & ~HKV_ACCESS_ALL))
+		return -EINVAL;
+	return l->ops->grant(l, cookie, off, len, access, rkey);
+}
+
+int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off)
+{
+	if (!l->ops->revoke || !(l->region.access & HKV_ACCESS_WINDOWS))
+		return -EOPNOTSUPP;
+	return l->ops->revoke(l, cookie, off);
+}
+
+int hkv_listener_nwindows(const struct hkv_listener *l)
+{
+	return l->ops->nwindows ? l->ops->nwindows(l) : 0;
 }
 
 const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l)

@@ -59,6 +59,10 @@ enum hkv_wr_opcode {
 #define HKV_ACCESS_WRITE  0x2
 #define HKV_ACCESS_ATOMIC 0x4
 #define HKV_ACCESS_ALL    (HKV_ACCESS_READ | HKV_ACCESS_WRITE | HKV_ACCESS_ATOMIC)
+/* In an accept's region.access: the listener uses memory windows, so the
+ * accept's rkey is 0 and every rkey of this connection comes from
+ * hkv_listener_grant() (asked for through the server's control plane). */
+#define HKV_ACCESS_WINDOWS 0x100
 
 #define HKV_WR_F_SIGNALED 0x1 /* completion wanted (the last WR of a chain always has one) */
 #define HKV_WR_F_FENCE    0x2 /* wait for earlier READs/atomics before this one */
@@ -229,6 +233,12 @@ struct hkv_listener_cfg {
 	hkv_on_connect_fn on_connect;
 	hkv_on_disconnect_fn on_disconnect;
 	void *arg;
+	/* verbs, if the device offers type-2 memory windows: expose the region
+	 * only through windows bound to each connection's own queue pair, so no
+	 * rkey reaches more than was granted to that connection and none
+	 * outlives it. hkv_listener_region()->access tells whether it is on.
+	 * shm ignores it (the client maps the region: nothing to enforce with). */
+	int windows;
 };
 
 struct hkv_listener *hkv_listener_create(const struct hkv_listener_cfg *cfg);
@@ -238,6 +248,22 @@ int hkv_listener_fd(const struct hkv_listener *l);
 int hkv_listener_dispatch(struct hkv_listener *l);
 /* The descriptor clients receive for full access. */
 const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l);
+/*
+ * Memory windows (listeners created with windows): give the connection
+ * accepted with `cookie` the rights `access` (HKV_ACCESS_*) to region bytes
+ * [off, off+len): a type-2 window bound to that connection's queue pair,
+ * so its rkey works on no other connection and dies with this one. The
+ * same range with the same rights again returns the same rkey. Returns 0
+ * with *rkey set, -ENOENT (no such connection), -EINVAL (range),
+ * -EOPNOTSUPP (no windows), or the bind's error.
+ */
+int hkv_listener_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
+		       uint32_t access, uint32_t *rkey);
+/* Invalidate that connection's window starting at off: a later access with
+ * its rkey fails at the NIC. 0, -ENOENT, or -EOPNOTSUPP. */
+int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off);
+/* Windows currently bound, over all connections. */
+int hkv_listener_nwindows(const struct hkv_listener *l);
 /* Connections currently established. */
 int hkv_listener_nconns(const struct hkv_listener *l);
 void hkv_listener_destroy(struct hkv_listener *l);

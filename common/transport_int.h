@@ -51,6 +51,11 @@ struct hkv_listener_ops {
 	int (*dispatch)(struct hkv_listener *l);
 	int (*nconns)(const struct hkv_listener *l);
 	void (*destroy)(struct hkv_listener *l);
+	/* memory windows; NULL: not supported (shm) */
+	int (*grant)(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
+		     uint32_t access, uint32_t *rkey);
+	int (*revoke)(struct hkv_listener *l, uint64_t cookie, uint64_t off);
+	int (*nwindows)(const struct hkv_listener *l);
 };
 
 struct hkv_listener {

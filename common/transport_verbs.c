@@ -7,8 +7,18 @@
  *             message in private data);  teardown in exact reverse.
  *   listener: event channel -> cm id -> bind/listen -> PD -> MR(region) -> CQ;
  *             per CONNECT_REQUEST a QP on the child id and rdma_accept.
- * The listener never posts: every data-path operation is one-sided, so the
- * server's CPU sees only connection events.
+ * The listener posts nothing on the data path: every data-path operation is
+ * one-sided, so the server's CPU sees only connection events and, with
+ * memory windows, one bind per grant (a connection's first rights and each
+ * segment it claims).
+ *
+ * Memory windows (cfg->windows on a device with type-2B windows): the region
+ * is registered once with local rights and MW_BIND only, so its own rkey
+ * opens nothing remotely. Every right a client has is a type-2 window bound
+ * (IBV_WR_BIND_MW, posted on that client's own queue pair and waited for)
+ * over exactly the bytes granted: the NIC accepts such an rkey only on the
+ * queue pair it was bound on, so it is useless to any other client, and the
+ * windows are deallocated when the connection goes.
  *
  * Posting: a chain becomes one linked ibv_send_wr list and one
  * ibv_post_send (one doorbell). Only the WRs asked for, and always the last,
@@ -430,10 +440,18 @@ fail:
 
 /* ---- listener -------------------------------------------------------------- */
 
+struct verbs_window {
+	uint64_t off, len;
+	uint32_t access, rkey;
+	struct ibv_mw *mw;
+};
+
 struct verbs_child {
 	struct rdma_cm_id *id;
 	int established;
 	uint64_t cookie;
+	struct verbs_window *win;
+	uint32_t nwin, capwin;
 	struct verbs_child *next;
 };
 
@@ -446,6 +464,9 @@ struct verbs_listener {
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_mr *mrs[HKV_ACCESS_ALL + 1]; /* region registered per rights granted */
+	struct ibv_mr *wmr; /* windows: the region with local rights and MW_BIND only */
+	uint64_t bind_seq;
+	int nwindows;
 	void *region;
 	size_t region_len;
 	uint8_t max_rd_atom;
@@ -489,6 +510,10 @@ static void verbs_child_forget(struct verbs_listener *vl, struct rdma_cm_id *id)
 		*pp = ch->next;
 		if (ch->established)
 			vl->nconns--;
+		for (uint32_t i = 0; i < ch->nwin; i++) /* its rkeys die here */
+			ibv_dealloc_mw(ch->win[i].mw);
+		vl->nwindows -= (int)ch->nwin;
+		hkv_free(ch->win);
 		rdma_destroy_qp(id); /* from here on, nothing of this peer lands */
 		rdma_destroy_id(id);
 		hkv_listener_gone(&vl->base, ch->cookie);
@@ -510,12 +535,12 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 		.send_cq = vl->cq,
 		.recv_cq = vl->cq,
 		.qp_type = IBV_QPT_RC,
-		.cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+		.cap = {.max_send_wr = 4, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
 	};
 	struct rdma_conn_param param = {0};
 	struct hkv_accept_msg acc;
 	struct verbs_child *ch;
-	struct ibv_mr *mr;
+	struct ibv_mr *mr = NULL;
 	uint64_t cookie = 0;
 	uint32_t access;
 
@@ -523,13 +548,13 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 			    ev->param.conn.private_data_len, &acc, &access, &cookie);
 	if (!acc.status && ev->id->verbs != vl->ctx)
 		acc.status = HKV_ENODEV;
-	if (!acc.status && !(mr = verbs_l_mr(vl, access)))
+	if (!acc.status && !vl->wmr && !(mr = verbs_l_mr(vl, access)))
 		acc.status = -ENOMEM;
 	if (acc.status) {
 		verbs_l_reject(ev->id, &acc);
 		return NULL;
 	}
-	acc.region.rkey = mr->rkey;
+	acc.region.rkey = vl->wmr ? 0 : mr->rkey; /* windows: rights come by grant */
 	ch = hkv_calloc(1, sizeof(*ch));
 	if (!ch || rdma_create_qp(ev->id, vl->pd, &qa)) {
 		hkv_free(ch);
@@ -596,6 +621,128 @@ static int verbs_l_dispatch(struct hkv_listener *l)
 	return 0;
 }
 
+/* ---- memory windows ---------------------------------------------------------- */
+
+static struct verbs_child *verbs_child_by_cookie(struct verbs_listener *vl, uint64_t cookie)
+{
+	for (struct verbs_child *ch = vl->children; ch; ch = ch->next)
+		if (ch->cookie == cookie)
+			return ch;
+	return NULL;
+}
+
+static int access_to_mw(uint32_t a)
+{
+	return (a & HKV_ACCESS_READ ? IBV_ACCESS_REMOTE_READ : 0) |
+	       (a & HKV_ACCESS_WRITE ? IBV_ACCESS_REMOTE_WRITE : 0) |
+	       (a & HKV_ACCESS_ATOMIC ? IBV_ACCESS_REMOTE_ATOMIC : 0);
+}
+
+/* Bind mw over [off, off+len) on the child's QP with the new rkey; wait for it. */
+static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct ibv_mw *mw,
+		      uint32_t rkey, uint64_t off, uint64_t len, uint32_t access)
+{
+	struct ibv_send_wr wr = {0}, *bad;
+	uint64_t deadline = hkv_now_ns() + 2000000000ull;
+	struct ibv_wc wc;
+	int n, ret;
+
+	wr.wr_id = ++vl->bind_seq;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = vl->wmr;
+	wr.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)vl->region + off;
+	wr.bind_mw.bind_info.length = len;
+	wr.bind_mw.bind_info.mw_access_flags = (unsigned int)access_to_mw(access);
+	ret = ibv_post_send(ch->id->qp, &wr, &bad);
+	if (ret)
+		return -ret;
+	for (;;) { /* the CQ carries nothing but binds, one at a time */
+		n = ibv_poll_cq(vl->cq, 1, &wc);
+		if (n < 0)
+			return HKV_ETRANSPORT;
+		if (n == 1 && wc.wr_id == vl->bind_seq) {
+			if (wc.status)
+				hkv_warn("verbs: binding a memory window: %s",
+					 ibv_wc_status_str(wc.status));
+			return wc.status ? wc_status_to_err(wc.status) : 0;
+		}
+		if (hkv_now_ns() > deadline)
+			return HKV_ETIMEDOUT;
+	}
+}
+
+static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
+			 uint32_t access, uint32_t *rkey)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	struct verbs_child *ch = verbs_child_by_cookie(vl, cookie);
+	struct verbs_window *w;
+	struct ibv_mw *mw;
+	uint32_t key;
+	int ret;
+
+	if (!ch || !ch->id->qp)
+		return -ENOENT;
+	for (uint32_t i = 0; i < ch->nwin; i++) {
+		w = &ch->win[i];
+		if (w->off == off && w->len == len && w->access == access) {
+			*rkey = w->rkey;
+			return 0;
+		}
+		if (w->off == off) /* one window per start: a new grant replaces it */
+			return -EEXIST;
+	}
+	if (ch->nwin == ch->capwin) {
+		uint32_t cap = ch->capwin ? 2 * ch->capwin : 4;
+		void *p = hkv_realloc(ch->win, cap * sizeof(*ch->win));
+
+		if (!p)
+			return -ENOMEM;
+		ch->win = p;
+		ch->capwin = cap;
+	}
+	mw = ibv_alloc_mw(vl->pd, IBV_MW_TYPE_2);
+	if (!mw)
+		return -errno;
+	key = ibv_inc_rkey(mw->rkey);
+	ret = verbs_bind(vl, ch, mw, key, off, len, access);
+	if (ret) {
+		ibv_dealloc_mw(mw);
+		return ret;
+	}
+	ch->win[ch->nwin++] = (struct verbs_window){.off = off, .len = len, .access = access,
+						    .rkey = key, .mw = mw};
+	vl->nwindows++;
+	*rkey = key;
+	return 0;
+}
+
+static int verbs_l_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	struct verbs_child *ch = verbs_child_by_cookie(vl, cookie);
+
+	if (!ch)
+		return -ENOENT;
+	for (uint32_t i = 0; i < ch->nwin; i++) {
+		if (ch->win[i].off != off)
+			continue;
+		ibv_dealloc_mw(ch->win[i].mw); /* invalidates the rkey */
+		ch->win[i] = ch->win[--ch->nwin];
+		vl->nwindows--;
+		return 0;
+	}
+	return -ENOENT;
+}
+
+static int verbs_l_nwindows(const struct hkv_listener *l)
+{
+	return container_of(l, struct verbs_listener, base)->nwindows;
+}
+
 static void verbs_l_destroy(struct hkv_listener *l)
 {
 	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
@@ -607,6 +754,8 @@ static void verbs_l_destroy(struct hkv_listener *l)
 	for (int i = HKV_ACCESS_ALL; i >= 0; i--)
 		if (vl->mrs[i])
 			ibv_dereg_mr(vl->mrs[i]);
+	if (vl->wmr)
+		ibv_dereg_mr(vl->wmr);
 	if (vl->cq)
 		ibv_destroy_cq(vl->cq);
 	if (vl->pd)
@@ -625,6 +774,9 @@ static const struct hkv_listener_ops verbs_listener_ops = {
 	.dispatch = verbs_l_dispatch,
 	.nconns = verbs_l_nconns,
 	.destroy = verbs_l_destroy,
+	.grant = verbs_l_grant,
+	.revoke = verbs_l_revoke,
+	.nwindows = verbs_l_nwindows,
 };
 
 static int verbs_l_bind(struct verbs_listener *vl, const struct hkv_listener_cfg *cfg)
@@ -656,7 +808,7 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 {
 	struct verbs_listener *vl = hkv_calloc(1, sizeof(*vl));
 	struct ibv_device_attr dattr;
-	struct ibv_mr *mr;
+	struct ibv_mr *mr = NULL;
 	int ret = -ENOMEM;
 
 	if (!vl)
@@ -679,19 +831,33 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 		goto destroy;
 	vl->max_rd_atom = (uint8_t)(dattr.max_qp_rd_atom < VERBS_RD_ATOMIC ? dattr.max_qp_rd_atom
 									     : VERBS_RD_ATOMIC);
-	if (!(mr = verbs_l_mr(vl, HKV_ACCESS_ALL)) ||
-	    !(vl->cq = ibv_create_cq(vl->ctx, 16, NULL, NULL, 0))) {
+	if (cfg->windows && !(dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B))
+		hkv_warn("verbs: device %s has no type-2B memory windows: every client's rkey "
+			 "reaches the whole region", ibv_get_device_name(vl->ctx->device));
+	else if (cfg->windows &&
+		 !(vl->wmr = ibv_reg_mr(vl->pd, vl->region, vl->region_len,
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND))) {
+		ret = -errno;
+		goto destroy;
+	}
+	if ((!vl->wmr && !(mr = verbs_l_mr(vl, HKV_ACCESS_ALL))) ||
+	    !(vl->cq = ibv_create_cq(vl->ctx, 64, NULL, NULL, 0))) {
 		ret = errno ? -errno : -ENOMEM;
 		goto destroy;
 	}
 	vl->base.region.base = (uint64_t)(uintptr_t)cfg->region;
 	vl->base.region.length = cfg->region_len;
-	vl->base.region.rkey = mr->rkey;
-	vl->base.region.access = HKV_ACCESS_ALL;
+	vl->base.region.rkey = vl->wmr ? 0 : mr->rkey;
+	vl->base.region.access = HKV_ACCESS_ALL | (vl->wmr ? HKV_ACCESS_WINDOWS : 0);
 	fcntl(vl->ec->fd, F_SETFL, fcntl(vl->ec->fd, F_GETFL) | O_NONBLOCK);
-	hkv_info("verbs: listening on %s:%s, device %s, region %zu bytes rkey 0x%x",
-		 cfg->host ? cfg->host : "*", cfg->port, ibv_get_device_name(vl->ctx->device),
-		 cfg->region_len, mr->rkey);
+	if (vl->wmr)
+		hkv_info("verbs: listening on %s:%s, device %s, region %zu bytes, memory windows "
+			 "per client", cfg->host ? cfg->host : "*", cfg->port,
+			 ibv_get_device_name(vl->ctx->device), cfg->region_len);
+	else
+		hkv_info("verbs: listening on %s:%s, device %s, region %zu bytes rkey 0x%x",
+			 cfg->host ? cfg->host : "*", cfg->port,
+			 ibv_get_device_name(vl->ctx->device), cfg->region_len, mr->rkey);
 	return &vl->base;
 
 destroy:

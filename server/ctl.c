@@ -206,6 +206,26 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	reply(cc, HKV_CTL_WELCOME, 0, &w, sizeof(w));
 }
 
+/* GRANT: a connected client asks for a memory window (see ctl_proto.h). */
+static void process_grant(struct ctl_conn *cc, const uint8_t *body)
+{
+	struct hkv_ctl_granted out;
+	struct hkv_ctl_grant g;
+	const char *why;
+	int ret;
+
+	memcpy(&g, body, sizeof(g));
+	ret = hkv_store_grant(cc->ctl->store, &g, &out, &why);
+	if (ret == HKV_EAUTH)
+		source_charge(cc); /* a guessed ticket costs like a guessed token */
+	if (ret) {
+		hkv_warn("ctl: refused a grant to client %u: %s", g.client_id, why);
+		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
+		return;
+	}
+	reply(cc, HKV_CTL_GRANTED, 0, &out, sizeof(out));
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct ctl_conn *cc = arg;
@@ -228,6 +248,8 @@ static void on_read(struct bufferevent *bev, void *arg)
 	} else if (v == HKV_CTL_REJECT) {
 		source_charge(cc);
 		refuse(cc, req.status, req.why);
+	} else if (req.type == HKV_CTL_GRANT) {
+		process_grant(cc, req.token);
 	} else {
 		process_auth(cc, req.token, req.token_len);
 	}

@@ -3,7 +3,8 @@
  * unix-socket (shm) connections, checks the shared token (or the read-only
  * token, whose clients get rights to RDMA Read only) in constant time,
  * answers WELCOME (client id, one-time ticket, data endpoint) or ERROR, and
- * closes. Bounded: at most HKV_CTL_MAX_CONNS at once, a request of at most
+ * closes. With memory windows it also answers a connected client's GRANT
+ * (hkv_store_grant) with GRANTED or ERROR. Bounded: at most HKV_CTL_MAX_CONNS at once, a request of at most
  * header + HKV_TOKEN_MAX bytes (nothing more is ever buffered), 5 s to send
  * it, and per source (IP, or peer uid on the unix socket) 20 refused
  * requests a second (burst 40) before it is answered "rate limited"; anything

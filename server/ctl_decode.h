@@ -4,13 +4,14 @@
  * state; server/ctl.c calls it on every read, tests/fuzz/fuzz_ctl.c feeds it
  * garbage.
  *
- * A request is one AUTH message (common/ctl_proto.h):
+ * A request is one AUTH or GRANT message (common/ctl_proto.h):
  *
  *   +--------+--------+--------+----------+--------+------------------+
- *   | magic4 | ver2   | type2  | status4  | len4   | token, len bytes |
+ *   | magic4 | ver2   | type2  | status4  | len4   | body, len bytes  |
  *   +--------+--------+--------+----------+--------+------------------+
- *   with 1 <= len <= HKV_TOKEN_MAX, so a request is at most
- *   HKV_CTL_REQ_MAX bytes: the server never buffers more per connection.
+ *   AUTH: the token, 1 <= len <= HKV_TOKEN_MAX; GRANT: len ==
+ *   sizeof(struct hkv_ctl_grant). So a request is at most HKV_CTL_REQ_MAX
+ *   bytes: the server never buffers more per connection.
  *
  * The header is judged as soon as it is complete (magic, then version, then
  * type and length), before the body arrives: a bad header is rejected at
@@ -35,8 +36,9 @@ enum hkv_ctl_verdict {
 };
 
 struct hkv_ctl_req {
-	const uint8_t *token; /* points into the caller's bytes */
-	uint32_t token_len;   /* 1..HKV_TOKEN_MAX */
+	uint16_t type;        /* HKV_CTL_AUTH or HKV_CTL_GRANT */
+	const uint8_t *token; /* the body: points into the caller's bytes */
+	uint32_t token_len;   /* AUTH: 1..HKV_TOKEN_MAX; GRANT: sizeof(struct hkv_ctl_grant) */
 	size_t consumed;      /* header + body bytes of this request */
 	int status;           /* REJECT: the ERROR reply's status (HKV_EPROTO) */
 	const char *why;      /* REJECT: the ERROR reply's text (static) */
@@ -61,13 +63,15 @@ static inline enum hkv_ctl_verdict hkv_ctl_decode(const void *buf, size_t len,
 		req->why = "not a hatchkv control message";
 	else if (h.version != HKV_CTL_VERSION)
 		req->why = "unsupported control protocol version";
-	else if (h.type != HKV_CTL_AUTH || h.len == 0 || h.len > HKV_TOKEN_MAX)
+	else if (h.type == HKV_CTL_AUTH ? h.len == 0 || h.len > HKV_TOKEN_MAX
+					 : h.type != HKV_CTL_GRANT || h.len != sizeof(struct hkv_ctl_grant))
 		req->why = "malformed request";
 	if (req->why)
 		return HKV_CTL_REJECT;
 	req->status = 0;
 	if (len < sizeof(h) + h.len)
 		return HKV_CTL_NEED_MORE; /* the caller's read timeout bounds the wait */
+	req->type = h.type;
 	req->token = (const uint8_t *)buf + sizeof(h);
 	req->token_len = h.len;
 	req->consumed = sizeof(h) + h.len;

@@ -21,6 +21,7 @@ struct server_opts {
 	enum hkv_transport_kind kind;
 	const char *host, *port, *socket_path, *token_file, *ro_token_file;
 	struct hkv_store_opts store;
+	int no_windows;
 	char data_port[16], data_path[128];
 };
 
@@ -49,6 +50,11 @@ static void usage(FILE *f)
 		"                             segments one client may own at once (default: no\n"
 		"                             limit); a client at its limit evicts (cache mode)\n"
 		"                             or gets HKV_EFULL\n"
+		"  -W, --no-windows           verbs: hand every client one rkey for the whole\n"
+		"                             region instead of memory windows bound to its own\n"
+		"                             connection (default: windows if the device has\n"
+		"                             type-2B windows: writers may WRITE only into\n"
+		"                             segments they own, keys die with the connection)\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
 		"  -h, --help\n");
 }
@@ -82,11 +88,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"ro-token-file", required_argument, NULL, 'r'},
 		{"max-clients", required_argument, NULL, 'C'},
 		{"max-segments-per-client", required_argument, NULL, 'g'},
+		{"no-windows", no_argument, NULL, 'W'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:Wvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -122,6 +129,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			if (!o->store.max_client_segs)
 				return fprintf(stderr, "bad --max-segments-per-client '%s'\n", optarg), -1;
 			break;
+		case 'W': o->no_windows = 1; break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -166,6 +174,7 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 		.on_connect = hkv_store_on_connect,
 		.on_disconnect = hkv_store_on_disconnect,
 		.arg = &sv->store,
+		.windows = !o->no_windows,
 	};
 
 	snprintf(o->data_port, sizeof(o->data_port), "%d", atoi(o->port) + 1);
@@ -178,6 +187,7 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 			o->kind == HKV_TRANSPORT_SHM ? "shm" : "verbs", hkv_strerror(-errno));
 		return -1;
 	}
+	sv->store.data = sv->data;
 	return 0;
 }
 

@@ -112,6 +112,8 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 void hkv_store_fini(struct hkv_store *s)
 {
 	hkv_region_destroy(&s->region);
+	for (uint32_t id = 1; s->clients && id <= HKV_MAX_CLIENTS; id++)
+		hkv_free(s->clients[id].grants);
 	hkv_free(s->clients);
 	s->clients = NULL;
 }
@@ -199,6 +201,8 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected)
 		return;
 	s->clients[id].connected = 0;
+	memset(s->clients[id].ticket, 0, HKV_TICKET_LEN);
+	s->clients[id].ngrants = 0; /* the transport deallocated its windows */
 	s->nconnected--;
 	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
 		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE);
@@ -217,11 +221,132 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 	hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption", id, n);
 }
 
+/* ---- memory windows ----------------------------------------------------------- */
+
+static uint64_t seg_entry(const struct hkv_store *s, uint32_t seg)
+{
+	const uint64_t *table = (const uint64_t *)((const uint8_t *)s->region.base +
+						   s->geom->seg_table_off);
+
+	return __atomic_load_n(&table[seg], __ATOMIC_ACQUIRE);
+}
+
+static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
+{
+	uint64_t e = seg_entry(s, seg);
+
+	return hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff);
+}
+
+/* Revoke the client's segment windows whose segment is no longer its own. */
+static void sweep_client(struct hkv_store *s, uint32_t id)
+{
+	struct hkv_client_rec *c = &s->clients[id];
+
+	for (uint32_t i = 0; i < c->ngrants;) {
+		uint32_t seg = c->grants[i];
+
+		if (owns(s, id, seg)) {
+			i++;
+			continue;
+		}
+		hkv_listener_revoke(s->data, id,
+				    s->geom->data_off + (uint64_t)seg * s->geom->seg_size);
+		c->grants[i] = c->grants[--c->ngrants];
+		s->revoked++;
+		hkv_info("store: client %u no longer owns segment %u: its window is revoked", id,
+			 seg);
+	}
+}
+
+int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
+		    struct hkv_ctl_granted *out, const char **why)
+{
+	const struct hkv_geometry *geo = s->geom;
+	struct hkv_client_rec *c;
+	uint32_t access;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	*why = "not granted";
+	if (!s->data || !(hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS)) {
+		*why = "this server does not use memory windows";
+		return -EOPNOTSUPP;
+	}
+	if (g->client_id == 0 || g->client_id > HKV_MAX_CLIENTS ||
+	    !s->clients[g->client_id].connected ||
+	    !ticket_equal(s->clients[g->client_id].ticket, g->ticket)) {
+		*why = "unknown client or wrong ticket";
+		return HKV_EAUTH;
+	}
+	c = &s->clients[g->client_id];
+	out->seg = g->seg;
+	if (g->seg == HKV_GRANT_BASE) {
+		access = c->readonly ? HKV_ACCESS_READ : HKV_ACCESS_READ | HKV_ACCESS_ATOMIC;
+		out->off = 0;
+		out->len = s->region.length;
+	} else {
+		if (c->readonly) {
+			*why = "read-only client";
+			return -EPERM;
+		}
+		if (g->seg >= geo->nsegs) {
+			*why = "no such segment";
+			return -EINVAL;
+		}
+		if (!owns(s, g->client_id, g->seg)) {
+			*why = "the segment table does not say the segment is yours";
+			return -EPERM;
+		}
+		access = HKV_ACCESS_WRITE;
+		out->off = geo->data_off + (uint64_t)g->seg * geo->seg_size;
+		out->len = geo->seg_size;
+		sweep_client(s, g->client_id);
+		for (uint32_t i = 0; i < c->ngrants; i++)
+			if (c->grants[i] == g->seg)
+				goto bind; /* granted before: the same rkey again */
+		if (geo->max_client_segs && c->ngrants >= geo->max_client_segs) {
+			*why = "segment limit reached";
+			return HKV_EFULL;
+		}
+		if (c->ngrants == c->capgrants) {
+			uint32_t cap = c->capgrants ? 2 * c->capgrants : 8;
+			void *p = hkv_realloc(c->grants, cap * sizeof(*c->grants));
+
+			if (!p)
+				return -ENOMEM;
+			c->grants = p;
+			c->capgrants = cap;
+		}
+		c->grants[c->ngrants++] = g->seg;
+	}
+bind:
+	out->access = access;
+	ret = hkv_listener_grant(s->data, g->client_id, out->off, out->len, access, &out->rkey);
+	if (ret) {
+		*why = "binding the memory window failed";
+		if (g->seg != HKV_GRANT_BASE) /* not granted after all */
+			for (uint32_t i = 0; i < c->ngrants; i++)
+				if (c->grants[i] == g->seg)
+					c->grants[i] = c->grants[--c->ngrants];
+		hkv_warn("store: client %u: window for %s %u: %s", g->client_id,
+			 g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg,
+			 hkv_strerror(ret));
+		return ret;
+	}
+	hkv_debug("store: client %u granted %s %u, rkey 0x%x", g->client_id,
+		  g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg, out->rkey);
+	return 0;
+}
+
 void hkv_store_tick(struct hkv_store *s)
 {
 	uint64_t now = hkv_now_ns();
 
-	for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++)
+	for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++) {
 		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now)
 			s->clients[id].ticket_expiry_ns = 0;
+		if (s->clients[id].connected && s->clients[id].ngrants)
+			sweep_client(s, id);
+	}
 }

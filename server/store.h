@@ -29,10 +29,12 @@ struct hkv_store_opts {
 };
 
 struct hkv_client_rec {
-	uint8_t ticket[HKV_TICKET_LEN];
+	uint8_t ticket[HKV_TICKET_LEN]; /* while connected: its secret for GRANT */
 	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
 	int connected;
 	int readonly; /* its rkey permits RDMA Read only */
+	uint32_t *grants; /* memory windows: segments it has WRITE windows on */
+	uint32_t ngrants, capgrants;
 };
 
 struct hkv_store {
@@ -43,6 +45,8 @@ struct hkv_store {
 	uint64_t orphaned_segments;
 	uint32_t nconnected;
 	uint32_t max_clients;
+	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
+	uint64_t revoked;          /* segment windows revoked after their owner let go */
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
@@ -55,7 +59,21 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out);
 void hkv_store_on_disconnect(void *arg, uint64_t cookie);
 
-/* Expire tickets not redeemed in time; called from a timer. */
+/*
+ * Control plane, memory windows: a connected client asks for rights (see
+ * struct hkv_ctl_grant). Base rights: READ (+ATOMIC for writers) over the
+ * region. A segment: WRITE over it, only while the segment table says the
+ * client owns it, and at most --max-segments-per-client of them. Fills
+ * *out; 0, HKV_EAUTH (unknown client or wrong ticket), -EPERM (not its
+ * segment, or a read-only client), HKV_EFULL (at its segment limit),
+ * -EINVAL, -EOPNOTSUPP (no windows), or the bind's error. *why is for the
+ * ERROR reply.
+ */
+int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
+		    struct hkv_ctl_granted *out, const char **why);
+
+/* Expire tickets not redeemed in time; revoke segment windows whose
+ * segment left its client (sweep); called from a 1 s timer. */
 void hkv_store_tick(struct hkv_store *s);
 
 #endif /* HKV_SERVER_STORE_H */

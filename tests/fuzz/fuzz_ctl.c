@@ -6,7 +6,8 @@
  *   - it reads outside the bytes given (ASan: they sit in an exact-size
  *     heap copy);
  *   - a verdict disagrees with the wire format: a DECODED request has a
- *     valid header and 1..HKV_TOKEN_MAX token bytes inside the input, a
+ *     valid header (AUTH with 1..HKV_TOKEN_MAX token bytes, or GRANT with
+ *     exactly a struct hkv_ctl_grant) and its body inside the input, a
  *     REJECT has a complete header that is bad, NEED_MORE has a good
  *     header whose body is incomplete, or no whole header;
  *   - it waits for more than HKV_CTL_REQ_MAX bytes (the server reads no
@@ -37,8 +38,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int header_good(const struct hkv_ctl_hdr *h)
 {
-	return h->magic == HKV_CTL_MAGIC && h->version == HKV_CTL_VERSION &&
-	       h->type == HKV_CTL_AUTH && h->len >= 1 && h->len <= HKV_TOKEN_MAX;
+	if (h->magic != HKV_CTL_MAGIC || h->version != HKV_CTL_VERSION)
+		return 0;
+	if (h->type == HKV_CTL_GRANT)
+		return h->len == sizeof(struct hkv_ctl_grant);
+	return h->type == HKV_CTL_AUTH && h->len >= 1 && h->len <= HKV_TOKEN_MAX;
 }
 
 /* The verdict on the first len bytes of buf, checked against the format. */
@@ -58,6 +62,7 @@ static enum hkv_ctl_verdict decode_checked(const uint8_t *buf, size_t len,
 	case HKV_CTL_DECODED:
 		ASSERT(len >= sizeof(h) && header_good(&h));
 		ASSERT(req->token == buf + sizeof(h) && req->token_len == h.len);
+		ASSERT(req->type == h.type);
 		ASSERT(req->consumed == sizeof(h) + h.len && req->consumed <= len);
 		ASSERT(req->consumed <= HKV_CTL_REQ_MAX);
 		break;
