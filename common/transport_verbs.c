@@ -13,12 +13,17 @@
  * segment it claims).
  *
  * Memory windows (cfg->windows on a device with type-2B windows): the region
- * is registered once with local rights and MW_BIND only, so its own rkey
- * opens nothing remotely. Every right a client has is a type-2 window bound
+ * is registered with local rights and MW_BIND only, so no MR rkey opens
+ * anything remotely. Every right a client has is a type-2 window bound
  * (IBV_WR_BIND_MW, posted on that client's own queue pair and waited for)
  * over exactly the bytes granted: the NIC accepts such an rkey only on the
  * queue pair it was bound on, so it is useless to any other client, and the
- * windows are deallocated when the connection goes.
+ * windows are deallocated when the connection goes. A window is bound over
+ * an MR of exactly its own range (the whole region for base rights, one MR
+ * per segment, registered at its first grant): Soft-RoCE checks a window's
+ * accesses against its MR's bounds, not the window's (rxe_resp.c,
+ * check_rkey -> mr_check_range), so only an MR as small as the window keeps
+ * the bounds there too.
  *
  * Posting: a chain becomes one linked ibv_send_wr list and one
  * ibv_post_send (one doorbell). Only the WRs asked for, and always the last,
@@ -446,6 +451,11 @@ struct verbs_window {
 	struct ibv_mw *mw;
 };
 
+struct verbs_bind_mr {
+	uint64_t off, len;
+	struct ibv_mr *mr;
+};
+
 struct verbs_child {
 	struct rdma_cm_id *id;
 	int established;
@@ -465,6 +475,8 @@ struct verbs_listener {
 	struct ibv_cq *cq;
 	struct ibv_mr *mrs[HKV_ACCESS_ALL + 1]; /* region registered per rights granted */
 	struct ibv_mr *wmr; /* windows: the region with local rights and MW_BIND only */
+	struct verbs_bind_mr *bmrs; /* windows: MRs of exactly a granted range */
+	uint32_t nbmrs, capbmrs;
 	uint64_t bind_seq;
 	int nwindows;
 	void *region;
@@ -638,6 +650,32 @@ static int access_to_mw(uint32_t a)
 	       (a & HKV_ACCESS_ATOMIC ? IBV_ACCESS_REMOTE_ATOMIC : 0);
 }
 
+/* The MR to bind a window over [off, off+len) on: one of exactly that range. */
+static struct ibv_mr *verbs_bind_mr(struct verbs_listener *vl, uint64_t off, uint64_t len)
+{
+	struct ibv_mr *mr;
+
+	if (off == 0 && len == vl->region_len)
+		return vl->wmr;
+	for (uint32_t i = 0; i < vl->nbmrs; i++)
+		if (vl->bmrs[i].off == off && vl->bmrs[i].len == len)
+			return vl->bmrs[i].mr;
+	if (vl->nbmrs == vl->capbmrs) {
+		uint32_t cap = vl->capbmrs ? 2 * vl->capbmrs : 16;
+		void *p = hkv_realloc(vl->bmrs, cap * sizeof(*vl->bmrs));
+
+		if (!p)
+			return NULL;
+		vl->bmrs = p;
+		vl->capbmrs = cap;
+	}
+	mr = ibv_reg_mr(vl->pd, (uint8_t *)vl->region + off, len,
+			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	if (mr)
+		vl->bmrs[vl->nbmrs++] = (struct verbs_bind_mr){.off = off, .len = len, .mr = mr};
+	return mr;
+}
+
 /* Bind mw over [off, off+len) on the child's QP with the new rkey; wait for it. */
 static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct ibv_mw *mw,
 		      uint32_t rkey, uint64_t off, uint64_t len, uint32_t access)
@@ -652,7 +690,9 @@ static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct 
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.bind_mw.mw = mw;
 	wr.bind_mw.rkey = rkey;
-	wr.bind_mw.bind_info.mr = vl->wmr;
+	wr.bind_mw.bind_info.mr = verbs_bind_mr(vl, off, len);
+	if (!wr.bind_mw.bind_info.mr)
+		return errno ? -errno : -ENOMEM;
 	wr.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)vl->region + off;
 	wr.bind_mw.bind_info.length = len;
 	wr.bind_mw.bind_info.mw_access_flags = (unsigned int)access_to_mw(access);
@@ -754,6 +794,9 @@ static void verbs_l_destroy(struct hkv_listener *l)
 	for (int i = HKV_ACCESS_ALL; i >= 0; i--)
 		if (vl->mrs[i])
 			ibv_dereg_mr(vl->mrs[i]);
+	for (uint32_t i = 0; i < vl->nbmrs; i++)
+		ibv_dereg_mr(vl->bmrs[i].mr);
+	hkv_free(vl->bmrs);
 	if (vl->wmr)
 		ibv_dereg_mr(vl->wmr);
 	if (vl->cq)

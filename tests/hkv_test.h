@@ -37,9 +37,13 @@ extern int hkv_test_failures;
 		}                                                                           \
 	} while (0)
 
+/* HKV_TEST_ONLY="test_a test_b": run just those (while developing). */
 #define RUN_TEST(fn)                                                                        \
 	do {                                                                                \
 		int before_ = hkv_test_failures;                                            \
+		const char *only_ = getenv("HKV_TEST_ONLY");                                \
+		if (only_ && !strstr(only_, #fn))                                           \
+			break;                                                              \
 		fn();                                                                       \
 		printf("%s - %s\n", hkv_test_failures == before_ ? "ok" : "not ok", #fn);   \
 		fflush(stdout);                                                             \

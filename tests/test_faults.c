@@ -287,16 +287,21 @@ static void report_bad(const char *who, const char *op, const char *key, const u
 
 #define RAW_BUF (64u << 10)
 
+struct ctl_ep {
+	enum hkv_transport_kind kind;
+	char host[256], port[16], path[108];
+};
+
 struct raw {
 	struct hkv_conn *conn;
 	struct hkv_geometry g;
 	struct hkv_mr *mr;
 	uint8_t *buf;
-};
-
-struct ctl_ep {
-	enum hkv_transport_kind kind;
-	char host[256], port[16], path[108];
+	uint32_t rkey;  /* the accept's, or with memory windows the granted base window's */
+	int windows;
+	uint32_t id;    /* client id */
+	uint8_t ticket[HKV_TICKET_LEN];
+	struct ctl_ep ep;
 };
 
 static int ep_parse(const char *uri, struct ctl_ep *ep)
@@ -346,17 +351,18 @@ static int ctl_connect(const struct ctl_ep *ep)
 	return fd;
 }
 
-/* Control plane: AUTH with the token, WELCOME with client id and ticket. */
-static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w)
+/* One control request (type, body) and its reply of type `want` into out. */
+static int ctl_call(const struct ctl_ep *ep, uint16_t type, const void *req, uint32_t len,
+		    uint16_t want, void *out, uint32_t out_len)
 {
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
-				.type = HKV_CTL_AUTH, .len = (uint32_t)strlen(token)};
+				.type = type, .len = len};
 	uint8_t body[HKV_CTL_BODY_MAX];
 	int fd = ctl_connect(ep), ret = 0;
 
 	if (fd < 0)
 		return fd;
-	if (write_full(fd, &h, sizeof(h)) || write_full(fd, token, h.len) ||
+	if (write_full(fd, &h, sizeof(h)) || write_full(fd, req, h.len) ||
 	    read_full(fd, &h, sizeof(h)))
 		ret = HKV_EDISCONNECTED;
 	else if (h.magic != HKV_CTL_MAGIC || h.version != HKV_CTL_VERSION || h.len > sizeof(body))
@@ -365,22 +371,47 @@ static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_w
 		ret = HKV_EDISCONNECTED;
 	else if (h.type == HKV_CTL_ERROR)
 		ret = h.status < 0 ? h.status : HKV_EPROTO;
-	else if (h.type != HKV_CTL_WELCOME || h.len != sizeof(*w))
+	else if (h.type != want || h.len != out_len)
 		ret = HKV_EPROTO;
 	else
-		memcpy(w, body, sizeof(*w));
+		memcpy(out, body, out_len);
 	close(fd);
 	return ret;
+}
+
+/* Control plane: AUTH with the token, WELCOME with client id and ticket. */
+static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w)
+{
+	return ctl_call(ep, HKV_CTL_AUTH, token, (uint32_t)strlen(token), HKV_CTL_WELCOME, w,
+			sizeof(*w));
+}
+
+/* Memory windows: ask for rights to segment seg (HKV_GRANT_BASE: base rights). */
+static int raw_grant(struct raw *r, uint32_t seg, struct hkv_ctl_granted *out)
+{
+	struct hkv_ctl_grant g = {.client_id = r->id, .seg = seg};
+
+	memcpy(g.ticket, r->ticket, HKV_TICKET_LEN);
+	return ctl_call(&r->ep, HKV_CTL_GRANT, &g, sizeof(g), HKV_CTL_GRANTED, out, sizeof(*out));
+}
+
+/* One READ, WRITE or CAS of the scratch buffer against region offset off
+ * with a given rkey: one round trip. CAS: compare/swap, old value in buf. */
+static int raw_op(struct raw *r, uint8_t op, uint64_t off, uint32_t len, uint32_t rkey,
+		  uint64_t compare, uint64_t swap)
+{
+	const struct hkv_region_desc *rd = hkv_conn_region(r->conn);
+	struct hkv_wr wr = {.opcode = op, .local = r->buf, .mr = r->mr,
+			    .remote_addr = rd->base + off, .rkey = rkey, .length = len,
+			    .compare_add = compare, .swap = swap};
+
+	return hkv_conn_exec(r->conn, &wr, 1);
 }
 
 /* One READ or WRITE of the scratch buffer against region offset off: one round trip. */
 static int raw_xfer(struct raw *r, uint8_t op, uint64_t off, uint32_t len)
 {
-	const struct hkv_region_desc *rd = hkv_conn_region(r->conn);
-	struct hkv_wr wr = {.opcode = op, .local = r->buf, .mr = r->mr,
-			    .remote_addr = rd->base + off, .rkey = rd->rkey, .length = len};
-
-	return hkv_conn_exec(r->conn, &wr, 1);
+	return raw_op(r, op, off, len, r->rkey, 0, 0);
 }
 
 static void raw_close(struct raw *r)
@@ -422,6 +453,21 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 	r->conn = hkv_conn_open(&cc, NULL, NULL);
 	if (!r->conn)
 		return -errno;
+	r->ep = ep;
+	r->id = w.client_id;
+	memcpy(r->ticket, w.ticket, HKV_TICKET_LEN);
+	r->rkey = hkv_conn_region(r->conn)->rkey;
+	r->windows = !!(hkv_conn_region(r->conn)->access & HKV_ACCESS_WINDOWS);
+	if (r->windows) {
+		struct hkv_ctl_granted gr;
+
+		ret = raw_grant(r, HKV_GRANT_BASE, &gr);
+		if (ret) {
+			raw_close(r);
+			return ret;
+		}
+		r->rkey = gr.rkey;
+	}
 	r->buf = aligned_alloc(4096, RAW_BUF);
 	r->mr = r->buf ? hkv_conn_reg(r->conn, r->buf, RAW_BUF) : NULL;
 	ret = r->mr ? raw_xfer(r, HKV_WR_READ, 0, sizeof(r->g)) : -ENOMEM;
@@ -1171,9 +1217,12 @@ static void test_garbage(void)
 	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
 	struct worker w[MAX_RW + 1];
 	struct hkvserver s;
+	/* the vandal WRITEs anywhere, so windows (which stop it at the NIC,
+	 * test_windows) are off: this is about clients facing a garbage region */
+	const char *const no_windows[] = {"--no-windows", NULL};
 	int crashed = 0, alive;
 
-	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", NULL) == 0);
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", no_windows) == 0);
 	for (int i = 0; i <= nrw; i++)
 		if (spawn_worker(&w[i], &s, i < nrw ? "rw" : "vandal", i + 1, ms)) {
 			perror("spawn_worker");
@@ -1204,6 +1253,181 @@ static void test_garbage(void)
 	CHECK(sum[C_HITS] > 0 && fresh[C_SETS_OK] > 0);
 	/* a set that returned 0 must be readable right after, garbage or not */
 	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
+}
+
+/* ---- test_windows ------------------------------------------------------------------ */
+
+/*
+ * Memory windows (verbs): what a client's rkeys can and cannot reach, tried
+ * at the NIC with raw RDMA next to a library client `a` holding data. Every
+ * refused access fails the raw connection (a QP in error), so the raw client
+ * connects again after each - as a new client, with new windows.
+ */
+static int win_denied(struct raw *r, const struct hkvserver *s, uint8_t op, uint64_t off,
+		      uint32_t rkey, const char *what)
+{
+	int rc = raw_op(r, op, off, 8, rkey, 0, 0);
+
+	printf("# windows: %s -> %s\n", what, hkv_strerror(rc));
+	raw_close(r);
+	if (raw_open(r, s->uri, s->token_file))
+		return -1;
+	return rc == HKV_EREMOTE_ACCESS ? 0 : -1;
+}
+
+/* The segment table into tab (nsegs entries). */
+static int win_table(struct raw *r, uint64_t *tab)
+{
+	int rc = raw_xfer(r, HKV_WR_READ, r->g.seg_table_off, r->g.nsegs * 8);
+
+	if (!rc)
+		memcpy(tab, r->buf, r->g.nsegs * 8);
+	return rc;
+}
+
+/* Take a FREE segment for r the way a client claims one (a CAS with its
+ * base rights); its index, or -1. */
+static int win_take_free(struct raw *r)
+{
+	uint64_t tab[4096];
+
+	if (r->g.nsegs > 4096 || win_table(r, tab))
+		return -1;
+	for (uint32_t i = 0; i < r->g.nsegs; i++) {
+		uint64_t e = tab[i], mine;
+
+		if (hkv_seg_state(e) != HKV_SEG_FREE)
+			continue;
+		mine = hkv_seg_make(HKV_SEG_OWNED, 0, r->id, hkv_seg_epoch(e) + 1);
+		if (raw_op(r, HKV_WR_CAS, r->g.seg_table_off + i * 8ull, 8, r->rkey, e, mine))
+			return -1;
+		if (!memcmp(r->buf, &e, 8))
+			return (int)i;
+	}
+	return -1;
+}
+
+static uint64_t win_seg_off(const struct raw *r, int seg)
+{
+	return r->g.data_off + (uint64_t)seg * r->g.seg_size;
+}
+
+static void test_windows(void)
+{
+	const char *const lim[] = {"--max-segments-per-client", "2", NULL};
+	struct hkv_ctl_granted g1, g2, gx;
+	struct hkv_client_stats st;
+	struct hkvserver s;
+	struct hkv_client *a;
+	struct raw r, r2;
+	uint64_t tab[4096], mine;
+	char key[32], val[64], got[64];
+	int a_seg = -1, s1, s2, s3, bad = 0;
+	size_t vlen;
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", lim) == 0);
+	a = hkvserver_client(&s);
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "win-%d", i);
+		snprintf(val, sizeof(val), "value of win-%d", i);
+		CHECK_RC(hkv_set(a, key, strlen(key), val, strlen(val), NULL), 0);
+	}
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	if (!use_verbs) {
+		CHECK(!r.windows);
+		CHECK_RC(raw_grant(&r, HKV_GRANT_BASE, &gx), -EOPNOTSUPP);
+		printf("# windows: shm has none (clients map the region); GRANT is refused: %s\n",
+		       hkv_strerror(-EOPNOTSUPP));
+		raw_close(&r);
+		hkv_close(a);
+		hkvserver_stop(&s);
+		return;
+	}
+	CHECK(r.windows);
+	CHECK(r.g.nsegs <= 4096);
+	CHECK_RC(win_table(&r, tab), 0);
+	for (uint32_t i = 0; i < r.g.nsegs && a_seg < 0; i++)
+		if (hkv_seg_state(tab[i]) == HKV_SEG_OWNED && hkv_seg_owner(tab[i]) != r.id)
+			a_seg = (int)i;
+	CHECK(a_seg >= 0);
+
+	/* base rights: READ and ATOMIC over the region, no WRITE anywhere */
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, r.g.index_off, r.rkey,
+			 "WRITE into the index with the base rkey") == 0);
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, win_seg_off(&r, a_seg), r.rkey,
+			 "WRITE into another client's segment with the base rkey") == 0);
+	/* the server grants only what the segment table says is yours */
+	CHECK_RC(raw_grant(&r, (uint32_t)a_seg, &gx), -EPERM);
+	CHECK_RC(raw_grant(&r, r.g.nsegs, &gx), -EINVAL);
+	printf("# windows: GRANT of another client's segment -> %s\n", hkv_strerror(-EPERM));
+
+	/* a segment of our own: its window takes WRITEs, and only there */
+	s1 = win_take_free(&r);
+	CHECK(s1 >= 0);
+	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
+	CHECK(g1.off == win_seg_off(&r, s1) && g1.len == r.g.seg_size &&
+	      g1.access == HKV_ACCESS_WRITE && g1.rkey != r.rkey);
+	memcpy(r.buf, "windowed", 8);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off + 64, 8, g1.rkey, 0, 0), 0);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, g1.off + 64, 8), 0);
+	CHECK(!memcmp(r.buf, "windowed", 8));
+	printf("# windows: WRITE into its own segment %d with that segment's rkey -> ok\n", s1);
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, win_seg_off(&r, a_seg), g1.rkey,
+			 "WRITE into another client's segment with its own segment's rkey") == 0);
+
+	/* --max-segments-per-client 2, kept by the server: a third window is refused */
+	s1 = win_take_free(&r);
+	s2 = win_take_free(&r);
+	s3 = win_take_free(&r);
+	CHECK(s1 >= 0 && s2 >= 0 && s3 >= 0);
+	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
+	CHECK_RC(raw_grant(&r, (uint32_t)s2, &g2), 0);
+	CHECK_RC(raw_grant(&r, (uint32_t)s3, &gx), HKV_EFULL);
+	printf("# windows: a 3rd segment window with --max-segments-per-client 2 -> %s\n",
+	       hkv_strerror(HKV_EFULL));
+
+	/* keys are per connection: another client cannot use them */
+	CHECK_RC(raw_open(&r2, s.uri, s.token_file), 0);
+	CHECK(win_denied(&r2, &s, HKV_WR_READ, 0, r.rkey,
+			 "READ with another connection's base rkey") == 0);
+	CHECK(win_denied(&r2, &s, HKV_WR_WRITE, g1.off, g1.rkey,
+			 "WRITE with another connection's segment rkey") == 0);
+
+	/* a segment that leaves its client loses its window (the server's 1 s sweep) */
+	CHECK_RC(win_table(&r, tab), 0);
+	mine = tab[s2];
+	CHECK(hkv_seg_state(mine) == HKV_SEG_OWNED && hkv_seg_owner(mine) == (r.id & 0xffff));
+	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)s2 * 8, 8, r.rkey, mine,
+			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(mine) + 1)), 0);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g2.off, 8, g2.rkey, 0, 0), 0); /* still ours for now */
+	sleep_ms(1500);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off, 8, g1.rkey, 0, 0), 0); /* s1 kept its window */
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, g2.off, g2.rkey,
+			 "WRITE through the window of a segment given up 1.5 s earlier") == 0);
+
+	/* the connection is gone (win_denied reconnected): its keys died with it */
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, g1.off, g1.rkey,
+			 "WRITE with a segment rkey of this client's previous connection") == 0);
+
+	/* the library client never noticed: every value as written, sets work */
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "win-%d", i);
+		snprintf(val, sizeof(val), "value of win-%d", i);
+		vlen = 0;
+		if (hkv_get(a, key, strlen(key), got, sizeof(got), &vlen, NULL) ||
+		    vlen != strlen(val) || memcmp(got, val, vlen))
+			bad++;
+	}
+	CHECK_RC(hkv_set(a, "win-after", 9, "x", 1, NULL), 0);
+	hkv_client_stats(a, &st);
+	printf("# windows: the library client's 50 values intact (%d bad), %llu windows granted "
+	       "to it\n", bad, (unsigned long long)st.grants);
+	CHECK(bad == 0);
+	CHECK(st.grants >= 2); /* its base rights and at least one segment */
+	raw_close(&r2);
+	raw_close(&r);
+	hkv_close(a);
+	hkvserver_stop(&s);
 }
 
 /* ---- test_sigkill_writer ----------------------------------------------------------- */
@@ -1412,8 +1636,10 @@ static void test_abandoned_insert(void)
 	char buf[64];
 	size_t vlen = 0;
 	int ret, found = 0;
+	/* the test plays a dead writer by rewriting its block header: no windows */
+	const char *const no_windows[] = {"--no-windows", NULL};
 
-	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", no_windows) == 0);
 	c = hkvserver_client(&s);
 	c2 = hkvserver_client(&s);
 	CHECK_RC(hkv_set(c, "abandoned", 9, "old", 3, NULL), 0);
@@ -2034,6 +2260,7 @@ int main(int argc, char **argv)
 	use_verbs = hkvserver_want_verbs(argc, argv);
 	if (use_verbs)
 		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
+	RUN_TEST(test_windows);
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_sigkill_writer);
 	RUN_TEST(test_abandoned_insert);
