@@ -218,7 +218,12 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 			n++;
 	}
 	s->orphaned_segments += n;
-	hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption", id, n);
+	if (s->data && (hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS))
+		hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption; "
+			 "memory windows bound: %d", id, n, hkv_listener_nwindows(s->data));
+	else
+		hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption", id,
+			 n);
 }
 
 /* ---- memory windows ----------------------------------------------------------- */

@@ -169,6 +169,20 @@ static void test_bad_requests(void)
 	CHECK_RC(request(0x12345678, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl),
 		 HKV_EPROTO);
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, 77, (uint32_t)tl, token, tl), HKV_EPROTO);
+	/* GRANT (memory windows): a wrong size is malformed; a forged ticket is
+	 * refused (shm has no windows, so GRANT is refused as unsupported there) */
+	{
+		struct hkv_ctl_grant g = {.client_id = 1, .seg = HKV_GRANT_BASE};
+		const char *gb = (const char *)&g;
+
+		CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_GRANT, sizeof(g) + 1, gb,
+				 sizeof(g)), HKV_EPROTO);
+		CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_GRANT, sizeof(g), gb,
+				 sizeof(g)), srv.verbs ? HKV_EAUTH : -EOPNOTSUPP);
+		g.client_id = 0;
+		CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_GRANT, sizeof(g), gb,
+				 sizeof(g)), srv.verbs ? HKV_EAUTH : -EOPNOTSUPP);
+	}
 	/* oversized and empty bodies */
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, 1u << 30, token, tl),
 		 HKV_EPROTO);

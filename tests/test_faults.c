@@ -1307,6 +1307,28 @@ static int win_take_free(struct raw *r)
 	return -1;
 }
 
+/* The server's count of bound windows in its last disconnect log line (-1: none yet). */
+static int win_bound_logged(const struct hkvserver *s)
+{
+	char path[300], line[512];
+	const char *tag = "memory windows bound: ";
+	FILE *f;
+	int n = -1;
+
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, tag);
+
+		if (p)
+			n = atoi(p + strlen(tag));
+	}
+	fclose(f);
+	return n;
+}
+
 static uint64_t win_seg_off(const struct raw *r, int seg)
 {
 	return r->g.data_off + (uint64_t)seg * r->g.seg_size;
@@ -1424,8 +1446,15 @@ static void test_windows(void)
 	       "to it\n", bad, (unsigned long long)st.grants);
 	CHECK(bad == 0);
 	CHECK(st.grants >= 2); /* its base rights and at least one segment */
+	/* closing a connection deallocates its windows: once the raw clients
+	 * are gone, only the library client's remain bound */
 	raw_close(&r2);
 	raw_close(&r);
+	for (uint64_t t0 = now_ms(); win_bound_logged(&s) != (int)st.grants && now_ms() - t0 < 3000;)
+		sleep_ms(20);
+	printf("# windows: after the raw clients left, the server has %d windows bound (the "
+	       "library client's %llu)\n", win_bound_logged(&s), (unsigned long long)st.grants);
+	CHECK(win_bound_logged(&s) == (int)st.grants);
 	hkv_close(a);
 	hkvserver_stop(&s);
 }
