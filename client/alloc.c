@@ -350,6 +350,16 @@ static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls
 	return !*err && c->atom[0] == e;
 }
 
+/* A FREE segment we took (entry e) but cannot use: FREE again, one epoch on. */
+static void give_back(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls)
+{
+	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, mine,
+				      hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(e) + 2));
+
+	hkv_exec(c, &wr, 1); /* if this fails too, the server orphans it when we go */
+}
+
 /*
  * More memory for class cls: a FREE segment, else an ORPHAN of class cls,
  * else any ORPHAN (re-carved if wholly free, else kept in its own class and
@@ -394,7 +404,8 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 			}
 			if (pass == 0) {
 				c->stats.segments_claimed++;
-				seg_own_new(c, i, cls, &ret);
+				if (!seg_own_new(c, i, cls, &ret)) /* not granted: give it back */
+					give_back(c, i, e, cls);
 				return ret;
 			}
 			e = hkv_seg_make(HKV_SEG_OWNED, ecls, c->client_id, hkv_seg_epoch(e) + 1);

@@ -121,16 +121,10 @@ void hkv_store_fini(struct hkv_store *s)
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly)
 {
 	uint64_t now = hkv_now_ns();
-	uint32_t pending = 0;
 
-	if (s->max_clients && s->nconnected >= s->max_clients)
+	/* admitted but not connected yet count too (expired tickets until the tick) */
+	if (s->max_clients && s->nconnected + s->npending >= s->max_clients)
 		return -EUSERS;
-	if (s->max_clients) { /* admitted but not connected yet count too */
-		for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++)
-			pending += s->clients[id].ticket_expiry_ns > now;
-		if (s->nconnected + pending >= s->max_clients)
-			return -EUSERS;
-	}
 
 	for (uint32_t tries = 0; tries < HKV_MAX_CLIENTS; tries++) {
 		uint32_t id = s->next_id;
@@ -141,6 +135,7 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 			continue;
 		if (getrandom(c->ticket, HKV_TICKET_LEN, 0) != HKV_TICKET_LEN)
 			return -errno;
+		s->npending += !c->ticket_expiry_ns; /* else it replaces an expired one */
 		c->ticket_expiry_ns = now + TICKET_TTL_NS;
 		c->readonly = readonly;
 		memset(w, 0, sizeof(*w));
@@ -178,6 +173,7 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 		return HKV_EAUTH;
 	}
 	c->ticket_expiry_ns = 0;
+	s->npending--;
 	c->connected = 1;
 	s->nconnected++;
 	out->cookie = h.client_id;
@@ -349,8 +345,10 @@ void hkv_store_tick(struct hkv_store *s)
 	uint64_t now = hkv_now_ns();
 
 	for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++) {
-		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now)
+		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now) {
 			s->clients[id].ticket_expiry_ns = 0;
+			s->npending--;
+		}
 		if (s->clients[id].connected && s->clients[id].ngrants)
 			sweep_client(s, id);
 	}

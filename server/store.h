@@ -44,6 +44,7 @@ struct hkv_store {
 	uint32_t next_id;
 	uint64_t orphaned_segments;
 	uint32_t nconnected;
+	uint32_t npending; /* tickets handed out, not yet redeemed or expired by the tick */
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	uint64_t revoked;          /* segment windows revoked after their owner let go */
