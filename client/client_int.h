@@ -122,11 +122,12 @@ struct hkv_client {
 	uint64_t revive_ns;        /* last reconnect attempt */
 	struct hkv_geometry g; /* validated copy of the region header */
 	uint64_t base;         /* remote address of region offset 0 */
-	uint32_t rkey;
+	uint32_t rkey;  /* READs (and, without windows, everything) */
+	uint32_t akey;  /* atomics: with windows a second window, past the header */
 	uint32_t client_id;
 	uint8_t ticket[HKV_TICKET_LEN]; /* spent on the data plane; proves us in GRANTs */
 	int readonly; /* granted RDMA Read rights only: writes fail with -EPERM */
-	int windows;  /* memory windows: rkey is READ|ATOMIC; WRITEs use wkeys */
+	int windows;  /* memory windows: rkey READs, akey atomics, wkeys WRITEs */
 	uint32_t *wkeys; /* windows: per segment index, the WRITE window's rkey (0: none) */
 	int timeout_ms;
 	size_t max_value;
@@ -199,6 +200,8 @@ uint64_t hkv_rand(struct hkv_client *c);
 /* Memory windows: ask the server (control plane) for rights to segment seg
  * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */
 int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey);
+/* Memory windows: the base grant (READ rkey, and a writer's ATOMIC rkey). */
+int hkv_grant_base(struct hkv_client *c);
 /* Before an operation: 0 if the connection is up or was re-established;
  * HKV_EDISCONNECTED (or the reconnect's error) if not. */
 int hkv_revive(struct hkv_client *c);

@@ -214,30 +214,54 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 	c->readonly = !(hkv_conn_region(c->conn)->access & HKV_ACCESS_WRITE);
 	c->windows = !!(hkv_conn_region(c->conn)->access & HKV_ACCESS_WINDOWS);
 	c->base = hkv_conn_region(c->conn)->base;
-	c->rkey = hkv_conn_region(c->conn)->rkey;
+	c->rkey = c->akey = hkv_conn_region(c->conn)->rkey;
 	return 0;
 }
 
-int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey)
+static int grant(struct hkv_client *c, uint32_t seg, struct hkv_ctl_granted *out)
 {
 	struct hkv_ctl_grant g = {.client_id = c->client_id, .seg = seg};
-	struct hkv_ctl_granted out;
 	int ret;
 
 	if (!c->windows)
 		return -EOPNOTSUPP;
 	memcpy(g.ticket, c->ticket, HKV_TICKET_LEN);
 	ret = ctl_request(&c->via->ep, HKV_CTL_GRANT, &g, sizeof(g), c->timeout_ms,
-			  HKV_CTL_GRANTED, &out, sizeof(out));
-	if (!ret && (out.seg != seg || !out.rkey))
+			  HKV_CTL_GRANTED, out, sizeof(*out));
+	if (!ret && (out->seg != seg || !out->rkey))
 		ret = HKV_EPROTO;
 	if (ret) {
 		hkv_debug("client %u: grant of %s %u: %s", c->client_id,
 			  seg == HKV_GRANT_BASE ? "base rights" : "segment", seg, hkv_strerror(ret));
 		return ret;
 	}
-	*rkey = out.rkey;
 	c->stats.grants++;
+	return 0;
+}
+
+int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey)
+{
+	struct hkv_ctl_granted out;
+	int ret = grant(c, seg, &out);
+
+	if (!ret)
+		*rkey = out.rkey;
+	return ret;
+}
+
+int hkv_grant_base(struct hkv_client *c)
+{
+	struct hkv_ctl_granted out;
+	int ret = grant(c, HKV_GRANT_BASE, &out);
+
+	if (ret)
+		return ret;
+	if (!c->readonly && !out.atomic_rkey)
+		return HKV_EPROTO;
+	c->rkey = out.rkey;
+	c->akey = out.atomic_rkey;
+	if (!c->readonly)
+		c->stats.grants++; /* the ATOMIC window is a second one */
 	return 0;
 }
 
@@ -346,7 +370,7 @@ static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 	if (!ret)
 		ret = open_data(c, &o->ep, &w);
 	if (!ret && c->windows) /* our rkey is a window on our own connection */
-		ret = hkv_grant(c, HKV_GRANT_BASE, &c->rkey);
+		ret = hkv_grant_base(c);
 	if (!ret)
 		ret = read_geometry(c);
 	if (!ret)

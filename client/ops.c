@@ -64,14 +64,14 @@ struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint
 			 uint64_t swap)
 {
 	return (struct hkv_wr){.opcode = HKV_WR_CAS, .local = res, .mr = c->mr,
-			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->akey,
 			       .compare_add = expect, .swap = swap};
 }
 
 struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add)
 {
 	return (struct hkv_wr){.opcode = HKV_WR_FAA, .local = res, .mr = c->mr,
-			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .compare_add = add};
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->akey, .compare_add = add};
 }
 
 int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)

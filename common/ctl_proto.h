@@ -15,9 +15,9 @@
  *
  * One request per connection. GRANT exists when the data plane uses memory
  * windows (the accept's region access has HKV_ACCESS_WINDOWS): a connected
- * client asks for its base rights (READ and ATOMIC over the region; READ
- * only for a read-only client) and then for WRITE rights to each segment it
- * has claimed in the segment table. The server binds a window on the
+ * client asks for its base rights (READ over the region, and for a writer
+ * ATOMIC over everything past the header, a second rkey) and then for WRITE
+ * rights to each segment it has claimed in the segment table. The server binds a window on the
  * client's own queue pair and answers its rkey. It is the only control
  * message a client sends after connecting, and it is rare: once per
  * connection and once per segment claimed, never per operation.
@@ -88,7 +88,8 @@ struct hkv_ctl_granted {
 	uint64_t off;    /* region offset of the window */
 	uint64_t len;    /* its bytes */
 	uint32_t access; /* HKV_ACCESS_* it carries */
-	uint32_t pad;
+	uint32_t atomic_rkey; /* base grant to a writer: its ATOMIC window, over the
+			       * region past the header (from seg_table_off); else 0 */
 };
 
 #endif /* HKV_CTL_PROTO_H */

@@ -283,9 +283,19 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 	c = &s->clients[g->client_id];
 	out->seg = g->seg;
 	if (g->seg == HKV_GRANT_BASE) {
-		access = c->readonly ? HKV_ACCESS_READ : HKV_ACCESS_READ | HKV_ACCESS_ATOMIC;
+		/* READ everywhere; ATOMIC everywhere but the header, so no client
+		 * can break the geometry every other client validates */
+		access = HKV_ACCESS_READ;
 		out->off = 0;
 		out->len = s->region.length;
+		ret = c->readonly ? 0
+				  : hkv_listener_grant(s->data, g->client_id, geo->seg_table_off,
+						       s->region.length - geo->seg_table_off,
+						       HKV_ACCESS_ATOMIC, &out->atomic_rkey);
+		if (ret) {
+			*why = "binding the memory window failed";
+			return ret;
+		}
 	} else {
 		if (c->readonly) {
 			*why = "read-only client";

@@ -62,10 +62,11 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie);
 
 /*
  * Control plane, memory windows: a connected client asks for rights (see
- * struct hkv_ctl_grant). Base rights: READ (+ATOMIC for writers) over the
- * region. A segment: WRITE over it, only while the segment table says the
- * client owns it, and at most --max-segments-per-client of them. Fills
- * *out; 0, HKV_EAUTH (unknown client or wrong ticket), -EPERM (not its
+ * struct hkv_ctl_grant). Base rights: READ over the region and, for
+ * writers, ATOMIC past the header (a second window, in atomic_rkey). A
+ * segment: WRITE over it, only while the segment table says the client
+ * owns it, and at most --max-segments-per-client of them. Fills *out;
+ * returns 0, HKV_EAUTH (unknown client or wrong ticket), -EPERM (not its
  * segment, or a read-only client), HKV_EFULL (at its segment limit),
  * -EINVAL, -EOPNOTSUPP (no windows), or the bind's error. *why is for the
  * ERROR reply.

@@ -298,6 +298,7 @@ struct raw {
 	struct hkv_mr *mr;
 	uint8_t *buf;
 	uint32_t rkey;  /* the accept's, or with memory windows the granted base window's */
+	uint32_t akey;  /* for atomics: rkey, or with windows the ATOMIC window's */
 	int windows;
 	uint32_t id;    /* client id */
 	uint8_t ticket[HKV_TICKET_LEN];
@@ -456,7 +457,7 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 	r->ep = ep;
 	r->id = w.client_id;
 	memcpy(r->ticket, w.ticket, HKV_TICKET_LEN);
-	r->rkey = hkv_conn_region(r->conn)->rkey;
+	r->rkey = r->akey = hkv_conn_region(r->conn)->rkey;
 	r->windows = !!(hkv_conn_region(r->conn)->access & HKV_ACCESS_WINDOWS);
 	if (r->windows) {
 		struct hkv_ctl_granted gr;
@@ -467,6 +468,7 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 			return ret;
 		}
 		r->rkey = gr.rkey;
+		r->akey = gr.atomic_rkey;
 	}
 	r->buf = aligned_alloc(4096, RAW_BUF);
 	r->mr = r->buf ? hkv_conn_reg(r->conn, r->buf, RAW_BUF) : NULL;
@@ -1299,7 +1301,7 @@ static int win_take_free(struct raw *r)
 		if (hkv_seg_state(e) != HKV_SEG_FREE)
 			continue;
 		mine = hkv_seg_make(HKV_SEG_OWNED, 0, r->id, hkv_seg_epoch(e) + 1);
-		if (raw_op(r, HKV_WR_CAS, r->g.seg_table_off + i * 8ull, 8, r->rkey, e, mine))
+		if (raw_op(r, HKV_WR_CAS, r->g.seg_table_off + i * 8ull, 8, r->akey, e, mine))
 			return -1;
 		if (!memcmp(r->buf, &e, 8))
 			return (int)i;
@@ -1373,9 +1375,17 @@ static void test_windows(void)
 			a_seg = (int)i;
 	CHECK(a_seg >= 0);
 
-	/* base rights: READ and ATOMIC over the region, no WRITE anywhere */
+	/* base rights: READ over the region, ATOMIC past the header, no WRITE */
+	CHECK(r.akey && r.akey != r.rkey);
 	CHECK(win_denied(&r, &s, HKV_WR_WRITE, r.g.index_off, r.rkey,
 			 "WRITE into the index with the base rkey") == 0);
+	CHECK(win_denied(&r, &s, HKV_WR_WRITE, r.g.index_off, r.akey,
+			 "WRITE into the index with the atomic rkey") == 0);
+	CHECK(win_denied(&r, &s, HKV_WR_CAS, 0, r.akey,
+			 "CAS on the region header with the atomic rkey") == 0);
+	CHECK(win_denied(&r, &s, HKV_WR_CAS, 0, r.rkey,
+			 "CAS on the region header with the base rkey") == 0);
+	CHECK_RC(raw_op(&r, HKV_WR_FAA, r.g.index_off, 8, r.akey, 0, 0), 0); /* adds 0 */
 	CHECK(win_denied(&r, &s, HKV_WR_WRITE, win_seg_off(&r, a_seg), r.rkey,
 			 "WRITE into another client's segment with the base rkey") == 0);
 	/* the server grants only what the segment table says is yours */
@@ -1419,7 +1429,7 @@ static void test_windows(void)
 	CHECK_RC(win_table(&r, tab), 0);
 	mine = tab[s2];
 	CHECK(hkv_seg_state(mine) == HKV_SEG_OWNED && hkv_seg_owner(mine) == (r.id & 0xffff));
-	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)s2 * 8, 8, r.rkey, mine,
+	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)s2 * 8, 8, r.akey, mine,
 			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(mine) + 1)), 0);
 	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g2.off, 8, g2.rkey, 0, 0), 0); /* still ours for now */
 	sleep_ms(1500);
