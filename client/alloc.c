@@ -187,6 +187,7 @@ static int harvest(struct hkv_client *c, uint32_t cls)
 struct scan {
 	uint32_t nblocks, nfree, max_gen;
 	uint64_t *bits;    /* bitmap words as read */
+	uint64_t *meta;    /* per block: its meta word as read */
 	uint8_t *unused;   /* per block: never written and no bit */
 	uint32_t *gen;
 };
@@ -202,7 +203,8 @@ static int scan_segment(struct hkv_client *c, uint32_t idx, uint32_t cls, struct
 	sc->bits = hkv_calloc((sc->nblocks + 63) / 64, 8);
 	sc->unused = hkv_calloc(sc->nblocks, 1);
 	sc->gen = hkv_calloc(sc->nblocks, sizeof(uint32_t));
-	if (!sc->bits || !sc->unused || !sc->gen)
+	sc->meta = hkv_calloc(sc->nblocks, sizeof(uint64_t));
+	if (!sc->bits || !sc->unused || !sc->gen || !sc->meta)
 		return -ENOMEM;
 	ret = read_bitmap(c, idx, sc->nblocks, (uint64_t *)c->scr);
 	memcpy(sc->bits, c->scr, (sc->nblocks + 63) / 64 * 8);
@@ -222,6 +224,7 @@ static int scan_segment(struct hkv_client *c, uint32_t idx, uint32_t cls, struct
 			int bit = (int)(sc->bits[b / 64] >> (b % 64) & 1);
 
 			memcpy(&meta, c->rblk + (size_t)i * 8, 8);
+			sc->meta[b] = meta;
 			sc->gen[b] = hkv_meta_gen(meta);
 			if (sc->gen[b] > sc->max_gen)
 				sc->max_gen = sc->gen[b];
@@ -237,6 +240,7 @@ static void scan_free(struct scan *sc)
 	hkv_free(sc->bits);
 	hkv_free(sc->unused);
 	hkv_free(sc->gen);
+	hkv_free(sc->meta);
 }
 
 /* Adopt as it is: its free blocks (bit set, or never written) join our FIFO. */
@@ -318,6 +322,29 @@ static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t 
 	return stamp_unused(c, so, sc->max_gen);
 }
 
+/* An adopted orphan's allocated LIVE/PENDING blocks: take back those no
+ * slot names (hkv_reclaim_unpublished, 64 at a time). */
+static int reclaim(struct hkv_client *c, const struct hkv_seg_own *so, const struct scan *sc)
+{
+	uint64_t offs[64], metas[64];
+	int n = 0, ret = 0;
+
+	for (uint32_t b = 0; b < sc->nblocks && ret >= 0; b++) {
+		enum hkv_block_state st = hkv_meta_state(sc->meta[b]);
+
+		if (!(sc->bits[b / 64] >> (b % 64) & 1) && hkv_meta_class(sc->meta[b]) == so->cls &&
+		    (st == HKV_BLK_LIVE || st == HKV_BLK_PENDING)) {
+			offs[n] = seg_base(c, so->idx) + (uint64_t)b * c->g.class_size[so->cls];
+			metas[n++] = sc->meta[b];
+		}
+		if (n == 64 || (b == sc->nblocks - 1 && n)) {
+			ret = hkv_reclaim_unpublished(c, so->cls, offs, metas, n);
+			n = 0;
+		}
+	}
+	return ret < 0 ? ret : 0;
+}
+
 /* Adopt an orphan we just took: as it is, or re-carved when wholly free. */
 static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t want_cls)
 {
@@ -332,6 +359,8 @@ static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t wa
 		so = seg_own_new(c, idx, cls, &ret);
 		if (so)
 			ret = adopt_as_is(c, so, &sc);
+		if (so && !ret)
+			ret = reclaim(c, so, &sc);
 		c->stats.segments_adopted++;
 	}
 	scan_free(&sc);

@@ -195,6 +195,10 @@ void hkv_alloc_fini(struct hkv_client *c);
 struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls);
 int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
+/* Adopting a dead client's segment: take back its blocks no slot names
+ * (n <= 64 candidates of class cls, with the meta words the scan saw). */
+int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *offs,
+			    const uint64_t *metas, int n);
 
 uint64_t hkv_rand(struct hkv_client *c);
 /* Memory windows: ask the server (control plane) for rights to segment seg

@@ -996,6 +996,85 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	return evicted;
 }
 
+/*
+ * Blocks of a segment we just adopted from a dead client that are allocated
+ * (bit clear) and LIVE or PENDING: n candidates at offs[] (class cls) whose
+ * meta words were metas[]. Those no slot names were written but never
+ * published (an insert or update that died before its slot CAS) and would
+ * leak: nobody else can publish or free them, since only a block's writer
+ * ever makes a slot name it, and the writer's queue pair is gone. They are
+ * taken back the way every block is retired: whoever's CAS takes the meta
+ * from LIVE/PENDING to OBSOLETE frees it. The buckets are read before that
+ * CAS: a slot removal that came before the read had marked the meta first
+ * (or its remover's repair mark will fail against ours), so exactly one
+ * CAS wins and nothing is freed twice; after the read no slot can come to
+ * name the block. Any slot with the block's offset counts as naming it.
+ * 3 round trips per batch of up to EVICT_SAMPLES. Returns how many were
+ * taken back, or <0.
+ */
+int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *offs,
+			    const uint64_t *metas, int n)
+{
+	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
+	uint64_t *bkts = (uint64_t *)(c->rblk + (size_t)EVICT_SAMPLES * EVICT_READ);
+	uint64_t *res = bkts + EVICT_SAMPLES * 2 * HKV_BUCKET_SLOTS;
+	struct hkv_wr wrs[2 * EVICT_SAMPLES];
+	struct key key[EVICT_SAMPLES];
+	int idx[EVICT_SAMPLES], nk = 0, nc = 0, ret, got = 0;
+
+	if (n > EVICT_SAMPLES || (size_t)EVICT_SAMPLES * EVICT_READ +
+					 (size_t)EVICT_SAMPLES * (2 * HKV_BUCKET_SIZE + 8) > c->read_cap)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		wrs[i] = hkv_wr_read(c, c->rblk + (size_t)i * EVICT_READ, offs[i], rd);
+	if (n && (ret = hkv_exec(c, wrs, n)))
+		return ret;
+	for (int i = 0; i < n; i++) { /* a block that names its key, as read in the scan */
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)(c->rblk +
+									       (size_t)i * EVICT_READ);
+
+		if (h->meta != metas[i] || h->klen == 0 || h->klen > HKV_MAX_KEY ||
+		    (uint32_t)HKV_BLOCK_HDR + h->klen > rd)
+			continue; /* changed, or garbage: leave it */
+		key_init(c, &key[nk], c->rblk + (size_t)i * EVICT_READ + HKV_BLOCK_HDR, h->klen);
+		wrs[2 * nk] = hkv_wr_read(c, bkts + nk * 2 * HKV_BUCKET_SLOTS,
+					  slot_off_of(c, &key[nk], 0), HKV_BUCKET_SIZE);
+		wrs[2 * nk + 1] = hkv_wr_read(c, bkts + (nk * 2 + 1) * HKV_BUCKET_SLOTS,
+					      slot_off_of(c, &key[nk], HKV_BUCKET_SLOTS),
+					      HKV_BUCKET_SIZE);
+		idx[nk++] = i;
+	}
+	if (nk && (ret = hkv_exec(c, wrs, 2 * nk)))
+		return ret;
+	for (int k = 0; k < nk; k++) {
+		const uint64_t *sl = bkts + k * 2 * HKV_BUCKET_SLOTS;
+		uint64_t m = metas[idx[k]], dead;
+		int named = 0;
+
+		for (int p = 0; p < CANON_SLOTS; p++)
+			named |= sl[p] && hkv_slot_off(sl[p]) == offs[idx[k]];
+		if (named)
+			continue;
+		dead = hkv_meta_make(HKV_BLK_OBSOLETE, hkv_meta_class(m), hkv_meta_gen(m)) |
+		       (hkv_meta_state(m) == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
+		wrs[nc] = hkv_wr_cas(c, &res[nc], offs[idx[k]], m, dead);
+		idx[nc++] = idx[k];
+	}
+	if (nc && (ret = hkv_exec(c, wrs, nc)))
+		return ret;
+	for (int k = 0; k < nc; k++) {
+		if (res[k] != metas[idx[k]])
+			continue; /* someone else's mark won: theirs to free */
+		hkv_free_block(c, offs[idx[k]], cls);
+		got++;
+	}
+	c->stats.blocks_reclaimed += (uint64_t)got;
+	if (got)
+		hkv_info("client %u: took back %d unpublished block(s) of a dead client", c->client_id,
+			 got);
+	return got;
+}
+
 /* Region offset of block b of our segment so. */
 static uint64_t own_block_off(const struct hkv_client *c, const struct hkv_seg_own *so, uint64_t b)
 {

@@ -216,6 +216,7 @@ struct hkv_client_stats {
 	uint64_t reconnects;    /* times the handle connected again after losing the server */
 	uint64_t expired_reclaimed; /* expired items this handle removed */
 	uint64_t grants; /* memory windows the server bound for it (base + segments) */
+	uint64_t blocks_reclaimed; /* dead clients' unpublished blocks it took back */
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -1287,9 +1287,9 @@ static int win_table(struct raw *r, uint64_t *tab)
 	return rc;
 }
 
-/* Take a FREE segment for r the way a client claims one (a CAS with its
- * base rights); its index, or -1. */
-static int win_take_free(struct raw *r)
+/* Take a FREE segment of class cls for r the way a client claims one (a CAS
+ * with its base rights); its index, or -1. */
+static int take_free_segment(struct raw *r, uint32_t cls)
 {
 	uint64_t tab[4096];
 
@@ -1300,7 +1300,7 @@ static int win_take_free(struct raw *r)
 
 		if (hkv_seg_state(e) != HKV_SEG_FREE)
 			continue;
-		mine = hkv_seg_make(HKV_SEG_OWNED, 0, r->id, hkv_seg_epoch(e) + 1);
+		mine = hkv_seg_make(HKV_SEG_OWNED, cls, r->id, hkv_seg_epoch(e) + 1);
 		if (raw_op(r, HKV_WR_CAS, r->g.seg_table_off + i * 8ull, 8, r->akey, e, mine))
 			return -1;
 		if (!memcmp(r->buf, &e, 8))
@@ -1394,7 +1394,7 @@ static void test_windows(void)
 	printf("# windows: GRANT of another client's segment -> %s\n", hkv_strerror(-EPERM));
 
 	/* a segment of our own: its window takes WRITEs, and only there */
-	s1 = win_take_free(&r);
+	s1 = take_free_segment(&r, 0);
 	CHECK(s1 >= 0);
 	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
 	CHECK(g1.off == win_seg_off(&r, s1) && g1.len == r.g.seg_size &&
@@ -1408,9 +1408,9 @@ static void test_windows(void)
 			 "WRITE into another client's segment with its own segment's rkey") == 0);
 
 	/* --max-segments-per-client 2, kept by the server: a third window is refused */
-	s1 = win_take_free(&r);
-	s2 = win_take_free(&r);
-	s3 = win_take_free(&r);
+	s1 = take_free_segment(&r, 0);
+	s2 = take_free_segment(&r, 0);
+	s3 = take_free_segment(&r, 0);
 	CHECK(s1 >= 0 && s2 >= 0 && s3 >= 0);
 	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
 	CHECK_RC(raw_grant(&r, (uint32_t)s2, &g2), 0);
@@ -1732,6 +1732,110 @@ static void test_abandoned_insert(void)
 	}
 	raw_close(&r);
 	hkv_close(c2);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
+/* ---- test_unpublished_reclaimed ------------------------------------------------------ */
+
+/* Write a block of class cls at off (key, value of vlen 'u' bytes, meta). */
+static int raw_put_block(struct raw *r, uint64_t off, uint32_t wkey, uint32_t cls,
+			 enum hkv_block_state st, const char *key, uint32_t vlen)
+{
+	struct hkv_block_hdr h = {.meta = hkv_meta_make(st, cls, 1), .vlen = vlen,
+				  .klen = (uint16_t)strlen(key)};
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	h.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+	memcpy(r->buf + HKV_BLOCK_HDR, key, h.klen);
+	memset(r->buf + HKV_BLOCK_HDR + h.klen, 'u', vlen);
+	h.crc = hkv_block_crc(&h, r->buf + HKV_BLOCK_HDR);
+	memcpy(r->buf, &h, sizeof(h));
+	return raw_op(r, HKV_WR_WRITE, off, HKV_BLOCK_HDR + h.klen + vlen, wkey, 0, 0);
+}
+
+/*
+ * A client that dies between writing a block and publishing it (an insert or
+ * update that never reached its slot CAS) leaves the block allocated with no
+ * slot naming it. Made exactly: a raw client takes a FREE segment and writes
+ * four blocks into it - LIVE, LIVE and PENDING ones no slot names, and a LIVE
+ * one it publishes (CAS of an empty slot of its key) - then disconnects, so
+ * its segment is orphaned. A library client fills the store: it claims every
+ * FREE segment, then adopts the orphan. It must take back exactly the three
+ * unpublished blocks, and the published item must stay readable through all
+ * of it (its block neither freed nor reused).
+ */
+static void test_unpublished_reclaimed(void)
+{
+	const uint32_t vlen = 100;
+	struct hkv_client_stats st;
+	struct seg_census sc;
+	struct hkv_ctl_granted gr;
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct raw r;
+	uint64_t h, b[2], base, waited = 0;
+	uint32_t cls, wkey, csize;
+	char got[256];
+	size_t vlen_got = 0;
+	int seg, n = 0, published = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	cls = (uint32_t)hkv_class_for(&r.g, HKV_BLOCK_HDR + 8 + vlen);
+	csize = r.g.class_size[cls];
+	seg = take_free_segment(&r, cls);
+	CHECK(seg >= 0);
+	base = r.g.data_off + (uint64_t)seg * r.g.seg_size;
+	wkey = r.rkey;
+	if (r.windows) {
+		CHECK_RC(raw_grant(&r, (uint32_t)seg, &gr), 0);
+		wkey = gr.rkey;
+	}
+	CHECK_RC(raw_put_block(&r, base, wkey, cls, HKV_BLK_LIVE, "unpub-0", vlen), 0);
+	CHECK_RC(raw_put_block(&r, base + csize, wkey, cls, HKV_BLK_LIVE, "unpub-1", vlen), 0);
+	CHECK_RC(raw_put_block(&r, base + 2 * csize, wkey, cls, HKV_BLK_PENDING, "unpub-2", vlen),
+		 0);
+	CHECK_RC(raw_put_block(&r, base + 3 * csize, wkey, cls, HKV_BLK_LIVE, "publish", vlen), 0);
+	h = hkv_hash64("publish", 7);
+	h += !h;
+	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[0] * HKV_BUCKET_SIZE, HKV_BUCKET_SIZE),
+		 0);
+	for (int j = 0; j < HKV_BUCKET_SLOTS && !published; j++) {
+		uint64_t slot, off = r.g.index_off + b[0] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
+
+		memcpy(&slot, r.buf + j * 8, 8);
+		if (slot)
+			continue;
+		CHECK_RC(raw_op(&r, HKV_WR_CAS, off, 8, r.akey, 0,
+				hkv_slot_make(hkv_fp_of(h), cls, 1, base + 3 * csize)), 0);
+		memcpy(&slot, r.buf, 8);
+		published = slot == 0;
+	}
+	CHECK(published);
+	raw_close(&r); /* the writer is gone: its segment is orphaned */
+
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	CHECK_RC(wait_orphaned(&r, &sc, &waited), 0);
+	CHECK(sc.orphan == 1);
+	c = hkvserver_client(&s);
+	CHECK_RC(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL), 0);
+	CHECK(vlen_got == vlen && got[0] == 'u' && got[vlen - 1] == 'u');
+	CHECK_RC(hkv_get(c, "unpub-0", 7, got, sizeof(got), &vlen_got, NULL), HKV_ENOTFOUND);
+	CHECK_RC(fill_store(c, "refill", &n), HKV_EFULL);
+	hkv_client_stats(c, &st);
+	vlen_got = 0;
+	printf("# unpublished blocks: a new client filled the store (%d items), adopted the dead "
+	       "writer's segment and took back %llu of its 3 unpublished blocks; its published "
+	       "item: %s\n", n, (unsigned long long)st.blocks_reclaimed,
+	       hkv_strerror(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL)));
+	CHECK(st.segments_adopted >= 1);
+	CHECK(st.blocks_reclaimed == 3);
+	CHECK_RC(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL), 0);
+	CHECK(vlen_got == vlen && got[0] == 'u' && got[vlen - 1] == 'u');
+	raw_close(&r);
 	hkv_close(c);
 	hkvserver_stop(&s);
 }
@@ -2303,6 +2407,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_sigkill_writer);
 	RUN_TEST(test_abandoned_insert);
+	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_netdev_down);
 	return hkv_test_finish();
 }
