@@ -109,18 +109,21 @@ static int fifo_push(struct hkv_class_alloc *ca, uint32_t seg, uint32_t blk, uin
 }
 
 /*
- * We own segment idx now (our CAS on its table entry succeeded): track it.
- * With memory windows, first get WRITE rights to it from the server, which
- * checks the table says so. NULL with *err set on failure.
+ * With memory windows: WRITE rights to segment idx, which our CAS on its
+ * table entry just made ours (the server checks the table says so). Asked
+ * for before anything is written there.
  */
+static int grant_write(struct hkv_client *c, uint32_t idx)
+{
+	return c->windows && !c->wkeys[idx] ? hkv_grant(c, idx, &c->wkeys[idx]) : 0;
+}
+
+/* We own segment idx now (and may write it): track it. NULL on -ENOMEM. */
 static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint32_t cls,
 				       int *err)
 {
 	struct hkv_seg_own *so;
 
-	*err = c->windows && !c->wkeys[idx] ? hkv_grant(c, idx, &c->wkeys[idx]) : 0;
-	if (*err)
-		return NULL;
 	*err = -ENOMEM;
 	so = hkv_calloc(1, sizeof(*so));
 	if (!so)
@@ -379,13 +382,18 @@ static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls
 	return !*err && c->atom[0] == e;
 }
 
-/* A FREE segment we took (entry e) but cannot use: FREE again, one epoch on. */
+/* A FREE or ORPHAN segment we took (its entry was e, we made it ours in class
+ * cls) but cannot use: back to what it was, one epoch on. Its window, if we
+ * got one, is the server's to revoke (its sweep sees the table). */
 static void give_back(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls)
 {
 	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
 	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, mine,
-				      hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(e) + 2));
+				      hkv_seg_make(hkv_seg_state(e), hkv_seg_class(e), 0,
+						   hkv_seg_epoch(e) + 2));
 
+	if (c->wkeys)
+		c->wkeys[i] = 0;
 	hkv_exec(c, &wr, 1); /* if this fails too, the server orphans it when we go */
 }
 
@@ -431,9 +439,14 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 					return ret;
 				continue; /* somebody was faster */
 			}
+			ret = grant_write(c, i);
+			if (ret) { /* not ours to write after all: give it back */
+				give_back(c, i, e, pass ? ecls : cls);
+				return ret;
+			}
 			if (pass == 0) {
 				c->stats.segments_claimed++;
-				if (!seg_own_new(c, i, cls, &ret)) /* not granted: give it back */
+				if (!seg_own_new(c, i, cls, &ret))
 					give_back(c, i, e, cls);
 				return ret;
 			}

@@ -483,12 +483,16 @@ static struct hkv_wr wr_our_meta(struct hkv_client *c, uint64_t slot, enum hkv_b
 
 /* The old block's mark did not apply: it was reused (ABA on the slot) or is
  * being replaced by someone else. If we nevertheless won the slot and the
- * block is LIVE, mark it now so no warm reader takes it as current. */
+ * block is LIVE in the incarnation that slot named (its generation agrees
+ * with the slot's version), mark it now so no warm reader takes it as
+ * current. A LIVE block of another incarnation is not the slot's: a stale
+ * slot must never reach another key's item. */
 static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t seen)
 {
 	struct hkv_wr wr;
 
-	if (hkv_meta_state(seen) != HKV_BLK_LIVE)
+	if (hkv_meta_state(seen) != HKV_BLK_LIVE ||
+	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
 		return;
 	hkv_warn("client %u: block 0x%llx reused under a slot (ABA); marking it", c->client_id,
 		 (unsigned long long)old->blk_off);
