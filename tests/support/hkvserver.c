@@ -2,12 +2,16 @@
 #include "tests/support/hkvserver.h"
 
 #include <errno.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,8 +29,80 @@ static int exe_dir(char *buf, size_t cap)
 	return 0;
 }
 
+/* Does the control plane accept a connection? (TCP for verbs, the unix socket for shm.) */
+static int ctl_accepts(const struct hkvserver *s)
+{
+	const char *addr = getenv("HKV_RDMA_ADDR");
+	int ok = 0;
+
+	if (s->verbs) {
+		struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+		struct addrinfo *res = NULL;
+
+		if (getaddrinfo(addr ? addr : "192.0.2.1", s->port, &hints, &res))
+			return 0;
+		for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+			int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+					ai->ai_protocol);
+
+			if (fd < 0)
+				continue;
+			ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+			close(fd);
+		}
+		freeaddrinfo(res);
+	} else {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		char path[160];
+		int fd;
+
+		if ((size_t)snprintf(path, sizeof(path), "%s/ctl.sock", s->dir) >=
+		    sizeof(sa.sun_path))
+			return 0;
+		memcpy(sa.sun_path, path, strlen(path) + 1);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return 0;
+		ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		close(fd);
+	}
+	return ok;
+}
+
+/* Has the server logged that it is ready? (Taken as yes when its log goes to stderr
+ * or HKV_LOG hides the info line.) */
+static int log_says_ready(const struct hkvserver *s)
+{
+	const char *lvl = getenv("HKV_LOG");
+	char path[200], buf[4096];
+	size_t n;
+	FILE *f;
+
+	if (getenv("HKV_TEST_SERVER_LOG_STDERR") ||
+	    (lvl && (!strcasecmp(lvl, "error") || !strcasecmp(lvl, "warn"))))
+		return 1;
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return strstr(buf, "server: ready") != NULL;
+}
+
+/*
+ * Ready without a client: the control plane accepts a connection (it listens
+ * only once the data plane does, and a killed predecessor's listener is gone,
+ * so this is the new process) and the log says "server: ready" (so the
+ * listener is not some other program's on a clashing port).
+ */
+static int ready_without_client(const struct hkvserver *s)
+{
+	return ctl_accepts(s) && log_says_ready(s);
+}
+
 static int start_once(struct hkvserver *s, int verbs, const char *memory, const char *segment,
-		      const char *const *extra, int attempt, int reuse)
+		      const char *const *extra, int attempt, int reuse, int no_client)
 {
 	static int seq;
 	char bin[4096], sock[160], log[160];
@@ -100,7 +176,10 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 			s->pid = 0;
 			return -ECHILD;
 		}
-		if (access(s->token_file, R_OK) == 0 && (cfg = hkvserver_config(s))) {
+		if (no_client) {
+			if (ready_without_client(s))
+				return 0;
+		} else if (access(s->token_file, R_OK) == 0 && (cfg = hkvserver_config(s))) {
 			int ret = hkv_open(cfg, &c);
 
 			hkv_config_free(cfg);
@@ -123,7 +202,18 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
 
 	srandom((unsigned)getpid() ^ (unsigned)time(NULL));
 	for (int attempt = 0; attempt < 5 && ret == -ECHILD; attempt++)
-		ret = start_once(s, verbs, memory, segment, extra, attempt, 0);
+		ret = start_once(s, verbs, memory, segment, extra, attempt, 0, 0);
+	return ret;
+}
+
+int hkvserver_start_noclient(struct hkvserver *s, int verbs, const char *memory,
+			     const char *segment, const char *const *extra)
+{
+	int ret = -ECHILD;
+
+	srandom((unsigned)getpid() ^ (unsigned)time(NULL));
+	for (int attempt = 0; attempt < 5 && ret == -ECHILD; attempt++)
+		ret = start_once(s, verbs, memory, segment, extra, attempt, 0, 1);
 	return ret;
 }
 
@@ -131,7 +221,14 @@ int hkvserver_restart(struct hkvserver *s, const char *memory, const char *segme
 		      const char *const *extra)
 {
 	hkvserver_kill(s);
-	return start_once(s, s->verbs, memory, segment, extra, 0, 1);
+	return start_once(s, s->verbs, memory, segment, extra, 0, 1, 0);
+}
+
+int hkvserver_restart_noclient(struct hkvserver *s, const char *memory, const char *segment,
+			       const char *const *extra)
+{
+	hkvserver_kill(s);
+	return start_once(s, s->verbs, memory, segment, extra, 0, 1, 1);
 }
 
 struct hkv_config *hkvserver_config(const struct hkvserver *s)

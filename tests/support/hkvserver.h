@@ -31,6 +31,16 @@ int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const ch
  * socket and token, so clients reconnect to the same URI. 0 or -errno. */
 int hkvserver_restart(struct hkvserver *s, const char *memory, const char *segment,
 		      const char *const *extra);
+/*
+ * The same, but waiting for readiness without opening a client (which would
+ * open the RDMA device in this process): until the control plane accepts a
+ * connection and the server's log says "server: ready". For a process that
+ * must hold no RDMA device, e.g. one that deletes and re-adds rxe0.
+ */
+int hkvserver_start_noclient(struct hkvserver *s, int verbs, const char *memory,
+			     const char *segment, const char *const *extra);
+int hkvserver_restart_noclient(struct hkvserver *s, const char *memory, const char *segment,
+			       const char *const *extra);
 /* A config for it (caller frees). */
 struct hkv_config *hkvserver_config(const struct hkvserver *s);
 /* Open a client handle on it; aborts the test program on failure. */
