@@ -29,6 +29,7 @@
  * number. A value returned for a key either is one some client wrote for that
  * key, or check_value() says why not.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -1878,7 +1879,9 @@ static void test_unpublished_reclaimed(void)
  * it checks what a user needs: no operation takes longer than the timeout
  * plus a margin, failures are the lost-path errors (never a miss of a
  * stored key, never a wrong value), and a new handle's failed connects are
- * bounded too; if one connects, every key reads back.
+ * bounded too; if one connects, every key reads back. test_netdev_flap
+ * below runs that load in the rdma tier from a process that holds no RDMA
+ * device, makes the device again afterwards and reads every key back.
  *
  * It runs only against a dummy netdev (what scripts/softroce-run makes): on
  * a host with a real RDMA NIC it would take that host's network down.
@@ -2396,11 +2399,860 @@ static void test_netdev_down(void)
 	free(l);
 }
 
+/* ---- test_netdev_flap: the flap under load, then every stored key read back ----------- */
+
+/*
+ * `test_faults verbs netdev-flap` (ctest netdev_flap_verbs, rdma tier): the
+ * netdev under rxe0 goes down for ND_HOLD_MS while a client runs gets and
+ * sets, as with HKV_NETDEV_FAULT_UNDER_LOAD=1 above; then the device is made
+ * again and every set that returned success is read back.
+ *
+ * Traffic during the flap leaves rdma_cm over rxe dead (see the comment
+ * above test_netdev_down); only `rdma link delete` + `rdma link add` brings
+ * it back, and only once no process holds the device. So this process, the
+ * supervisor, never opens an RDMA device: it starts the server with
+ * hkvserver_start_noclient() (readiness by a control-plane connect and the
+ * log's "ready", not by hkv_open) and does all verbs work in children, fork +
+ * exec of this binary ("test_faults worker flap-load|flap-read URI TOKEN-FILE
+ * ID MS FD"; commands on their stdin, results on FD):
+ *
+ *   1. server on --memory-file; the loaded child stores ND_KEYS keys, says
+ *      "ready", runs nd_step() in a thread (gets of those keys, sets of new
+ *      keys) while the supervisor takes the link down and up (it tells the
+ *      child when: "fault T", "down T", "up T"), runs 2 s more, then "stop".
+ *      The child reports its counts, its error codes, its longest
+ *      operation, and every set with its outcome as "k|f KEY LEN SEQ PHASE"
+ *      (the value is make_value(KEY, LEN, SEQ); PHASE p: the preload, b:
+ *      before the fault, g: while `ip link set down` ran, d: link down, a:
+ *      link up again; by when the set started), then exits. It must show
+ *      operations while the link was down, each ending within the timeout
+ *      plus ND_MARGIN_MS with a lost-path error (nd_error_ok()), never a
+ *      wrong value or a miss of a stored key;
+ *   2. the server is killed; with no process holding the device left (the
+ *      supervisor checks /proc/<pid>/fd for /dev/infiniband/uverbs*, its own
+ *      included), rxe0 is deleted and added again on the same netdev, and
+ *      the address and port state (ACTIVE) are checked;
+ *   3. the server is restarted warm on its memory file; a fresh reader child
+ *      gets every reported key: each set that returned success must read
+ *      back with its exact value, a failed set may be absent or whole (never
+ *      anything else); a few new sets then read back too.
+ *
+ * The device is made again exactly as scripts/softroce-run made it, so the
+ * rdma tests after this one in the same guest run on it.
+ */
+
+#define NF_NEW_KEYS 100
+
+enum { NF_PRE, NF_BEFORE, NF_GOING, NF_DOWN, NF_AFTER, NF_NPHASES };
+static const char nf_tag[NF_NPHASES + 1] = "pbgda";
+static const char *const nf_phase_name[NF_NPHASES] = {
+	"stored before the loop", "before the fault", "while `ip link set down` ran",
+	"while the link was down", "after the link was up"};
+
+/* nd_value()'s length and sequence number for key i (mirrored; the loaded
+ * child checks it gives the same bytes). */
+static void nf_params(int preloaded, int i, size_t *len, uint64_t *seq)
+{
+	*len = preloaded ? 64 + (size_t)i % 300 : 64 + (size_t)i % 200;
+	*seq = (uint64_t)(preloaded ? 1 : 2) << 40 | (uint64_t)i;
+}
+
+/* ---- children ---- */
+
+/* A struct hkvserver naming only what a child needs (URI and token file). */
+static void nf_server_of(struct hkvserver *s, const struct worker_args *a)
+{
+	memset(s, 0, sizeof(*s));
+	s->verbs = 1;
+	snprintf(s->uri, sizeof(s->uri), "%s", a->uri);
+	snprintf(s->token_file, sizeof(s->token_file), "%s", a->token_file);
+}
+
+struct nf_load {
+	struct nd_loop *l;
+	_Atomic uint64_t down_at; /* ms since l->t0 `ip link set down` returned */
+	uint64_t ops[NF_NPHASES], ok[NF_NPHASES];
+	uint8_t phase_of[ND_MAX_SETS];
+};
+
+static int nf_phase(struct nf_load *x)
+{
+	if (!atomic_load(&x->l->fault_at))
+		return NF_BEFORE;
+	if (atomic_load(&x->l->up_at))
+		return NF_AFTER;
+	return atomic_load(&x->down_at) ? NF_DOWN : NF_GOING;
+}
+
+static void *nf_load_main(void *arg)
+{
+	struct nf_load *x = arg;
+	struct nd_loop *l = x->l;
+
+	for (uint64_t n = 0; !atomic_load(&l->stop); n++) {
+		int ph = nf_phase(x), ns = l->nsets;
+		uint64_t ok = l->ok;
+
+		nd_step(l, n);
+		x->ops[ph]++;
+		x->ok[ph] += l->ok - ok;
+		if (l->nsets > ns)
+			x->phase_of[ns] = (uint8_t)ph;
+	}
+	return NULL;
+}
+
+/* "k|f KEY LEN SEQ PHASE" for one set; 1 if nf_params() does not give nd_value()'s bytes. */
+static int nf_report_set(FILE *f, int ok, int preloaded, int i, int ph)
+{
+	static uint8_t v[VAL_MAX], w[VAL_MAX];
+	char key[32];
+	size_t len, vlen = nd_value(v, key, sizeof(key), preloaded, i);
+	uint64_t seq;
+
+	nf_params(preloaded, i, &len, &seq);
+	fprintf(f, "%c %s %zu %llu %c\n", ok ? 'k' : 'f', key, len, (unsigned long long)seq,
+		nf_tag[ph]);
+	return make_value(w, len, key, seq) != vlen || memcmp(v, w, vlen);
+}
+
+/* The loaded client: preload, "ready", nd_step() until "stop", then the report. */
+static int nf_run_load(const struct worker_args *a)
+{
+	struct nd_loop *l = calloc(1, sizeof(*l));
+	struct nf_load *x = calloc(1, sizeof(*x));
+	struct hkvserver s;
+	struct nd_open o;
+	struct timespec ts;
+	char line[128], key[32];
+	int joined, mismatch = 0;
+	pthread_t th;
+	FILE *f;
+
+	if (!l || !x)
+		abort();
+	x->l = l;
+	nf_server_of(&s, a);
+	l->c = nd_open(&s, 20000, &o);
+	if (!l->c) {
+		fprintf(stderr, "flap-load: cannot open a client: %s (%d tries)\n",
+			hkv_code_name(o.ret), o.tries);
+		return 2;
+	}
+	for (int i = 0; i < ND_KEYS; i++) {
+		size_t len = nd_value(l->val, key, sizeof(key), 1, i);
+		int ret = hkv_set(l->c, key, strlen(key), l->val, len, NULL);
+
+		if (ret) {
+			fprintf(stderr, "flap-load: preload set(\"%s\"): %s\n", key,
+				hkv_code_name(ret));
+			return 2;
+		}
+	}
+	dprintf(a->fd, "ready\n");
+	l->t0 = now_ms();
+	if (pthread_create(&th, NULL, nf_load_main, x))
+		return 2;
+	/* commands: "fault T" / "down T" / "up T" (T: the supervisor's CLOCK_MONOTONIC ms),
+	 * "stop" */
+	while (fgets(line, sizeof(line), stdin)) {
+		unsigned long long t = 0;
+		uint64_t rel;
+
+		if (!strncmp(line, "stop", 4))
+			break;
+		if (sscanf(line, "%*s %llu", &t) != 1)
+			continue;
+		rel = t > l->t0 ? t - l->t0 : 1;
+		if (!strncmp(line, "fault", 5))
+			atomic_store(&l->fault_at, rel);
+		else if (!strncmp(line, "down", 4))
+			atomic_store(&x->down_at, rel);
+		else if (!strncmp(line, "up", 2))
+			atomic_store(&l->up_at, rel);
+	}
+	atomic_store(&l->stop, 1);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 30;
+	joined = pthread_timedjoin_np(th, NULL, &ts) == 0;
+	if (!joined) {
+		fprintf(stderr, "flap-load: an operation still hangs 30 s after \"stop\"\n");
+		dprintf(a->fd, "hung\n");
+		_exit(3);
+	}
+	hkv_close(l->c);
+	if (!(f = fdopen(a->fd, "w")))
+		return 2;
+	fprintf(f, "loop ops=%llu ok=%llu bad=%llu miss=%llu ops_before=%llu err_before=%llu "
+		"max_ms=%llu max_at=%llu max_ret=%d max_down_ms=%llu first_err=%d "
+		"first_err_at=%llu first_err_ms=%llu nsets=%d fault_at=%llu up_at=%llu\n",
+		(unsigned long long)l->ops, (unsigned long long)l->ok, (unsigned long long)l->bad,
+		(unsigned long long)l->miss, (unsigned long long)l->ops_before,
+		(unsigned long long)l->err_before, (unsigned long long)l->max_ms,
+		(unsigned long long)l->max_at, l->max_ret, (unsigned long long)l->max_down_ms,
+		l->first_err, (unsigned long long)l->first_err_at,
+		(unsigned long long)l->first_err_ms, l->nsets,
+		(unsigned long long)atomic_load(&l->fault_at),
+		(unsigned long long)atomic_load(&l->up_at));
+	fprintf(f, "phases");
+	for (int p = NF_BEFORE; p < NF_NPHASES; p++)
+		fprintf(f, " ops_%c=%llu ok_%c=%llu", nf_tag[p], (unsigned long long)x->ops[p],
+			nf_tag[p], (unsigned long long)x->ok[p]);
+	fprintf(f, "\n");
+	for (int i = 0; i < l->ncodes; i++)
+		fprintf(f, "code %d %llu\n", l->codes[i], (unsigned long long)l->code_n[i]);
+	for (int i = 0; i < ND_KEYS; i++)
+		mismatch += nf_report_set(f, 1, 1, i, NF_PRE);
+	for (int i = 0; i < l->nsets; i++)
+		mismatch += nf_report_set(f, l->set_ok[i] == 1, 0, i, x->phase_of[i]);
+	fprintf(f, "mismatch n=%d\nend\n", mismatch);
+	free(x);
+	free(l);
+	return fclose(f) ? 2 : 0;
+}
+
+/* The reader: every set from stdin read back on a fresh handle, then new sets. */
+static int nf_run_read(const struct worker_args *a)
+{
+	/* per phase, sets that returned ok: n, exact, absent, wrong, error */
+	unsigned long long k[NF_NPHASES][5] = {{0}};
+	/* sets that failed: n, absent, whole, wrong, error; new sets read back */
+	unsigned long long fl[5] = {0}, new_ok = 0, max_ms = 0;
+	uint8_t *want = malloc(VAL_MAX), *got = malloc(VAL_MAX);
+	struct hkv_client *c;
+	struct hkvserver s;
+	struct nd_open o;
+	char line[160], key[64], tag, what;
+	int shown = 0;
+
+	if (!want || !got)
+		abort();
+	nf_server_of(&s, a);
+	c = nd_open(&s, 20000, &o);
+	dprintf(a->fd, "open ret=%d ms=%llu tries=%d\n", o.ret, (unsigned long long)o.ms,
+		o.tries);
+	if (!c) {
+		fprintf(stderr, "flap-read: cannot open a client: %s (%d tries in %llu ms)\n",
+			hkv_code_name(o.ret), o.tries, (unsigned long long)o.ms);
+		return 2;
+	}
+	while (fgets(line, sizeof(line), stdin)) {
+		unsigned long long seq;
+		size_t len, vlen = 0;
+		uint64_t t = now_ms();
+		const char *ph;
+		int ret, same;
+
+		if (sscanf(line, "%c %63s %zu %llu %c", &what, key, &len, &seq, &tag) != 5 ||
+		    (what != 'k' && what != 'f') || !tag || !(ph = strchr(nf_tag, tag)))
+			continue;
+		len = make_value(want, len, key, seq);
+		ret = hkv_get(c, key, strlen(key), got, VAL_MAX, &vlen, NULL);
+		if (now_ms() - t > max_ms)
+			max_ms = now_ms() - t;
+		same = !ret && vlen == len && !memcmp(got, want, len);
+		if (what == 'k') {
+			unsigned long long *n = k[ph - nf_tag];
+
+			n[0]++;
+			n[1] += same;
+			n[2] += ret == HKV_ENOTFOUND;
+			n[3] += !ret && !same;
+			n[4] += ret && ret != HKV_ENOTFOUND;
+		} else {
+			fl[0]++;
+			fl[1] += ret == HKV_ENOTFOUND;
+			fl[2] += same;
+			fl[3] += !ret && !same;
+			fl[4] += ret && ret != HKV_ENOTFOUND;
+		}
+		if ((ret == HKV_ENOTFOUND && what == 'k') || (ret && ret != HKV_ENOTFOUND) ||
+		    (!ret && !same)) {
+			if (shown++ < 5)
+				fprintf(stderr, "flap-read: get(\"%s\") of a set that %s (%c): %s%s\n",
+					key, what == 'k' ? "returned ok" : "failed", tag,
+					hkv_code_name(ret), !ret ? ", a different value" : "");
+		}
+	}
+	for (int i = 0; i < NF_NEW_KEYS; i++) {
+		size_t len, vlen = 0;
+
+		snprintf(key, sizeof(key), "nf-new-%04d", i);
+		len = make_value(want, 64 + (size_t)i, key, (uint64_t)3 << 40 | (uint64_t)i);
+		new_ok += !hkv_set(c, key, strlen(key), want, len, NULL) &&
+			  !hkv_get(c, key, strlen(key), got, VAL_MAX, &vlen, NULL) && vlen == len &&
+			  !memcmp(got, want, len);
+	}
+	hkv_close(c);
+	dprintf(a->fd, "failed n=%llu absent=%llu whole=%llu wrong=%llu err=%llu\n", fl[0], fl[1],
+		fl[2], fl[3], fl[4]);
+	for (int p = 0; p < NF_NPHASES; p++)
+		dprintf(a->fd, "ok_%c n=%llu exact=%llu absent=%llu wrong=%llu err=%llu\n",
+			nf_tag[p], k[p][0], k[p][1], k[p][2], k[p][3], k[p][4]);
+	dprintf(a->fd, "new n=%d ok=%llu max_ms=%llu\nend\n", NF_NEW_KEYS, new_ok, max_ms);
+	free(want);
+	free(got);
+	return 0;
+}
+
+static int nf_worker_main(int argc, char **argv)
+{
+	struct worker_args a;
+
+	if (argc != 8) {
+		fprintf(stderr, "usage: test_faults worker flap-load|flap-read URI TOKEN-FILE ID "
+			"MS FD\n");
+		return 2;
+	}
+	a = (struct worker_args){.role = argv[2], .uri = argv[3], .token_file = argv[4],
+				 .id = atoi(argv[5]), .ms = atoi(argv[6]), .fd = atoi(argv[7])};
+	install_crash_handler();
+	if (!strcmp(a.role, "flap-load"))
+		return nf_run_load(&a);
+	if (!strcmp(a.role, "flap-read"))
+		return nf_run_read(&a);
+	fprintf(stderr, "test_faults worker: unknown role %s\n", a.role);
+	return 2;
+}
+
+/* ---- the supervisor's side: it never opens an RDMA device ---- */
+
+struct nf_child {
+	const char *role;
+	pid_t pid;
+	int to, from, status, hung;
+	char *out; /* everything it reported */
+	size_t len, cap;
+};
+
+/* fork + exec of this binary as worker `role`: commands to its stdin (to),
+ * reports from its FD (from). */
+static int nf_spawn(struct nf_child *ch, const char *role, const struct hkvserver *s)
+{
+	char exe[4096], fds[16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	int in[2], rep[2];
+
+	memset(ch, 0, sizeof(*ch));
+	ch->role = role;
+	ch->to = ch->from = -1;
+	if (n <= 0 || pipe2(in, O_CLOEXEC))
+		return -1;
+	if (pipe2(rep, O_CLOEXEC)) {
+		close(in[0]);
+		close(in[1]);
+		return -1;
+	}
+	exe[n] = 0;
+	snprintf(fds, sizeof(fds), "%d", rep[1]);
+	fflush(NULL);
+	ch->pid = fork();
+	if (ch->pid == 0) {
+		const char *argv[] = {exe, "worker", role, s->uri, s->token_file, "0", "0", fds,
+				      NULL};
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+		if (dup2(in[0], 0) < 0)
+			_exit(126);
+		fcntl(rep[1], F_SETFD, 0);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(rep[1]);
+	if (ch->pid < 0) {
+		close(in[1]);
+		close(rep[0]);
+		return -1;
+	}
+	ch->to = in[1];
+	ch->from = rep[0];
+	return 0;
+}
+
+/* Everything the child reports until it closes its end (or timeout_ms); 0 at EOF. */
+static int nf_collect(struct nf_child *ch, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+
+	while (ch->from >= 0 && now_ms() < end) {
+		struct pollfd p = {.fd = ch->from, .events = POLLIN};
+		ssize_t n;
+
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		if (ch->cap - ch->len < 4096) {
+			char *b = realloc(ch->out, ch->cap * 2 + 65536);
+
+			if (!b)
+				abort();
+			ch->out = b;
+			ch->cap = ch->cap * 2 + 65536;
+		}
+		n = read(ch->from, ch->out + ch->len, ch->cap - ch->len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			close(ch->from);
+			ch->from = -1;
+			break;
+		}
+		ch->len += (size_t)n;
+		ch->out[ch->len] = 0;
+	}
+	return ch->from < 0 ? 0 : -1;
+}
+
+/* Reap the child (SIGKILL after timeout_ms); 1 if it exited with status 0. */
+static int nf_reap(struct nf_child *ch, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+
+	if (ch->to >= 0)
+		close(ch->to);
+	ch->to = -1;
+	while (ch->pid > 0 && waitpid(ch->pid, &ch->status, WNOHANG) != ch->pid) {
+		if (now_ms() > end) {
+			fprintf(stderr, "netdev flap: %s child still running after %d ms; killed\n",
+				ch->role, timeout_ms);
+			ch->hung = 1;
+			kill(ch->pid, SIGKILL);
+			waitpid(ch->pid, &ch->status, 0);
+			break;
+		}
+		sleep_ms(20);
+	}
+	ch->pid = 0;
+	if (ch->from >= 0)
+		close(ch->from);
+	ch->from = -1;
+	if (ch->hung)
+		return 0;
+	if (WIFSIGNALED(ch->status))
+		fprintf(stderr, "netdev flap: %s child killed by signal %d (%s)\n", ch->role,
+			WTERMSIG(ch->status), strsignal(WTERMSIG(ch->status)));
+	else if (WEXITSTATUS(ch->status))
+		fprintf(stderr, "netdev flap: %s child failed: exit status %d\n", ch->role,
+			WEXITSTATUS(ch->status));
+	return WIFEXITED(ch->status) && WEXITSTATUS(ch->status) == 0;
+}
+
+/* The line of out that starts with `head` (a word), or NULL. */
+static const char *nf_line(const char *out, const char *head)
+{
+	size_t n = strlen(head);
+
+	for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+		if (!strncmp(p, head, n) && (p[n] == ' ' || p[n] == '\n'))
+			return p;
+	return NULL;
+}
+
+/* The value of name=... in the line of out that starts with `head`; 0 if absent. */
+static long long nf_val(const char *out, const char *head, const char *name)
+{
+	const char *p = nf_line(out, head), *eol;
+	size_t n = strlen(name);
+
+	if (!p)
+		return 0;
+	eol = strchr(p, '\n');
+	for (p = strchr(p, ' '); p && (!eol || p < eol); p = strchr(p + 1, ' '))
+		if (!strncmp(p + 1, name, n) && p[n + 1] == '=')
+			return strtoll(p + n + 2, NULL, 10);
+	return 0;
+}
+
+/* Processes with an open /dev/infiniband/uverbs* ("pid (comm)" into out); their count. */
+static int nf_rdma_holders(char *out, size_t cap)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	int n = 0;
+	size_t used = 0;
+
+	out[0] = 0;
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		char path[64], link[300], comm[64] = "?";
+		DIR *fdd;
+		struct dirent *fe;
+		int held = 0, pid;
+		FILE *f;
+
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		pid = atoi(e->d_name);
+		snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+		if (!(fdd = opendir(path)))
+			continue;
+		while (!held && (fe = readdir(fdd))) {
+			ssize_t l;
+
+			if (fe->d_name[0] < '0' || fe->d_name[0] > '9')
+				continue;
+			snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, atoi(fe->d_name));
+			l = readlink(path, link, sizeof(link) - 1);
+			if (l > 0) {
+				link[l] = 0;
+				held = !strncmp(link, "/dev/infiniband/uverbs", 22);
+			}
+		}
+		closedir(fdd);
+		if (!held)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+		if ((f = fopen(path, "r"))) {
+			if (fgets(comm, sizeof(comm), f))
+				comm[strcspn(comm, "\n")] = 0;
+			fclose(f);
+		}
+		n++;
+		if (used < cap)
+			used += (size_t)snprintf(out + used, cap - used, "%s%d (%s)", n > 1 ? ", " : "",
+						 pid, comm);
+	}
+	closedir(d);
+	return n;
+}
+
+/* Run `sh -c script dev netdev cidr` (stdout and stderr: ours); its exit status, -1 if
+ * it could not run or ran past timeout_ms (then killed). */
+static int nf_sh(const char *script, const char *rdev, const char *dev, const char *cidr,
+		 int timeout_ms)
+{
+	const char *argv[] = {"/bin/sh", "-c", script, rdev, dev, cidr, NULL};
+	extern char **environ;
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	if (posix_spawn(&pid, "/bin/sh", NULL, NULL, (char *const *)argv, environ))
+		return -1;
+	while (waitpid(pid, &status, WNOHANG) != pid) {
+		if (now_ms() > end) {
+			fprintf(stderr, "netdev flap: `%s` still running after %d ms; killed\n",
+				script, timeout_ms);
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			return -1;
+		}
+		sleep_ms(20);
+	}
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Is rdev an rxe device on netdev dev? */
+static int nf_is_rxe_on(const char *rdev, const char *dev)
+{
+	char path[256], desc[64] = "", parent[64] = "";
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/node_desc", rdev);
+	if ((f = fopen(path, "r"))) {
+		if (!fgets(desc, sizeof(desc), f))
+			desc[0] = 0;
+		fclose(f);
+	}
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/parent", rdev);
+	if ((f = fopen(path, "r"))) {
+		if (!fgets(parent, sizeof(parent), f))
+			parent[0] = 0;
+		fclose(f);
+	}
+	desc[strcspn(desc, "\n")] = 0;
+	parent[strcspn(parent, "\n")] = 0;
+	return !strcmp(desc, "rxe") && !strcmp(parent, dev);
+}
+
+/*
+ * Make the rxe device again once nobody holds it: delete, add on the same
+ * netdev, the address back if it went, wait for link, address and port
+ * ACTIVE. 0, or -1 (why on stderr). *ms: how long it took.
+ */
+static int nf_remake_device(const char *rdev, const char *dev, const char *cidr, uint64_t *ms)
+{
+	static const char script[] =
+		"rdma link delete \"$0\" || exit 1; "
+		"rdma link add \"$0\" type rxe netdev \"$1\" || exit 2; "
+		"ip -o -4 addr show dev \"$1\" | grep -q \" inet $2 \" || ip addr add \"$2\" dev \"$1\"";
+	char holders[512];
+	uint64_t t0 = now_ms();
+	int n, ret;
+
+	/* the children are reaped and the server killed; their device files close on exit */
+	while ((n = nf_rdma_holders(holders, sizeof(holders))) != 0 && now_ms() - t0 < 10000)
+		sleep_ms(100);
+	if (n) {
+		fprintf(stderr, "netdev flap: %s still held by %s; not deleting it\n", rdev,
+			n < 0 ? "(cannot read /proc)" : holders);
+		return -1;
+	}
+	ret = nf_sh(script, rdev, dev, cidr, 60000);
+	if (ret) {
+		fprintf(stderr, "netdev flap: making %s again failed (step %d)\n", rdev, ret);
+		return -1;
+	}
+	while (!nd_path_ready(dev, cidr) && now_ms() - t0 < 60000)
+		sleep_ms(50);
+	*ms = now_ms() - t0;
+	if (!nd_path_ready(dev, cidr) || !nf_is_rxe_on(rdev, dev)) {
+		fprintf(stderr, "netdev flap: %s made again, but the path is not ready\n", rdev);
+		return -1;
+	}
+	return 0;
+}
+
+/* Send the loaded child a command: "WORD T" with T = now (CLOCK_MONOTONIC ms). */
+static void nf_tell(struct nf_child *ch, const char *word)
+{
+	dprintf(ch->to, "%s %llu\n", word, (unsigned long long)now_ms());
+}
+
+static void nf_print_load(const char *out, uint64_t down, uint64_t up, int *codes_ok)
+{
+	static const char *const ph[] = {"b", "g", "d", "a"};
+	const char *p;
+
+	printf("# netdev flap: the loaded client: %lld ops (%lld ok); the fault started at %.2f s "
+	       "of its loop (`ip link set down` returned %llu ms later), the link was up again "
+	       "at %.2f s (%llu ms after the fault started)\n",
+	       nf_val(out, "loop", "ops"), nf_val(out, "loop", "ok"),
+	       nf_val(out, "loop", "fault_at") / 1000.0, (unsigned long long)down,
+	       nf_val(out, "loop", "up_at") / 1000.0, (unsigned long long)up);
+	for (int i = 0; i < 4; i++) {
+		char o[8], k[8];
+
+		snprintf(o, sizeof(o), "ops_%s", ph[i]);
+		snprintf(k, sizeof(k), "ok_%s", ph[i]);
+		printf("#   %s: %lld ops, %lld ok\n", nf_phase_name[i + 1], nf_val(out, "phases", o),
+		       nf_val(out, "phases", k));
+	}
+	if (nf_val(out, "loop", "first_err_at"))
+		printf("#   first error %s at %.3f s, that op waited %lld ms\n",
+		       hkv_code_name((int)nf_val(out, "loop", "first_err")),
+		       nf_val(out, "loop", "first_err_at") / 1000.0,
+		       nf_val(out, "loop", "first_err_ms"));
+	printf("#   longest op %lld ms (started at %.3f s, %s), longest while down %lld ms; "
+	       "timeout %d ms\n",
+	       nf_val(out, "loop", "max_ms"), nf_val(out, "loop", "max_at") / 1000.0,
+	       hkv_code_name((int)nf_val(out, "loop", "max_ret")),
+	       nf_val(out, "loop", "max_down_ms"), ND_TIMEOUT_MS);
+	*codes_ok = 1;
+	for (p = nf_line(out, "code"); p; p = nf_line(strchr(p, '\n') ?: "", "code")) {
+		int code = 0;
+		unsigned long long n = 0;
+
+		sscanf(p, "code %d %llu", &code, &n);
+		printf("#   error %s (%d): %llu ops\n", hkv_code_name(code), code, n);
+		*codes_ok &= nd_error_ok(code);
+	}
+	printf("#   wrong values %lld, stored keys reported absent %lld\n",
+	       nf_val(out, "loop", "bad"), nf_val(out, "loop", "miss"));
+}
+
+/* The "k"/"f" lines of the loaded child's report, to the reader's stdin. */
+static int nf_forward_sets(const char *out, int fd)
+{
+	for (const char *p = out; *p;) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p + 1) : strlen(p);
+
+		if ((p[0] == 'k' || p[0] == 'f') && p[1] == ' ' && write_full(fd, p, n))
+			return -1;
+		p += n;
+	}
+	return 0;
+}
+
+static void test_netdev_flap(void)
+{
+	const char *rdev = getenv("HKV_RDMA_DEV");
+	struct nf_child ld = {.to = -1, .from = -1}, rd = {.to = -1, .from = -1};
+	struct hkvserver s;
+	char dev[64], cidr[64], file[128], holders[256];
+	const char *extra[] = {"--memory-file", file, NULL};
+	uint64_t t0, fault_t, down = 0, up = 0, remake_ms = 0, t;
+	int fd = -1, status = 0, fault_ok = 0, ready = 0, ld_ok, ld_done, rd_ok = 0, rd_done = 0,
+	    remade = 0, restarted = 0, codes_ok = 0, sets_ok = 0, sets_failed = 0, self_held;
+	pid_t fpid;
+
+	if (!use_verbs) {
+		printf("# netdev flap: verbs only (shm has no network device); nothing to do\n");
+		return;
+	}
+	CHECK(rdev && nd_find_netdev(dev, sizeof(dev), cidr, sizeof(cidr)) == 0);
+	if (!nd_is_dummy(dev) || !nf_is_rxe_on(rdev, dev) || geteuid() != 0) {
+		printf("# netdev flap: needs root and an rxe device on a dummy netdev (%s on %s): "
+		       "it takes the link down and makes the device again; run through "
+		       "scripts/softroce-run\n", rdev, dev);
+		return;
+	}
+	/* the whole point: this process holds no RDMA device, ever */
+	self_held = nf_rdma_holders(holders, sizeof(holders));
+	CHECK(self_held == 0);
+	printf("# netdev flap: %s under %s holds %s; down for %d ms under load, then %s made "
+	       "again and the server restarted on its memory file\n",
+	       dev, rdev, cidr, ND_HOLD_MS, rdev);
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(file, sizeof(file), "/tmp/hkv-netflap-%d.region", (int)getpid());
+	unlink(file);
+	CHECK(hkvserver_start_noclient(&s, 1, "16M", "64K", extra) == 0);
+	if (nf_spawn(&ld, "flap-load", &s) || nd_wait_word(ld.from, "ready", 120000)) {
+		fprintf(stderr, "netdev flap: the loaded client did not get ready\n");
+		nf_reap(&ld, 1000);
+		hkvserver_stop(&s);
+		unlink(file);
+		CHECK(0);
+	}
+
+	/* 1. the flap under load */
+	t0 = now_ms();
+	sleep_ms(1500);
+	fault_t = now_ms();
+	nf_tell(&ld, "fault");
+	fpid = nd_start_fault(dev, cidr, ND_HOLD_MS, &fd);
+	fault_ok = fpid > 0 && nd_wait_word(fd, "down", 10000) == 0;
+	down = now_ms() - fault_t;
+	nf_tell(&ld, "down");
+	if (fpid > 0) {
+		fault_ok &= nd_wait_word(fd, "up", ND_HOLD_MS + 30000) == 0;
+		up = now_ms() - fault_t;
+		nf_tell(&ld, "up");
+		waitpid(fpid, &status, 0);
+		close(fd);
+	}
+	t = now_ms();
+	while (!(ready = nd_path_ready(dev, cidr)) && now_ms() - t < 10000)
+		sleep_ms(50);
+	sleep_ms(2000); /* the old handle keeps going with the link up */
+	dprintf(ld.to, "stop\n");
+	ld_done = nf_collect(&ld, 60000) == 0;
+	ld_ok = nf_reap(&ld, 5000);
+	ld_done &= ld.out && nf_line(ld.out, "end") != NULL;
+	printf("# netdev flap: loaded client stopped %.1f s after its loop began; link, "
+	       "address and port %s\n", (now_ms() - t0) / 1000.0,
+	       ready ? "ready again" : "NOT ready");
+	if (ld_done) {
+		nf_print_load(ld.out, down, up, &codes_ok);
+		for (const char *p = ld.out; p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+			sets_ok += p[0] == 'k' && p[1] == ' ';
+			sets_failed += p[0] == 'f' && p[1] == ' ';
+		}
+	}
+
+	/* 2. nobody holds the device: kill the server, make rxe0 again */
+	hkvserver_kill(&s);
+	remade = nf_remake_device(rdev, dev, cidr, &remake_ms) == 0;
+	printf("# netdev flap: %s deleted and added again on %s: %s in %llu ms\n", rdev, dev,
+	       remade ? "link, address and port ACTIVE" : "FAILED",
+	       (unsigned long long)remake_ms);
+
+	/* 3. warm restart, a fresh reader reads every set back */
+	if (remade)
+		restarted = hkvserver_restart_noclient(&s, "16M", "64K", extra) == 0;
+	if (restarted && ld_done && nf_spawn(&rd, "flap-read", &s) == 0) {
+		if (nf_forward_sets(ld.out, rd.to))
+			fprintf(stderr, "netdev flap: could not hand the reader its keys\n");
+		close(rd.to);
+		rd.to = -1;
+		rd_done = nf_collect(&rd, 300000) == 0;
+		rd_ok = nf_reap(&rd, 5000);
+		rd_done &= rd.out && nf_line(rd.out, "end") != NULL;
+	}
+	if (rd_done) {
+		printf("# netdev flap: a new handle after the warm restart: %s in %lld ms (%lld "
+		       "tries)\n", hkv_code_name((int)nf_val(rd.out, "open", "ret")),
+		       nf_val(rd.out, "open", "ms"), nf_val(rd.out, "open", "tries"));
+		for (int p = 0; p < NF_NPHASES; p++) {
+			char head[8];
+
+			snprintf(head, sizeof(head), "ok_%c", nf_tag[p]);
+			printf("#   sets that returned ok %s: %lld/%lld read back exact (%lld absent, "
+			       "%lld wrong, %lld errors)\n", nf_phase_name[p],
+			       nf_val(rd.out, head, "exact"), nf_val(rd.out, head, "n"),
+			       nf_val(rd.out, head, "absent"), nf_val(rd.out, head, "wrong"),
+			       nf_val(rd.out, head, "err"));
+		}
+		printf("#   sets that failed: %lld (%lld absent, %lld stored whole, %lld wrong, %lld "
+		       "errors); new sets after the restart: %lld/%lld read back; longest get %lld "
+		       "ms\n", nf_val(rd.out, "failed", "n"), nf_val(rd.out, "failed", "absent"),
+		       nf_val(rd.out, "failed", "whole"), nf_val(rd.out, "failed", "wrong"),
+		       nf_val(rd.out, "failed", "err"), nf_val(rd.out, "new", "ok"),
+		       nf_val(rd.out, "new", "n"), nf_val(rd.out, "new", "max_ms"));
+	}
+	hkvserver_stop(&s);
+	unlink(file);
+
+	CHECK(fault_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK(ready);
+	CHECK(ld_ok && ld_done);
+	CHECK(nf_val(ld.out, "mismatch", "n") == 0);
+	CHECK(nf_val(ld.out, "loop", "ops_before") > 0 &&
+	      nf_val(ld.out, "loop", "err_before") == 0);
+	CHECK(nf_val(ld.out, "phases", "ops_d") > 0);         /* operations while it was down */
+	CHECK(nf_val(ld.out, "loop", "first_err_at") > 0);    /* the fault did cut the path */
+	CHECK(nf_val(ld.out, "loop", "bad") == 0 && nf_val(ld.out, "loop", "miss") == 0);
+	CHECK(codes_ok);                                      /* lost-path errors only */
+	CHECK(nf_val(ld.out, "loop", "max_ms") <= ND_TIMEOUT_MS + ND_MARGIN_MS); /* no hang */
+	CHECK(sets_ok + sets_failed == ND_KEYS + nf_val(ld.out, "loop", "nsets"));
+	CHECK(sets_ok > ND_KEYS);
+	CHECK(remade);
+	CHECK(restarted);
+	CHECK(rd_ok && rd_done);
+	CHECK(nf_val(rd.out, "open", "ret") == 0);
+	/* data lost: none. Every set that returned ok reads back exact. */
+	for (int p = 0; p < NF_NPHASES; p++) {
+		char head[8];
+
+		snprintf(head, sizeof(head), "ok_%c", nf_tag[p]);
+		CHECK(nf_val(rd.out, head, "exact") == nf_val(rd.out, head, "n"));
+	}
+	{
+		long long exact = 0;
+
+		for (int p = 0; p < NF_NPHASES; p++) {
+			char head[8];
+
+			snprintf(head, sizeof(head), "ok_%c", nf_tag[p]);
+			exact += nf_val(rd.out, head, "exact");
+		}
+		CHECK(exact == sets_ok);
+	}
+	CHECK(nf_val(rd.out, "failed", "n") == sets_failed);
+	CHECK(nf_val(rd.out, "failed", "wrong") == 0 && nf_val(rd.out, "failed", "err") == 0);
+	CHECK(nf_val(rd.out, "new", "ok") == NF_NEW_KEYS);
+	free(ld.out);
+	free(rd.out);
+}
+
+/* `test_faults verbs netdev-flap`: only test_netdev_flap, in a process that opens no
+ * RDMA device (the skip check reads sysfs instead of asking libibverbs). */
+static int netdev_flap_main(void)
+{
+	const char *rdev = getenv("HKV_RDMA_DEV");
+	char path[256];
+
+	if (use_verbs) {
+		snprintf(path, sizeof(path), "/sys/class/infiniband/%s", rdev ? rdev : "");
+		hkv_test_need_rdma(rdev && access(path, F_OK) == 0,
+				   "no RDMA device named by HKV_RDMA_DEV");
+	}
+	RUN_TEST(test_netdev_flap);
+	return hkv_test_finish();
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 2 && !strcmp(argv[1], "worker") && !strncmp(argv[2], "flap-", 5))
+		return nf_worker_main(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "worker"))
 		return worker_main(argc, argv);
 	use_verbs = hkvserver_want_verbs(argc, argv);
+	if (argc > 2 && !strcmp(argv[2], "netdev-flap"))
+		return netdev_flap_main();
 	if (use_verbs)
 		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
 	RUN_TEST(test_windows);
