@@ -3083,7 +3083,12 @@ static void test_netdev_flap(void)
 		printf("# netdev flap: verbs only (shm has no network device); nothing to do\n");
 		return;
 	}
-	CHECK(rdev && nd_find_netdev(dev, sizeof(dev), cidr, sizeof(cidr)) == 0);
+	if (!rdev) {
+		printf("# netdev flap: HKV_RDMA_DEV names no device to flap; nothing to do (run "
+		       "through scripts/softroce-run)\n");
+		return;
+	}
+	CHECK(nd_find_netdev(dev, sizeof(dev), cidr, sizeof(cidr)) == 0);
 	if (!nd_is_dummy(dev) || !nf_is_rxe_on(rdev, dev) || geteuid() != 0) {
 		printf("# netdev flap: needs root and an rxe device on a dummy netdev (%s on %s): "
 		       "it takes the link down and makes the device again; run through "
@@ -3232,13 +3237,17 @@ static void test_netdev_flap(void)
  * RDMA device (the skip check reads sysfs instead of asking libibverbs). */
 static int netdev_flap_main(void)
 {
-	const char *rdev = getenv("HKV_RDMA_DEV");
-	char path[256];
+	DIR *d;
+	struct dirent *e;
+	int devices = 0;
 
 	if (use_verbs) {
-		snprintf(path, sizeof(path), "/sys/class/infiniband/%s", rdev ? rdev : "");
-		hkv_test_need_rdma(rdev && access(path, F_OK) == 0,
-				   "no RDMA device named by HKV_RDMA_DEV");
+		if ((d = opendir("/sys/class/infiniband"))) {
+			while ((e = readdir(d)))
+				devices += e->d_name[0] != '.';
+			closedir(d);
+		}
+		hkv_test_need_rdma(devices > 0, "no RDMA device on this host");
 	}
 	RUN_TEST(test_netdev_flap);
 	return hkv_test_finish();
