@@ -250,6 +250,11 @@ int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off)
 	return l->ops->revoke(l, cookie, off);
 }
 
+int hkv_listener_tick(struct hkv_listener *l)
+{
+	return l->ops->tick ? l->ops->tick(l) : 0;
+}
+
 int hkv_listener_nwindows(const struct hkv_listener *l)
 {
 	return l->ops->nwindows ? l->ops->nwindows(l) : 0;

@@ -239,6 +239,8 @@ struct hkv_listener_cfg {
 	 * outlives it. hkv_listener_region()->access tells whether it is on.
 	 * shm ignores it (the client maps the region: nothing to enforce with). */
 	int windows;
+	/* verbs: keepalive interval (hkv_listener_tick), 0 = none */
+	int keepalive_ms;
 };
 
 struct hkv_listener *hkv_listener_create(const struct hkv_listener_cfg *cfg);
@@ -262,6 +264,22 @@ int hkv_listener_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, ui
 /* Invalidate that connection's window starting at off: a later access with
  * its rkey fails at the NIC. 0, -ENOENT, or -EOPNOTSUPP. */
 int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off);
+/*
+ * Liveness of accepted connections; call it about once a second. A peer that
+ * vanishes without a word (host down, network cut: no disconnect request
+ * ever arrives) would otherwise keep its connection, and everything the
+ * owner tied to it, forever: the listener never sends on its own. So every
+ * cfg->keepalive_ms each established connection gets a zero-length
+ * RDMA WRITE (verbs; no memory is touched at either end). One the peer does
+ * not acknowledge - the transport's retries give up (about 15 s), or it is
+ * still unanswered after HKV_PROBE_TIMEOUT_MS (a peer may ask for endless
+ * retries) - closes the connection like a disconnect (on_disconnect runs).
+ * A network outage shorter than that is ridden out. shm: nothing to do, the
+ * socket tells. Returns how many connections it closed.
+ */
+#define HKV_PROBE_INTERVAL_MS 2000 /* the default keepalive_ms */
+#define HKV_PROBE_TIMEOUT_MS  20000
+int hkv_listener_tick(struct hkv_listener *l);
 /* Windows currently bound, over all connections. */
 int hkv_listener_nwindows(const struct hkv_listener *l);
 /* Connections currently established. */

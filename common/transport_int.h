@@ -56,6 +56,7 @@ struct hkv_listener_ops {
 		     uint32_t access, uint32_t *rkey);
 	int (*revoke)(struct hkv_listener *l, uint64_t cookie, uint64_t off);
 	int (*nwindows)(const struct hkv_listener *l);
+	int (*tick)(struct hkv_listener *l); /* NULL: nothing to probe */
 };
 
 struct hkv_listener {

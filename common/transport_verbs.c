@@ -45,9 +45,14 @@
 #include "common/hkv_alloc.h"
 #include "common/log.h"
 
-#define VERBS_ACK_TIMEOUT 15 /* 4.096 us * 2^15 = 134 ms per try, 7 retries */
+#define VERBS_ACK_TIMEOUT 15 /* 4.096 us * 2^15 = 134 ms per try, 6 retries */
+/* The listener's QPs carry only keepalives: 2.1 s per try, so a peer is given
+ * up after ~15 s without an answer, and a shorter outage is ridden out. */
+#define VERBS_KEEPALIVE_ACK_TIMEOUT 19
 #define VERBS_POLL_BATCH  16
 #define VERBS_RD_ATOMIC   16
+#define VERBS_L_CQ        4096 /* listener CQ: binds (one at a time) + keepalives */
+#define VERBS_L_PROBES    (VERBS_L_CQ / 2) /* keepalives in flight at most */
 
 struct verbs_conn {
 	struct hkv_conn base;
@@ -213,7 +218,10 @@ static int verbs_connect(struct verbs_conn *v, const struct hkv_conn_cfg *cfg,
 	struct rdma_conn_param param = {
 		.private_data = &hello,
 		.private_data_len = sizeof(hello),
-		.retry_count = 7,
+		/* 6, not 7: Soft-RoCE takes 7 as "retry forever" (rxe_comp.c), so a
+		 * peer that vanished would never fail a request, here or in the
+		 * server's keepalives (its QP takes this count from our request) */
+		.retry_count = 6,
 		.rnr_retry_count = 7,
 	};
 
@@ -459,6 +467,9 @@ struct verbs_bind_mr {
 struct verbs_child {
 	struct rdma_cm_id *id;
 	int established;
+	int dead;           /* a keepalive failed: close it at the next tick */
+	uint64_t probe_seq; /* wr_id of the keepalive in flight, 0 if none */
+	uint64_t probe_ns;  /* when the last one was posted */
 	uint64_t cookie;
 	struct verbs_window *win;
 	uint32_t nwin, capwin;
@@ -477,7 +488,9 @@ struct verbs_listener {
 	struct ibv_mr *wmr; /* windows: the region with local rights and MW_BIND only */
 	struct verbs_bind_mr *bmrs; /* windows: MRs of exactly a granted range */
 	uint32_t nbmrs, capbmrs;
-	uint64_t bind_seq;
+	uint64_t wr_seq; /* wr_ids of the listener's own posts: binds, keepalives */
+	int probes;      /* keepalives in flight */
+	int keepalive_ms;
 	int nwindows;
 	void *region;
 	size_t region_len;
@@ -522,6 +535,8 @@ static void verbs_child_forget(struct verbs_listener *vl, struct rdma_cm_id *id)
 		*pp = ch->next;
 		if (ch->established)
 			vl->nconns--;
+		if (ch->probe_seq) /* its completion (flushed) will match no child */
+			vl->probes--;
 		for (uint32_t i = 0; i < ch->nwin; i++) /* its rkeys die here */
 			ibv_dealloc_mw(ch->win[i].mw);
 		vl->nwindows -= (int)ch->nwin;
@@ -555,6 +570,7 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	struct ibv_mr *mr = NULL;
 	uint64_t cookie = 0;
 	uint32_t access;
+	uint8_t ack_tmo = VERBS_KEEPALIVE_ACK_TIMEOUT;
 
 	hkv_listener_answer(&vl->base, ev->param.conn.private_data,
 			    ev->param.conn.private_data_len, &acc, &access, &cookie);
@@ -576,6 +592,7 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	}
 	ch->id = ev->id;
 	ch->cookie = cookie;
+	ch->probe_ns = hkv_now_ns();
 	param.private_data = &acc;
 	param.private_data_len = (uint8_t)(offsetof(struct hkv_accept_msg, data) + acc.len);
 	/* The request event reports the peer's initiator depth as our responder side. */
@@ -583,6 +600,10 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 					    ? ev->param.conn.responder_resources
 					    : vl->max_rd_atom;
 	param.initiator_depth = 0;
+	/* keepalives: a peer that stopped answering fails after ~15 s */
+	if (rdma_set_option(ev->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_tmo,
+			    sizeof(ack_tmo)))
+		hkv_debug("verbs: ack timeout on a client's QP: %s", strerror(errno));
 	if (rdma_accept(ev->id, &param)) {
 		hkv_warn("verbs: rdma_accept: %s", strerror(errno));
 		rdma_destroy_qp(ev->id);
@@ -676,16 +697,54 @@ static struct ibv_mr *verbs_bind_mr(struct verbs_listener *vl, uint64_t off, uin
 	return mr;
 }
 
+/*
+ * Reap the listener's CQ (it carries only its own posts: binds and
+ * keepalives). A keepalive's completion settles its child (an error marks
+ * it dead); the completion whose wr_id is `want` (0: none) is returned in
+ * *st. 1 if it was seen, 0 if not yet, <0 on a CQ error.
+ */
+static int verbs_l_reap(struct verbs_listener *vl, uint64_t want, enum ibv_wc_status *st)
+{
+	struct ibv_wc wc[VERBS_POLL_BATCH];
+	int n, seen = 0;
+
+	while ((n = ibv_poll_cq(vl->cq, VERBS_POLL_BATCH, wc)) > 0) {
+		for (int i = 0; i < n; i++) {
+			if (want && wc[i].wr_id == want) {
+				*st = wc[i].status;
+				seen = 1;
+				continue;
+			}
+			for (struct verbs_child *ch = vl->children; ch; ch = ch->next) {
+				if (ch->probe_seq != wc[i].wr_id)
+					continue;
+				ch->probe_seq = 0;
+				vl->probes--;
+				hkv_debug("verbs: keepalive to client %llu: %s",
+					  (unsigned long long)ch->cookie,
+					  ibv_wc_status_str(wc[i].status));
+				if (wc[i].status && !ch->dead) {
+					ch->dead = 1;
+					hkv_warn("verbs: client %llu did not answer a keepalive (%s)",
+						 (unsigned long long)ch->cookie,
+						 ibv_wc_status_str(wc[i].status));
+				}
+			}
+		}
+	}
+	return n < 0 ? HKV_ETRANSPORT : seen;
+}
+
 /* Bind mw over [off, off+len) on the child's QP with the new rkey; wait for it. */
 static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct ibv_mw *mw,
 		      uint32_t rkey, uint64_t off, uint64_t len, uint32_t access)
 {
 	struct ibv_send_wr wr = {0}, *bad;
 	uint64_t deadline = hkv_now_ns() + 2000000000ull;
-	struct ibv_wc wc;
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
 	int n, ret;
 
-	wr.wr_id = ++vl->bind_seq;
+	wr.wr_id = ++vl->wr_seq;
 	wr.opcode = IBV_WR_BIND_MW;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.bind_mw.mw = mw;
@@ -699,19 +758,59 @@ static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct 
 	ret = ibv_post_send(ch->id->qp, &wr, &bad);
 	if (ret)
 		return -ret;
-	for (;;) { /* the CQ carries nothing but binds, one at a time */
-		n = ibv_poll_cq(vl->cq, 1, &wc);
-		if (n < 0)
-			return HKV_ETRANSPORT;
-		if (n == 1 && wc.wr_id == vl->bind_seq) {
-			if (wc.status)
-				hkv_warn("verbs: binding a memory window: %s",
-					 ibv_wc_status_str(wc.status));
-			return wc.status ? wc_status_to_err(wc.status) : 0;
-		}
+	while (!(n = verbs_l_reap(vl, wr.wr_id, &st)))
 		if (hkv_now_ns() > deadline)
 			return HKV_ETIMEDOUT;
+	if (n < 0)
+		return n;
+	if (st)
+		hkv_warn("verbs: binding a memory window: %s", ibv_wc_status_str(st));
+	return st ? wc_status_to_err(st) : 0;
+}
+
+/* Keepalives (see hkv_listener_tick): settle the ones that came back, close
+ * the connections whose peer did not answer, send the ones due. */
+static int verbs_l_tick(struct hkv_listener *l)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	uint64_t now = hkv_now_ns();
+	enum ibv_wc_status st;
+	int closed = 0;
+
+	verbs_l_reap(vl, 0, &st);
+	for (struct verbs_child *ch = vl->children, *next; ch; ch = next) {
+		struct ibv_send_wr wr = {0}, *bad;
+
+		next = ch->next;
+		if (ch->probe_seq && !ch->dead &&
+		    now - ch->probe_ns > HKV_PROBE_TIMEOUT_MS * 1000000ull) {
+			ch->dead = 1;
+			hkv_warn("verbs: client %llu did not answer a keepalive in %d ms",
+				 (unsigned long long)ch->cookie, HKV_PROBE_TIMEOUT_MS);
+		}
+		if (ch->dead) {
+			rdma_disconnect(ch->id);
+			verbs_child_forget(vl, ch->id);
+			closed++;
+			continue;
+		}
+		if (!vl->keepalive_ms || !ch->established || ch->probe_seq ||
+		    vl->probes >= VERBS_L_PROBES ||
+		    now - ch->probe_ns < (uint64_t)vl->keepalive_ms * 1000000ull)
+			continue;
+		wr.wr_id = ++vl->wr_seq;
+		wr.opcode = IBV_WR_RDMA_WRITE; /* zero bytes: no address, no rkey (C9-88) */
+		wr.send_flags = IBV_SEND_SIGNALED;
+		if ((errno = ibv_post_send(ch->id->qp, &wr, &bad))) {
+			hkv_debug("verbs: keepalive to client %llu not posted: %s",
+				  (unsigned long long)ch->cookie, strerror(errno));
+			continue; /* send queue busy with binds: next tick */
+		}
+		ch->probe_seq = wr.wr_id;
+		ch->probe_ns = now;
+		vl->probes++;
 	}
+	return closed;
 }
 
 static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
@@ -726,6 +825,23 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 
 	if (!ch || !ch->id->qp)
 		return -ENOENT;
+	if (!ch->established) {
+		/* The client has seen ESTABLISHED, but ours may still be queued, and
+		 * librdmacm moves our QP to RTS only when we take it: take it. */
+		uint64_t deadline = hkv_now_ns() + 2000000000ull;
+
+		while (ch && !ch->established && hkv_now_ns() < deadline) {
+			struct pollfd pfd = {.fd = vl->ec->fd, .events = POLLIN};
+
+			poll(&pfd, 1, 10);
+			verbs_l_dispatch(l);
+			ch = verbs_child_by_cookie(vl, cookie);
+		}
+		if (!ch)
+			return -ENOENT;
+		if (!ch->established)
+			return HKV_ETIMEDOUT;
+	}
 	for (uint32_t i = 0; i < ch->nwin; i++) {
 		w = &ch->win[i];
 		if (w->off == off && w->len == len && w->access == access) {
@@ -820,6 +936,7 @@ static const struct hkv_listener_ops verbs_listener_ops = {
 	.grant = verbs_l_grant,
 	.revoke = verbs_l_revoke,
 	.nwindows = verbs_l_nwindows,
+	.tick = verbs_l_tick,
 };
 
 static int verbs_l_bind(struct verbs_listener *vl, const struct hkv_listener_cfg *cfg)
@@ -862,6 +979,7 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 	vl->base.arg = cfg->arg;
 	vl->region = cfg->region;
 	vl->region_len = cfg->region_len;
+	vl->keepalive_ms = cfg->keepalive_ms;
 	ret = HKV_ENODEV;
 	vl->ec = rdma_create_event_channel();
 	if (!vl->ec || rdma_create_id(vl->ec, &vl->id, vl, RDMA_PS_TCP))
@@ -884,7 +1002,7 @@ struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cf
 		goto destroy;
 	}
 	if ((!vl->wmr && !(mr = verbs_l_mr(vl, HKV_ACCESS_ALL))) ||
-	    !(vl->cq = ibv_create_cq(vl->ctx, 64, NULL, NULL, 0))) {
+	    !(vl->cq = ibv_create_cq(vl->ctx, VERBS_L_CQ, NULL, NULL, 0))) {
 		ret = errno ? -errno : -ENOMEM;
 		goto destroy;
 	}

@@ -22,6 +22,7 @@ struct server_opts {
 	const char *host, *port, *socket_path, *token_file, *ro_token_file;
 	struct hkv_store_opts store;
 	int no_windows;
+	int keepalive_ms;
 	char data_port[16], data_path[128];
 };
 
@@ -50,6 +51,11 @@ static void usage(FILE *f)
 		"                             segments one client may own at once (default: no\n"
 		"                             limit); a client at its limit evicts (cache mode)\n"
 		"                             or gets HKV_EFULL\n"
+		"  -K, --keepalive-ms MS      verbs: probe every client this often (a zero-length\n"
+		"                             RDMA WRITE); one that does not answer for ~15-20 s\n"
+		"                             is dropped and its memory orphaned (default 2000;\n"
+		"                             0: never, a client that vanished without a word\n"
+		"                             keeps its memory until the server restarts)\n"
 		"  -W, --no-windows           verbs: hand every client one rkey for the whole\n"
 		"                             region instead of memory windows bound to its own\n"
 		"                             connection (default: windows if the device has\n"
@@ -89,11 +95,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"max-clients", required_argument, NULL, 'C'},
 		{"max-segments-per-client", required_argument, NULL, 'g'},
 		{"no-windows", no_argument, NULL, 'W'},
+		{"keepalive-ms", required_argument, NULL, 'K'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:Wvh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:WK:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -130,6 +137,15 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --max-segments-per-client '%s'\n", optarg), -1;
 			break;
 		case 'W': o->no_windows = 1; break;
+		case 'K': {
+			char *end;
+			long ka = strtol(optarg, &end, 10);
+
+			if (end == optarg || *end || ka < 0 || ka > 3600000)
+				return fprintf(stderr, "bad --keepalive-ms '%s'\n", optarg), -1;
+			o->keepalive_ms = (int)ka;
+			break;
+		}
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -160,7 +176,10 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
-	hkv_store_tick(&((struct server *)arg)->store);
+	struct server *sv = arg;
+
+	hkv_store_tick(&sv->store);
+	hkv_listener_tick(sv->data);
 }
 
 static int start_data_plane(struct server *sv, struct server_opts *o)
@@ -175,6 +194,7 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 		.on_disconnect = hkv_store_on_disconnect,
 		.arg = &sv->store,
 		.windows = !o->no_windows,
+		.keepalive_ms = o->keepalive_ms,
 	};
 
 	snprintf(o->data_port, sizeof(o->data_port), "%d", atoi(o->port) + 1);
@@ -194,6 +214,7 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 int main(int argc, char **argv)
 {
 	struct server_opts o = {
+		.keepalive_ms = HKV_PROBE_INTERVAL_MS,
 		.host = "0.0.0.0",
 		.port = "7700",
 		.socket_path = "/tmp/hatchkv.sock",
