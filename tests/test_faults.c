@@ -50,9 +50,10 @@
 #include <unistd.h>
 #if !defined(__SANITIZE_ADDRESS__)
 #include <execinfo.h>
+#endif
+
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
-#endif
 
 #include "common/ctl_proto.h"
 #include "common/layout.h"
