@@ -1,4 +1,8 @@
-"""Start a private hatchkv-server (shm) and hatchkv-memcached for a test; stop both.
+"""Start a private hatchkv-server and hatchkv-memcached for a test; stop both.
+
+The server's transport is shm, or verbs with HKV_MC_TRANSPORT=verbs (the rdma
+tier, in the Soft-RoCE guest: it serves on HKV_RDMA_ADDR; without an RDMA
+device the test exits 77, skipped, unless HKV_REQUIRE_RDMA is set).
 
 Ports are never fixed: hatchkv-memcached listens on port 0 and logs the port it
 got; Debian's memcached gets a port found free just before it starts. Every
@@ -10,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -20,6 +25,34 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def free_port_pair():
+    """A port P with P+1 free too (hatchkv-server's rdma_cm port is P+1)."""
+    for _ in range(100):
+        p = free_port()
+        s = socket.socket()
+        try:
+            s.bind(("0.0.0.0", p + 1))
+            return p
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port pair")
+
+
+def rdma_addr():
+    """The address to serve verbs on; exits 77 (skip) without an RDMA device."""
+    devs = os.listdir("/sys/class/infiniband") if os.path.isdir("/sys/class/infiniband") else []
+    addr = os.environ.get("HKV_RDMA_ADDR")
+    if devs and addr:
+        return addr
+    why = "no RDMA device" if not devs else "HKV_RDMA_ADDR is not set"
+    if os.environ.get("HKV_REQUIRE_RDMA"):
+        raise RuntimeError("RDMA required (HKV_REQUIRE_RDMA) but " + why)
+    print("SKIP: %s (run through scripts/softroce-run for the Soft-RoCE tier)" % why)
+    sys.exit(77)
 
 
 def wait_for(pred, timeout, what):
@@ -52,14 +85,22 @@ class Daemons:
     def _start(self, mc_bin, srv_bin, item_max, threads, memory, cache):
         sock = os.path.join(self.tmp, "ctl.sock")
         token = os.path.join(self.tmp, "token")
-        srv = self._spawn([srv_bin, "--transport", "shm", "--socket", sock, "--memory", memory,
-                           "--token-file", token] + (["--cache", "--segment-size", "64K"]
-                                                     if cache else []), "server.log")
-        wait_for(lambda: os.path.exists(sock + ".data") or srv.poll() is not None, 60,
-                 "hatchkv-server")
+        extra = ["--cache", "--segment-size", "64K"] if cache else []
+        if os.environ.get("HKV_MC_TRANSPORT", "shm") == "verbs":
+            addr, port = rdma_addr(), free_port_pair()
+            uri = "verbs://%s:%d" % (addr, port)
+            srv = self._spawn([srv_bin, "--transport", "verbs", "--listen", addr, "--port",
+                               str(port), "--memory", memory, "--token-file", token] + extra,
+                              "server.log")
+        else:
+            uri = "shm:" + sock
+            srv = self._spawn([srv_bin, "--transport", "shm", "--socket", sock, "--memory",
+                               memory, "--token-file", token] + extra, "server.log")
+        wait_for(lambda: "server: ready" in self.log("server.log") or srv.poll() is not None,
+                 60, "hatchkv-server")
         if srv.poll() is not None:
             raise RuntimeError("hatchkv-server died: " + self.log("server.log"))
-        mc = self._spawn([mc_bin, "--server", "shm:" + sock, "--token-file", token, "-p", "0",
+        mc = self._spawn([mc_bin, "--server", uri, "--token-file", token, "-p", "0",
                           "-t", str(threads), "-I", item_max], "memcached.log")
         pat = re.compile(r"listening on \S+:(\d+)")
         wait_for(lambda: pat.search(self.log("memcached.log")) or mc.poll() is not None, 60,
