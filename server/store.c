@@ -11,6 +11,18 @@
 
 #define TICKET_TTL_NS (10ull * 1000000000ull)
 
+/* The segment table, in the region (entries change under us: load atomically). */
+static uint64_t *seg_table(const struct hkv_store *s)
+{
+	return (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
+}
+
+/* Does the data plane hand out memory windows (and so take GRANTs)? */
+static int windows_on(const struct hkv_store *s)
+{
+	return s->data && (hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS);
+}
+
 /* A fresh region: lay out the header. */
 static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 {
@@ -55,7 +67,7 @@ static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 			o->memory_file);
 		return ret;
 	}
-	table = (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
+	table = seg_table(s);
 	for (uint32_t i = 0; i < s->geom->nsegs; i++)
 		if (hkv_seg_state(table[i]) == HKV_SEG_OWNED) {
 			table[i] = hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(table[i]), 0,
@@ -191,7 +203,7 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 {
 	struct hkv_store *s = arg;
-	uint64_t *table = (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
+	uint64_t *table = seg_table(s);
 	uint32_t id = (uint32_t)cookie, n = 0;
 
 	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected)
@@ -214,7 +226,7 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 			n++;
 	}
 	s->orphaned_segments += n;
-	if (s->data && (hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS))
+	if (windows_on(s))
 		hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption; "
 			 "memory windows bound: %d", id, n, hkv_listener_nwindows(s->data));
 	else
@@ -224,17 +236,9 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 
 /* ---- memory windows ----------------------------------------------------------- */
 
-static uint64_t seg_entry(const struct hkv_store *s, uint32_t seg)
-{
-	const uint64_t *table = (const uint64_t *)((const uint8_t *)s->region.base +
-						   s->geom->seg_table_off);
-
-	return __atomic_load_n(&table[seg], __ATOMIC_ACQUIRE);
-}
-
 static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
 {
-	uint64_t e = seg_entry(s, seg);
+	uint64_t e = __atomic_load_n(&seg_table(s)[seg], __ATOMIC_ACQUIRE);
 
 	return hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff);
 }
@@ -270,7 +274,7 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 
 	memset(out, 0, sizeof(*out));
 	*why = "not granted";
-	if (!s->data || !(hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS)) {
+	if (!windows_on(s)) {
 		*why = "this server does not use memory windows";
 		return -EOPNOTSUPP;
 	}
