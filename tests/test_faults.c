@@ -961,6 +961,9 @@ static int run_vandal(const struct worker_args *a)
 	return ret ? 2 : 0;
 }
 
+static int nf_run_load(const struct worker_args *a); /* test_netdev_flap's children */
+static int nf_run_read(const struct worker_args *a);
+
 static int worker_main(int argc, char **argv)
 {
 	struct worker_args a;
@@ -978,6 +981,10 @@ static int worker_main(int argc, char **argv)
 		return run_writer(&a);
 	if (!strcmp(a.role, "vandal"))
 		return run_vandal(&a);
+	if (!strcmp(a.role, "flap-load"))
+		return nf_run_load(&a);
+	if (!strcmp(a.role, "flap-read"))
+		return nf_run_read(&a);
 	fprintf(stderr, "test_faults worker: unknown role %s\n", a.role);
 	return 2;
 }
@@ -2849,26 +2856,6 @@ static int nf_run_read(const struct worker_args *a)
 	return 0;
 }
 
-static int nf_worker_main(int argc, char **argv)
-{
-	struct worker_args a;
-
-	if (argc != 8) {
-		fprintf(stderr, "usage: test_faults worker flap-load|flap-read URI TOKEN-FILE ID "
-			"MS FD\n");
-		return 2;
-	}
-	a = (struct worker_args){.role = argv[2], .uri = argv[3], .token_file = argv[4],
-				 .id = atoi(argv[5]), .ms = atoi(argv[6]), .fd = atoi(argv[7])};
-	install_crash_handler();
-	if (!strcmp(a.role, "flap-load"))
-		return nf_run_load(&a);
-	if (!strcmp(a.role, "flap-read"))
-		return nf_run_read(&a);
-	fprintf(stderr, "test_faults worker: unknown role %s\n", a.role);
-	return 2;
-}
-
 /* ---- the supervisor's side: it never opens an RDMA device ---- */
 
 struct nf_child {
@@ -3409,8 +3396,6 @@ static int netdev_flap_main(void)
 
 int main(int argc, char **argv)
 {
-	if (argc > 2 && !strcmp(argv[1], "worker") && !strncmp(argv[2], "flap-", 5))
-		return nf_worker_main(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "worker"))
 		return worker_main(argc, argv);
 	use_verbs = hkvserver_want_verbs(argc, argv);
