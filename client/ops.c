@@ -123,6 +123,17 @@ static uint64_t slot_off_of(const struct hkv_client *c, const struct key *k, int
 	       (uint64_t)(pos % HKV_BUCKET_SLOTS) * 8;
 }
 
+/* READs of the key's two buckets into dst (2 * HKV_BUCKET_SIZE bytes, in the
+ * handle's registered memory), appended to wrs[n]; returns the new n. */
+static int append_bucket_reads(struct hkv_client *c, struct hkv_wr *wrs, int n,
+			       const struct key *k, void *dst)
+{
+	wrs[n++] = hkv_wr_read(c, dst, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
+	wrs[n++] = hkv_wr_read(c, (uint8_t *)dst + HKV_BUCKET_SIZE,
+			       slot_off_of(c, k, HKV_BUCKET_SLOTS), HKV_BUCKET_SIZE);
+	return n;
+}
+
 static uint32_t now_unix(void)
 {
 	return (uint32_t)time(NULL);
@@ -415,9 +426,7 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 		for (int i = 0; i < nlead; i++)
 			wrs[n++] = lead[i];
 		nlead = 0; /* the lead requests go out once */
-		wrs[n++] = hkv_wr_read(c, c->bkt, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
-		wrs[n++] = hkv_wr_read(c, c->bkt + HKV_BUCKET_SIZE, slot_off_of(c, k, HKV_BUCKET_SLOTS),
-				       HKV_BUCKET_SIZE);
+		n = append_bucket_reads(c, wrs, n, k, c->bkt);
 		ret = hkv_exec(c, wrs, n);
 		if (ret)
 			return ret;
@@ -744,9 +753,7 @@ static int publish_insert(struct hkv_client *c, const struct key *k, int pos, ui
 		n = append_retire(c, wrs, n, victim, new_slot, c->atom);
 	else
 		wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
-	wrs[n++] = hkv_wr_read(c, re, slot_off_of(c, k, 0), HKV_BUCKET_SIZE);
-	wrs[n++] = hkv_wr_read(c, re + HKV_BUCKET_SLOTS, slot_off_of(c, k, HKV_BUCKET_SLOTS),
-			       HKV_BUCKET_SIZE);
+	n = append_bucket_reads(c, wrs, n, k, re);
 	if ((ret = hkv_exec(c, wrs, n)))
 		return ret;
 	if (victim) {
@@ -928,10 +935,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
 
 		key_init(c, &key[i], v[i].hdr + HKV_BLOCK_HDR, h->klen);
-		wrs[2 * i] = hkv_wr_read(c, bkts + i * 2 * HKV_BUCKET_SLOTS,
-					 slot_off_of(c, &key[i], 0), HKV_BUCKET_SIZE);
-		wrs[2 * i + 1] = hkv_wr_read(c, bkts + (i * 2 + 1) * HKV_BUCKET_SLOTS,
-					     slot_off_of(c, &key[i], HKV_BUCKET_SLOTS), HKV_BUCKET_SIZE);
+		append_bucket_reads(c, wrs, 2 * i, &key[i], bkts + i * 2 * HKV_BUCKET_SLOTS);
 	}
 	if (nv && (ret = hkv_exec(c, wrs, 2 * nv)))
 		return ret;
@@ -1041,11 +1045,7 @@ int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *
 		    (uint32_t)HKV_BLOCK_HDR + h->klen > rd)
 			continue; /* changed, or garbage: leave it */
 		key_init(c, &key[nk], c->rblk + (size_t)i * EVICT_READ + HKV_BLOCK_HDR, h->klen);
-		wrs[2 * nk] = hkv_wr_read(c, bkts + nk * 2 * HKV_BUCKET_SLOTS,
-					  slot_off_of(c, &key[nk], 0), HKV_BUCKET_SIZE);
-		wrs[2 * nk + 1] = hkv_wr_read(c, bkts + (nk * 2 + 1) * HKV_BUCKET_SLOTS,
-					      slot_off_of(c, &key[nk], HKV_BUCKET_SLOTS),
-					      HKV_BUCKET_SIZE);
+		append_bucket_reads(c, wrs, 2 * nk, &key[nk], bkts + nk * 2 * HKV_BUCKET_SLOTS);
 		idx[nk++] = i;
 	}
 	if (nk && (ret = hkv_exec(c, wrs, 2 * nk)))
