@@ -9,9 +9,12 @@
  * block's generation and length, which lets a GET read just the block (one
  * round trip) and an update CAS the slot directly. Entries are hints: every
  * use is validated against remote memory. Reads may use an entry of any age
- * (a block's 32-bit generation never repeats for its address); a write only
- * acts on one younger than HKV_CACHE_MAX_AGE_NS (the ABA argument in
- * docs/design.md).
+ * (a block's 32-bit generation never repeats for its address, and the block
+ * read holds the key to compare); a write acts on an entry without reading
+ * the block only if the entry holds the key itself (keys up to
+ * HKV_CACHE_KEY_INLINE bytes) and is younger than HKV_VIEW_MAX_NS (the ABA
+ * argument in docs/design.md). A 64-bit hash collides by chance at scale:
+ * two keys with one hash share an entry's place, never its identity.
  */
 #include <errno.h>
 #include <string.h>
@@ -64,8 +67,8 @@ static void unpack(const uint64_t *w, struct hkv_loc *l)
 	l->stamp_ns = w[4];
 }
 
-/* Copy entry e if it is stable and holds hash; 1 if so. */
-static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w)
+/* Copy entry e if it is stable and holds hash; its sequence in *seq; 1 if so. */
+static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w, uint64_t *seq)
 {
 	uint64_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE), s2;
 
@@ -73,10 +76,22 @@ static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w)
 		return 0;
 	/* acquire loads keep the second read of seq after the data (no fence:
 	 * ThreadSanitizer does not model fences) */
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < HKV_CACHE_WORDS; i++)
 		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_ACQUIRE);
 	s2 = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
+	*seq = s1;
 	return s1 == s2 && w[0] == hash;
+}
+
+/* Does the copied entry w belong to key? 1 yes (compared), 0 unknown (a key
+ * too long to keep inline, of the same length), -1 another key. */
+static int entry_key(const uint64_t *w, const void *key, uint16_t klen)
+{
+	if (w[5] != klen)
+		return -1;
+	if (klen > HKV_CACHE_KEY_INLINE)
+		return 0;
+	return memcmp(&w[6], key, klen) ? -1 : 1;
 }
 
 /* Two-way set associative: a key may sit in either entry of its pair. */
@@ -85,34 +100,42 @@ static struct hkv_cache_entry *set_of(struct hkv_cache *lc, uint64_t hash)
 	return &lc->e[hash & lc->mask & ~1ull];
 }
 
-int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, uint64_t max_age,
-		   struct hkv_loc *out)
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, const void *key, uint16_t klen,
+		   uint64_t now, uint64_t max_age, struct hkv_loc *out)
 {
-	uint64_t w[5];
+	uint64_t w[HKV_CACHE_WORDS], seq;
 
 	if (!lc->e)
 		return 0;
 	for (int way = 0; way < 2; way++) {
-		if (read_entry(&set_of(lc, hash)[way], hash, w) &&
-		    (max_age == UINT64_MAX || now - w[4] <= max_age)) {
+		int kk;
+
+		if (!read_entry(&set_of(lc, hash)[way], hash, w, &seq) ||
+		    (kk = entry_key(w, key, klen)) < 0)
+			continue;
+		if (max_age == UINT64_MAX || now - w[4] <= max_age) {
 			unpack(w, out);
+			out->key_ok = kk;
 			return 1;
 		}
 	}
 	return 0;
 }
 
-/* Write w into entry e under its seqlock; skipped if another writer holds it. */
-static void write_entry(struct hkv_cache_entry *e, const uint64_t *w)
+/* Write the words [first, first + n) of e under its seqlock, if its sequence
+ * is still seq (any even one when seq is odd); else skip (it is a cache). */
+static void write_entry(struct hkv_cache_entry *e, uint64_t seq, int first, int n,
+			const uint64_t *w)
 {
 	uint64_t s = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
 
-	if ((s & 1) || !__atomic_compare_exchange_n(&e->seq, &s, s + 1, 0, __ATOMIC_ACQUIRE,
-						    __ATOMIC_RELAXED))
+	if ((s & 1) || (!(seq & 1) && s != seq) ||
+	    !__atomic_compare_exchange_n(&e->seq, &s, s + 1, 0, __ATOMIC_ACQUIRE,
+					 __ATOMIC_RELAXED))
 		return;
 	/* release stores: no data word becomes visible before the odd sequence
 	 * (readers load the words with acquire, then the sequence again) */
-	for (int i = 0; i < 5; i++)
+	for (int i = first; i < first + n; i++)
 		__atomic_store_n(&e->w[i], w[i], __ATOMIC_RELEASE);
 	__atomic_store_n(&e->seq, s + 2, __ATOMIC_RELEASE);
 }
@@ -134,20 +157,36 @@ static struct hkv_cache_entry *way_for(struct hkv_cache *lc, uint64_t hash, int 
 		       : &set[1];
 }
 
-void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *l)
+void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *l, const void *key,
+		   uint16_t klen)
 {
-	uint64_t w[5] = {l->hash, l->slot_addr, l->slot, l->gen | (uint64_t)l->blen << 32,
-			 l->stamp_ns};
+	uint64_t w[HKV_CACHE_WORDS] = {l->hash, l->slot_addr, l->slot,
+				       l->gen | (uint64_t)l->blen << 32, l->stamp_ns, klen};
 
-	if (lc->e)
-		write_entry(way_for(lc, l->hash, 1), w);
+	if (!lc->e)
+		return;
+	if (klen <= HKV_CACHE_KEY_INLINE)
+		memcpy(&w[6], key, klen);
+	write_entry(way_for(lc, l->hash, 1), 1, 0, HKV_CACHE_WORDS, w);
+}
+
+void hkv_cache_refresh(struct hkv_cache *lc, const struct hkv_loc *l, uint64_t stamp_ns)
+{
+	struct hkv_cache_entry *e = lc->e ? way_for(lc, l->hash, 0) : NULL;
+	uint64_t w[HKV_CACHE_WORDS], seq;
+
+	if (!e || !read_entry(e, l->hash, w, &seq) || w[1] != l->slot_addr || w[2] != l->slot ||
+	    (uint32_t)w[3] != l->gen || w[4] >= stamp_ns)
+		return;
+	w[4] = stamp_ns;
+	write_entry(e, seq, 4, 1, w);
 }
 
 void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash)
 {
-	static const uint64_t zero[5];
+	static const uint64_t zero[HKV_CACHE_WORDS];
 	struct hkv_cache_entry *e = lc->e ? way_for(lc, hash, 0) : NULL;
 
-	if (e)
-		write_entry(e, zero); /* a racing put of another key may be lost: harmless */
+	if (e) /* a racing put of another key may be lost: harmless */
+		write_entry(e, 1, 0, HKV_CACHE_WORDS, zero);
 }

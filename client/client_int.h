@@ -25,12 +25,17 @@
 #include "hatchkv.h"
 
 /*
- * ABA horizon: a slot's 11-bit ver repeats for an address only after 2048
- * reuses, each after >= HKV_QUARANTINE_NS of rest: 2048 x 200 us = 410 ms,
- * longer than any view a client acts on (cache entries: 250 ms).
+ * ABA horizon (docs/design.md, "Views"): a block address comes back with the
+ * same 11-bit ver only after 2048 reuses, each after >= HKV_QUARANTINE_NS of
+ * rest, so two incarnations with one ver are >= 2047 x 200 us = 409 ms
+ * apart. A view - a slot value and the generation of the block it names -
+ * is acted on only while it is younger than HKV_VIEW_MAX_NS, counted from the
+ * posting of the round trip that saw it to right before the posting of the
+ * one that acts on it (a view made of two round trips, bucket READ then
+ * block READ, is kept only if the second completed within the bound too).
  */
 #define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
-#define HKV_CACHE_MAX_AGE_NS (250ull * 1000000ull)     /* writes trust a location 250 ms */
+#define HKV_VIEW_MAX_NS      (250ull * 1000000ull)     /* a write acts on a view this young */
 #define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
 #define HKV_PENDING_LEASE_MS 1000 /* an uncommitted insert older than this is abandoned */
 #define HKV_MAX_SERVERS     8
@@ -49,18 +54,25 @@ struct hkv_config {
 
 /* ---- location cache (cache.c), shared by the handles of one config ---- */
 
+/* Keys up to this long are kept in their entry, so a write can confirm that
+ * the entry is its key's (longer keys: reads only; writes READ the block). */
+#define HKV_CACHE_KEY_INLINE 72
+#define HKV_CACHE_WORDS      15 /* 5 words + klen + 72 key bytes: 128 B with seq */
+
 struct hkv_loc {
 	uint64_t hash;      /* full key hash; 0 = empty entry */
 	uint64_t slot_addr; /* region offset of the index slot */
 	uint64_t slot;      /* slot value when last seen */
 	uint32_t gen;       /* generation of the block it points to */
 	uint32_t blen;      /* header + key + value bytes of that block */
-	uint64_t stamp_ns;  /* when it was last confirmed */
+	uint64_t stamp_ns;  /* when the round trip that saw it was posted (<= when it ran) */
+	/* out of hkv_cache_find: the entry holds exactly the key asked for */
+	int key_ok;
 };
 
 struct hkv_cache_entry {
 	uint64_t seq; /* seqlock: odd while being written */
-	uint64_t w[5];
+	uint64_t w[HKV_CACHE_WORDS];
 };
 
 struct hkv_cache {
@@ -73,10 +85,19 @@ struct hkv_cache *hkv_cache_new(size_t entries);
 struct hkv_cache *hkv_cache_ref(struct hkv_cache *lc);
 /* Drop a reference; the last one frees. NULL is fine. */
 void hkv_cache_unref(struct hkv_cache *lc);
-/* Copy the entry for hash into *out if present and at most max_age old; 1 if so. */
-int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, uint64_t now, uint64_t max_age,
-		   struct hkv_loc *out);
-void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc);
+/*
+ * Copy the entry for (hash, key) into *out if present and at most max_age
+ * old; 1 if so. An entry of another key with the same hash is not returned
+ * when its key is inline; out->key_ok says whether the key was compared.
+ */
+int hkv_cache_find(struct hkv_cache *lc, uint64_t hash, const void *key, uint16_t klen,
+		   uint64_t now, uint64_t max_age, struct hkv_loc *out);
+/* Remember loc for key (whose hash is loc->hash). */
+void hkv_cache_put(struct hkv_cache *lc, const struct hkv_loc *loc, const void *key,
+		   uint16_t klen);
+/* Move the stamp of the entry *loc describes to stamp_ns, only if the entry
+ * is still exactly that one and older (a newer observation is never aged). */
+void hkv_cache_refresh(struct hkv_cache *lc, const struct hkv_loc *loc, uint64_t stamp_ns);
 void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
 /* ---- allocator (alloc.c) ------------------------------------------------------ */
@@ -147,6 +168,7 @@ struct hkv_client {
 	struct hkv_bit_clear alloc_clear;
 	uint64_t rng;
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
+	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
 
 	struct hkv_client_stats stats;
 };
@@ -201,6 +223,10 @@ int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *
 			    const uint64_t *metas, int n);
 
 uint64_t hkv_rand(struct hkv_client *c);
+
+/* Tests only: called at named points of an operation (NULL in production). */
+enum hkv_test_point { HKV_TP_MODIFY_PUBLISH = 1, HKV_TP_STORE_PUBLISH };
+extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Memory windows: ask the server (control plane) for rights to segment seg
  * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */
 int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey);

@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "client/client_int.h"
 #include "common/ctl_proto.h"
 #include "common/hkv_alloc.h"
@@ -392,6 +394,8 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 	int ret;
 
 	*out = NULL;
+	if (sodium_init() < 0) /* the key hash (crypto_shorthash); idempotent */
+		return -ENOMEM;
 	if (cfg->nservers == 0)
 		return -EINVAL;
 	if (cfg->nservers > 1)

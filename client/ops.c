@@ -38,6 +38,21 @@
 #define EVICT_SAMPLES  64 /* blocks sampled per eviction round */
 #define EVICT_BATCH    8  /* the oldest this many of them are evicted */
 #define EVICT_READ     320 /* header + the longest key, 64 B aligned */
+#define ATIME_FRESH_NS (10ull * 1000000ull) /* a GET's atime CAS only this soon after its READ */
+
+void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
+
+static void test_point(struct hkv_client *c, enum hkv_test_point point)
+{
+	if (hkv_test_hook)
+		hkv_test_hook(c, point);
+}
+
+/* Internal outcomes (> 0; errors are < 0). */
+#define CONFLICT 1 /* lost a race, look again */
+#define NO_CACHE 2 /* no usable cache entry, nothing was sent */
+#define YIELDED  3 /* our new block was withdrawn (and freed): start over with a fresh one */
+#define STALE    4 /* a view grew too old to act on, or a stale write was undone: look again */
 
 /* ---- work request helpers --------------------------------------------------- */
 
@@ -97,12 +112,24 @@ struct item {
 	uint32_t blen;
 	int pos; /* canonical position in the two buckets; -1 from the cache */
 	enum hkv_block_state state;
+	uint64_t seen_ns; /* when the round trip that saw slot and gen was posted */
 };
 
 /* What the last cold find saw of the two buckets: slots in canonical order. */
 struct view {
 	uint64_t slot[CANON_SLOTS];
+	uint64_t seen_ns; /* when their READ was posted */
 };
+
+/* May a write still act on what was seen at seen_ns? Checked right before
+ * the post that acts on it (docs/design.md, "Views"). */
+static int view_fresh(struct hkv_client *c, uint64_t seen_ns)
+{
+	if (hkv_now_ns() - seen_ns <= HKV_VIEW_MAX_NS)
+		return 1;
+	c->stats.stale_views++;
+	return 0;
+}
 
 static int key_init(struct hkv_client *c, struct key *k, const void *key, size_t klen)
 {
@@ -110,7 +137,7 @@ static int key_init(struct hkv_client *c, struct key *k, const void *key, size_t
 		return klen > HKV_MAX_KEY ? HKV_ETOOBIG : -EINVAL;
 	k->p = key;
 	k->len = (uint16_t)klen;
-	k->h = hkv_hash64(key, klen);
+	k->h = hkv_key_hash(&c->g, key, klen);
 	k->h += !k->h; /* 0 marks an empty cache entry */
 	k->fp = hkv_fp_of(k->h);
 	hkv_buckets_of(&c->g, k->h, &k->b[0], &k->b[1]);
@@ -173,22 +200,29 @@ static uint64_t meta_live(const struct item *it)
 	return hkv_meta_make(HKV_BLK_LIVE, it->cls, it->gen);
 }
 
-/* A cached location: any age for reads (fully validated), young for writes. */
-static struct hkv_loc *cache_get(struct hkv_client *c, uint64_t hash, struct hkv_loc *tmp,
+/*
+ * A cached location: any age for reads (they read the block and compare the
+ * key); for a write that acts on it without reading the block, only an entry
+ * that holds the key itself (never another key's with the same hash) and is
+ * young enough to act on.
+ */
+static struct hkv_loc *cache_get(struct hkv_client *c, const struct key *k, struct hkv_loc *tmp,
 				 int for_write)
 {
 	if (!for_write) /* reads validate fully: any age will do, no clock needed */
-		return hkv_cache_find(c->cache, hash, 0, UINT64_MAX, tmp) ? tmp : NULL;
-	return hkv_cache_find(c->cache, hash, hkv_coarse_ns(), HKV_CACHE_MAX_AGE_NS, tmp) ? tmp
-												   : NULL;
+		return hkv_cache_find(c->cache, k->h, k->p, k->len, 0, UINT64_MAX, tmp) ? tmp
+											: NULL;
+	if (!hkv_cache_find(c->cache, k->h, k->p, k->len, hkv_now_ns(), HKV_VIEW_MAX_NS, tmp))
+		return NULL;
+	return tmp->key_ok == 1 ? tmp : NULL;
 }
 
 static void remember(struct hkv_client *c, const struct key *k, const struct item *it)
 {
 	struct hkv_loc loc = {.hash = k->h, .slot_addr = it->slot_off, .slot = it->slot,
-			      .gen = it->gen, .blen = it->blen, .stamp_ns = hkv_coarse_ns()};
+			      .gen = it->gen, .blen = it->blen, .stamp_ns = it->seen_ns};
 
-	hkv_cache_put(c->cache, &loc);
+	hkv_cache_put(c->cache, &loc, k->p, k->len);
 }
 
 /* Does a slot point at a plausible block? Garbage never leads to a bad READ. */
@@ -217,9 +251,9 @@ static int loc_fits_key(const struct hkv_client *c, const struct hkv_loc *loc,
 
 /* ---- finding a key ---------------------------------------------------------- */
 
-/* Fill it from a validated block copy at blk (avail bytes). */
+/* Fill it from a validated block copy at blk (avail bytes), seen at seen_ns. */
 static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, uint64_t slot,
-			    int pos)
+			    int pos, uint64_t seen_ns)
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 
@@ -232,6 +266,7 @@ static void item_from_block(struct item *it, uint8_t *blk, uint64_t slot_off, ui
 	it->blk = blk;
 	it->blen = HKV_BLOCK_HDR + h->klen + h->vlen;
 	it->pos = pos;
+	it->seen_ns = seen_ns;
 }
 
 /*
@@ -254,8 +289,9 @@ static int loc_block_current(const struct hkv_client *c, const struct hkv_loc *l
 /* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
 static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 {
-	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc, 0);
+	struct hkv_loc lc, *loc = cache_get(c, k, &lc, 0);
 	struct hkv_wr wr;
+	uint64_t t0;
 	int ret;
 
 	if (!loc) {
@@ -268,6 +304,7 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 		return 1;
 	}
 	wr = hkv_wr_read(c, c->rblk, hkv_slot_off(loc->slot), loc->blen);
+	t0 = hkv_coarse_ns(); /* <= when the READ ran: the view's age */
 	ret = hkv_exec(c, &wr, 1);
 	if (ret)
 		return ret;
@@ -276,11 +313,10 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 		c->stats.cache_misses++;
 		return 1;
 	}
-	item_from_block(it, c->rblk, loc->slot_addr, loc->slot, -1);
-	if (hkv_coarse_ns() - loc->stamp_ns > HKV_CACHE_MAX_AGE_NS / 8) {
-		loc->stamp_ns = hkv_coarse_ns(); /* confirmed: young again (rarely written) */
-		hkv_cache_put(c->cache, loc);
-	}
+	item_from_block(it, c->rblk, loc->slot_addr, loc->slot, -1, t0);
+	/* confirmed at t0: young again (rarely written; never over a newer entry) */
+	if (t0 - loc->stamp_ns > HKV_VIEW_MAX_NS / 8 && t0 > loc->stamp_ns)
+		hkv_cache_refresh(c->cache, loc, t0);
 	c->stats.cache_hits++;
 	return 0;
 }
@@ -333,6 +369,8 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 			    const struct view *v, const int *cand, int ncand, uint64_t *torn,
 			    int *ntorn, int *too_big)
 {
+	/* A slot (read at v->seen_ns) and the generation of the block read now
+	 * are one incarnation only within the ABA horizon: past the bound, STALE. */
 	for (int first = 0; first < ncand;) {
 		struct hkv_wr wrs[MAX_CANDIDATES];
 		size_t used = 0;
@@ -359,6 +397,8 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 		ret = hkv_exec(c, wrs, n);
 		if (ret)
 			return ret;
+		if (!view_fresh(c, v->seen_ns))
+			return STALE;
 		used = 0;
 		for (int i = first; i < first + n; i++) {
 			uint64_t s = v->slot[cand[i]];
@@ -379,7 +419,7 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 				continue; /* the block the slot names holds another key */
 			if (hkv_meta_state(h->meta) == HKV_BLK_PENDING || (h->meta & HKV_META_ABORTED))
 				continue; /* an insert not (or never) committed: absent */
-			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i]);
+			item_from_block(it, blk, slot_off_of(c, k, cand[i]), s, cand[i], v->seen_ns);
 			if (it->state == HKV_BLK_LIVE)
 				remember(c, k, it);
 			return 0;
@@ -427,6 +467,7 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 			wrs[n++] = lead[i];
 		nlead = 0; /* the lead requests go out once */
 		n = append_bucket_reads(c, wrs, n, k, c->bkt);
+		v->seen_ns = hkv_coarse_ns();
 		ret = hkv_exec(c, wrs, n);
 		if (ret)
 			return ret;
@@ -435,6 +476,11 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 			if (v->slot[p] && hkv_slot_fp(v->slot[p]) == k->fp && slot_sane(c, v->slot[p]))
 				cand[ncand++] = p;
 		ret = check_candidates(c, k, it, v, cand, ncand, torn, &ntorn, &too_big);
+		if (ret == STALE) { /* stalled between the two READs: look again */
+			if (retry_wait(c, &rt))
+				return HKV_EAGAIN;
+			continue;
+		}
 		if (ret == HKV_ENOTFOUND && !ntorn && too_big)
 			return HKV_ETOOBIG; /* perhaps ours, but larger than this handle's max value */
 		if (ret != HKV_ENOTFOUND || !ntorn)
@@ -461,9 +507,6 @@ static int find(struct hkv_client *c, const struct key *k, struct item *it, stru
 
 /* ---- publishing --------------------------------------------------------------- */
 
-#define CONFLICT 1 /* internal: lost a race, look again */
-
-#define YIELDED  3 /* internal: our insert withdrew (or was aborted): start over */
 
 /* Our block's meta word (from the copy in wblk) in state st. */
 static uint64_t our_meta(const struct hkv_client *c, enum hkv_block_state st)
@@ -490,27 +533,6 @@ static struct hkv_wr wr_our_meta(struct hkv_client *c, uint64_t slot, enum hkv_b
 	return hkv_wr_write(c, src, hkv_slot_off(slot), 8);
 }
 
-/* The old block's mark did not apply: it was reused (ABA on the slot) or is
- * being replaced by someone else. If we nevertheless won the slot and the
- * block is LIVE in the incarnation that slot named (its generation agrees
- * with the slot's version), mark it now so no warm reader takes it as
- * current. A LIVE block of another incarnation is not the slot's: a stale
- * slot must never reach another key's item. */
-static void repair_mark(struct hkv_client *c, const struct item *old, uint64_t seen)
-{
-	struct hkv_wr wr;
-
-	if (hkv_meta_state(seen) != HKV_BLK_LIVE ||
-	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
-		return;
-	hkv_warn("client %u: block 0x%llx reused under a slot (ABA); marking it", c->client_id,
-		 (unsigned long long)old->blk_off);
-	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen,
-			(seen & ~3ull) | HKV_BLK_OBSOLETE);
-	if (!hkv_exec(c, &wr, 1) && c->atom[2] == seen)
-		hkv_free_block(c, old->blk_off, hkv_meta_class(seen)); /* we retired it */
-}
-
 /*
  * Retiring the entry `old` names: [CAS old meta LIVE->OBSOLETE, CAS slot
  * old->new], results in res[0] and res[1]. Appended to wrs[n]; returns the
@@ -526,11 +548,50 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
 }
 
 /*
- * After an append_retire() pair ran: the writer whose mark took the block
- * LIVE -> OBSOLETE frees it; a slot CAS that won without the mark repairs
- * it. 0 when the slot swung, CONFLICT when it did not.
+ * Our slot CAS won although the view was stale: the block the view named
+ * had been reused (its meta holds another generation), and the slot had
+ * come back to the very value we expected (ABA, after 2048 reuses of the
+ * address: only when this thread stopped for longer than the horizon inside
+ * the post, after view_fresh). We acted on an entry we never saw: put it
+ * back (CAS slot new->old). 1 if the slot is as it was; if someone changed
+ * it meanwhile, the entry we displaced is unnamed: retire it as its remover
+ * would have (mark, and free on the won mark), and 0.
  */
-static int retire_outcome(struct hkv_client *c, const struct item *old, const uint64_t *res)
+static int undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+		      uint64_t seen)
+{
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], old->slot_off, new_slot, old->slot);
+
+	c->stats.stale_undone++;
+	hkv_warn("client %u: a write acted on a view older than the ABA horizon (slot 0x%llx); "
+		 "undoing it", c->client_id, (unsigned long long)old->slot_off);
+	if (hkv_exec(c, &wr, 1) || c->atom[2] == new_slot)
+		return 1;
+	if (hkv_meta_state(seen) != HKV_BLK_LIVE ||
+	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
+		return 0;
+	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, (seen & ~3ull) | HKV_BLK_OBSOLETE);
+	if (!hkv_exec(c, &wr, 1) && c->atom[2] == seen)
+		hkv_free_block(c, old->blk_off, hkv_meta_class(seen));
+	return 0;
+}
+
+/*
+ * After an append_retire() pair ran (new_slot is what the slot CAS wrote):
+ * the writer whose mark took the block LIVE -> OBSOLETE frees it. 0 when
+ * the slot swung from a current view; CONFLICT when it did not swing; STALE
+ * when it swung from a stale view and was undone (undo_stale).
+ *
+ * The slot CAS can win without our mark in two ways, told apart exactly by
+ * the meta word the mark saw: the same generation (another writer marked the
+ * same incarnation first and its slot CAS lost to ours: our view was
+ * current, the block is theirs to free), or another generation (the block
+ * was freed and reused, so the slot had left the incarnation we saw and came
+ * back to the same value: our view was stale, whatever it names now is not
+ * what we saw).
+ */
+static int retire_outcome(struct hkv_client *c, const struct item *old, const uint64_t *res,
+			  uint64_t new_slot)
 {
 	int marked = res[0] == meta_live(old);
 
@@ -538,24 +599,42 @@ static int retire_outcome(struct hkv_client *c, const struct item *old, const ui
 		hkv_free_block(c, old->blk_off, old->cls);
 	if (res[1] != old->slot)
 		return CONFLICT;
-	if (!marked)
-		repair_mark(c, old, res[0]);
+	if (!marked && hkv_meta_gen(res[0]) != old->gen) {
+		undo_stale(c, old, new_slot, res[0]);
+		return STALE;
+	}
 	return 0;
+}
+
+/* Withdraw our new block (published nowhere: its slot CAS lost or was
+ * undone): meta -> OBSOLETE|aborted, the winner of that CAS frees it. */
+static void withdraw_ours(struct hkv_client *c, uint64_t new_slot, enum hkv_block_state st)
+{
+	uint64_t was = our_meta(c, st);
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(new_slot), was,
+				      our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED);
+
+	if (!hkv_exec(c, &wr, 1) && c->atom[2] == was)
+		hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
 }
 
 /*
  * [WRITE new block | WRITE its meta LIVE, CAS old meta LIVE->OBSOLETE, CAS
  * slot old->new]; new_slot 0 (and no write) removes. 0 when the slot swung,
- * CONFLICT, or <0. Without with_write the block went out earlier (with a
- * cold find) and may have been left PENDING by an insert attempt: its meta is
- * set LIVE first, in the same chain, before the slot can name it.
+ * CONFLICT (our block is still ours, unreferenced), STALE (the view was too
+ * old to act on: nothing was posted; or a stale swing was undone, and then
+ * our block is withdrawn: YIELDED), or <0. Without with_write the block went
+ * out earlier (with a cold find) and may have been left PENDING by an insert
+ * attempt: its meta is set LIVE first, in the same chain, before the slot
+ * can name it.
  *
  * Who frees the old block: the one whose mark CAS took it LIVE -> OBSOLETE,
  * exactly one writer per incarnation. It is out of the index either way: our
  * slot CAS removed it, or - if ours failed - the slot no longer names it (a
- * slot naming a block is a function of that block's incarnation). A slot
- * that pointed at a block that was not LIVE (garbage, or a block someone
- * else retires) never leads to a free, so nothing is freed twice.
+ * slot naming a block is a function of that block's incarnation, and the
+ * view pairs slot and incarnation: docs/design.md, "Views"). A slot that
+ * pointed at a block that was not LIVE (garbage, or a block someone else
+ * retires) never leads to a free, so nothing is freed twice.
  */
 static int publish_replace(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 			   uint32_t blen, int with_write)
@@ -563,19 +642,29 @@ static int publish_replace(struct hkv_client *c, const struct item *old, uint64_
 	struct hkv_wr wrs[8];
 	int n = 0, ret;
 
+	if (!view_fresh(c, old->seen_ns))
+		return STALE;
 	if (with_write)
 		n = append_block_write(c, wrs, n, new_slot, blen);
 	else if (new_slot)
 		wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_LIVE);
 	n = append_retire(c, wrs, n, old, new_slot, c->atom);
+	c->pub_ns = hkv_coarse_ns();
 	ret = hkv_exec(c, wrs, n);
-	return ret ? ret : retire_outcome(c, old, c->atom);
+	if (ret)
+		return ret;
+	ret = retire_outcome(c, old, c->atom, new_slot);
+	if (ret == STALE && new_slot) {
+		withdraw_ours(c, new_slot, HKV_BLK_LIVE);
+		return YIELDED;
+	}
+	return ret;
 }
 
 /*
- * [READ header?, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT or
- * <0. With hdr, the old block's header is read into it first, in the same
- * chain: what was removed, if the removal won.
+ * [READ header?, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT,
+ * STALE or <0. With hdr, the old block's header is read into it first, in
+ * the same chain: what was removed, if the removal won.
  */
 static int publish_remove(struct hkv_client *c, const struct item *old,
 			  struct hkv_block_hdr *hdr)
@@ -583,11 +672,13 @@ static int publish_remove(struct hkv_client *c, const struct item *old,
 	struct hkv_wr wrs[3];
 	int n = 0, ret;
 
+	if (!view_fresh(c, old->seen_ns))
+		return STALE;
 	if (hdr)
 		wrs[n++] = hkv_wr_read(c, hdr, old->blk_off, HKV_BLOCK_HDR);
 	n = append_retire(c, wrs, n, old, 0, c->atom);
 	ret = hkv_exec(c, wrs, n);
-	return ret ? ret : retire_outcome(c, old, c->atom);
+	return ret ? ret : retire_outcome(c, old, c->atom, 0);
 }
 
 static uint32_t now_ms32(void)
@@ -602,24 +693,33 @@ static uint32_t now_ms32(void)
  * A PENDING entry whose writer stamped it more than the lease ago is
  * abandoned (its writer died between publishing and committing, or stalled):
  * abort it - CAS meta PENDING -> OBSOLETE|ABORTED, so its commit can never
- * land, then take its slot back. The abort's winner frees the block.
+ * land - then take its slot back, and only then, with no slot naming it,
+ * free it (the abort's winner frees). The slot value s was read at seen_ns.
  * 0 or <0.
  */
 static int abort_stale_pending(struct hkv_client *c, uint64_t slot_off, uint64_t s,
-			       const struct hkv_block_hdr *h)
+			       const struct hkv_block_hdr *h, uint64_t seen_ns)
 {
 	uint64_t pend = h->meta, dead = hkv_meta_make(HKV_BLK_OBSOLETE, hkv_meta_class(pend),
 						    hkv_meta_gen(pend)) | HKV_META_ABORTED;
-	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(s), pend, dead);
-	int ret = hkv_exec(c, &wr, 1);
+	struct hkv_wr wr;
+	int ret;
 
+	if (!view_fresh(c, seen_ns))
+		return 0; /* look again */
+	wr = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(s), pend, dead);
+	ret = hkv_exec(c, &wr, 1);
 	if (ret || c->atom[2] != pend)
 		return ret; /* committed or aborted meanwhile: look again */
 	hkv_warn("client %u: aborted an abandoned insert at 0x%llx", c->client_id,
 		 (unsigned long long)hkv_slot_off(s));
-	hkv_free_block(c, hkv_slot_off(s), hkv_meta_class(pend));
+	/* Whatever this CAS finds, the slot no longer names the block after it:
+	 * the block's insert can neither commit nor publish it anywhere else. */
 	wr = hkv_wr_cas(c, &c->atom[2], slot_off, s, 0);
-	return hkv_exec(c, &wr, 1);
+	ret = hkv_exec(c, &wr, 1);
+	if (!ret)
+		hkv_free_block(c, hkv_slot_off(s), hkv_meta_class(pend));
+	return ret;
 }
 
 /*
@@ -651,13 +751,13 @@ static int stuck_obsolete(struct hkv_client *c, uint64_t slot_off, uint64_t s)
  * for longer than the lease. Sets *rival; 0 or <0.
  */
 static int find_rival(struct hkv_client *c, const struct key *k, int pos, const uint64_t *re,
-		      int *rival)
+		      uint64_t re_seen, int *rival)
 {
 	uint8_t *blk = c->rblk;
 
 	*rival = 0;
 	for (int p = 0; p < CANON_SLOTS; p++) {
-		uint64_t s = re[p], soff = slot_off_of(c, k, p);
+		uint64_t s = re[p], soff = slot_off_of(c, k, p), s_seen = re_seen;
 		int tries;
 
 		for (tries = 0; tries < 8; tries++) {
@@ -692,11 +792,12 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
 					*rival = 1;
 					return 0;
 				}
-				if ((ret = abort_stale_pending(c, soff, s, h)))
+				if ((ret = abort_stale_pending(c, soff, s, h, s_seen)))
 					return ret;
 			}
 			/* OBSOLETE, aborted, torn, reused or garbage: the slot decides */
 			wr = hkv_wr_read(c, &c->atom[3], soff, 8);
+			s_seen = hkv_coarse_ns();
 			if ((ret = hkv_exec(c, &wr, 1)))
 				return ret;
 			if (c->atom[3] != s) {
@@ -744,27 +845,35 @@ static int publish_insert(struct hkv_client *c, const struct key *k, int pos, ui
 	uint64_t *re = (uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
 	uint64_t soff = slot_off_of(c, k, pos), pend = our_meta(c, HKV_BLK_PENDING);
 	uint64_t dead = our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED;
-	uint64_t expect = victim ? victim->slot : 0;
+	uint64_t expect = victim ? victim->slot : 0, re_seen;
 	struct hkv_wr wrs[5];
 	int ret, rival, n = 0;
 
+	if (victim && !view_fresh(c, victim->seen_ns))
+		return STALE;
 	wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_PENDING);
 	if (victim) /* cache mode, both buckets full: take over an evicted entry's slot */
 		n = append_retire(c, wrs, n, victim, new_slot, c->atom);
 	else
 		wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
 	n = append_bucket_reads(c, wrs, n, k, re);
+	c->pub_ns = re_seen = hkv_coarse_ns();
 	if ((ret = hkv_exec(c, wrs, n)))
 		return ret;
 	if (victim) {
 		int marked = c->atom[0] == meta_live(victim);
 
-		if (!retire_outcome(c, victim, c->atom) && marked)
+		ret = retire_outcome(c, victim, c->atom, new_slot);
+		if (ret == STALE) { /* undone: our PENDING block is named nowhere */
+			withdraw_ours(c, new_slot, HKV_BLK_PENDING);
+			return YIELDED;
+		}
+		if (!ret && marked)
 			c->stats.evictions++;
 	}
 	if (c->atom[1] != expect)
 		return CONFLICT;
-	if ((ret = find_rival(c, k, pos, re, &rival)))
+	if ((ret = find_rival(c, k, pos, re, re_seen, &rival)))
 		return ret;
 	if (!rival) {
 		wrs[0] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend,
@@ -886,7 +995,9 @@ static void touch_atime(struct hkv_client *c, const struct item *it)
 	uint64_t was, now_word;
 	struct hkv_wr wr;
 
-	if (!cache_mode(c) || c->readonly)
+	/* The CAS expects exactly the word read at seen_ns; posted only soon
+	 * after, so the block is still the one read (docs/design.md, "Cache mode") */
+	if (!cache_mode(c) || c->readonly || hkv_now_ns() - it->seen_ns > ATIME_FRESH_NS)
 		return;
 	now = now_ms32();
 	if ((int32_t)(now - h->atime) < ATIME_STEP_MS)
@@ -911,6 +1022,7 @@ struct victim {
 	uint64_t off;
 	int64_t score;
 	uint8_t *hdr; /* header + key, in rblk */
+	uint64_t seen_ns; /* when that READ was posted */
 };
 
 static int cmp_victim(const void *a, const void *b)
@@ -934,7 +1046,8 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 	for (int i = 0; i < nv; i++) {
 		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
 
-		key_init(c, &key[i], v[i].hdr + HKV_BLOCK_HDR, h->klen);
+		if (key_init(c, &key[i], v[i].hdr + HKV_BLOCK_HDR, h->klen))
+			return 0; /* not a key: evict_offs checked the length */
 		append_bucket_reads(c, wrs, 2 * i, &key[i], bkts + i * 2 * HKV_BUCKET_SLOTS);
 	}
 	if (nv && (ret = hkv_exec(c, wrs, 2 * nv)))
@@ -949,17 +1062,19 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 				continue;
 			it[n] = (struct item){.slot_off = slot_off_of(c, &key[i], p), .slot = sl[p],
 					      .blk_off = v[i].off, .cls = cls,
-					      .gen = hkv_meta_gen(h->meta)};
+					      .gen = hkv_meta_gen(h->meta), .seen_ns = v[i].seen_ns};
 			hkv_cache_drop(c->cache, key[i].h);
 			append_retire(c, wrs, 2 * n, &it[n], 0, &c->atom[8 + 2 * n]);
 			n++;
 			break;
 		}
 	}
-	if (n && (ret = hkv_exec(c, wrs, 2 * n)))
+	if (!n || !view_fresh(c, v[0].seen_ns)) /* headers and buckets: one view */
+		return 0;
+	if ((ret = hkv_exec(c, wrs, 2 * n)))
 		return ret;
 	for (int i = 0; i < n; i++) /* replaced or removed meanwhile: not an eviction */
-		evicted += retire_outcome(c, &it[i], &c->atom[8 + 2 * i]) == 0;
+		evicted += retire_outcome(c, &it[i], &c->atom[8 + 2 * i], 0) == 0;
 	c->stats.evictions += (uint64_t)evicted;
 	return evicted;
 }
@@ -976,8 +1091,11 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	struct hkv_wr wrs[EVICT_SAMPLES];
 	int nv = 0, ret, evicted = 0;
 
+	uint64_t t = hkv_coarse_ns();
+
 	for (int i = 0; i < n; i++) {
 		v[i].hdr = c->rblk + (size_t)i * EVICT_READ;
+		v[i].seen_ns = t;
 		wrs[i] = hkv_wr_read(c, v[i].hdr, v[i].off, rd);
 	}
 	if (n && (ret = hkv_exec(c, wrs, n)))
@@ -1171,7 +1289,9 @@ static int pick_victim_slot(struct hkv_client *c, const struct key *k, const str
 	int64_t best_score = INT64_MAX;
 
 	for (int p = 0; p < CANON_SLOTS; p++) {
-		if (!slot_sane(c, view->slot[p]))
+		/* never an entry that may be this key's own (an ADD must not evict
+		 * the rival it races with and then commit beside it) */
+		if (!slot_sane(c, view->slot[p]) || hkv_slot_fp(view->slot[p]) == k->fp)
 			continue;
 		pos[n] = p;
 		wrs[n] = hkv_wr_read(c, c->rblk + (size_t)n * 64, hkv_slot_off(view->slot[p]),
@@ -1202,7 +1322,8 @@ static int pick_victim_slot(struct hkv_client *c, const struct key *k, const str
 				.blk_off = hkv_slot_off(view->slot[pos[best]]),
 				.cls = hkv_slot_class(view->slot[pos[best]]),
 				.gen = hkv_meta_gen(((const struct hkv_block_hdr *)(c->rblk +
-										 (size_t)best * 64))->meta)};
+										 (size_t)best * 64))->meta),
+				.seen_ns = view->seen_ns};
 	return pos[best];
 }
 
@@ -1231,21 +1352,21 @@ static int pick_empty(const struct view *v)
 	return first[b];
 }
 
-#define NO_CACHE 2 /* internal: no usable cache entry, nothing was sent */
 
 /* The item a cached location names (no block copy: for writes that CAS it). */
 static struct item item_of_loc(const struct hkv_loc *loc)
 {
 	return (struct item){.slot_off = loc->slot_addr, .slot = loc->slot,
 			     .blk_off = hkv_slot_off(loc->slot), .cls = hkv_slot_class(loc->slot),
-			     .gen = loc->gen};
+			     .gen = loc->gen, .seen_ns = loc->stamp_ns};
 }
 
-/* A blind update through the location cache: one round trip when it holds. */
+/* A blind update through the location cache: one round trip when it holds
+ * (an entry of this very key, young enough to act on). */
 static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, uint32_t blen,
 		      uint64_t *slot_off)
 {
-	struct hkv_loc lc, *loc = cache_get(c, k->h, &lc, 1);
+	struct hkv_loc lc, *loc = cache_get(c, k, &lc, 1);
 	struct item old;
 	int ret;
 
@@ -1254,17 +1375,18 @@ static int store_warm(struct hkv_client *c, const struct key *k, uint64_t slot, 
 	old = item_of_loc(loc);
 	*slot_off = loc->slot_addr;
 	ret = publish_replace(c, &old, slot, blen, 1);
-	if (ret == CONFLICT)
+	if (ret > 0)
 		hkv_cache_drop(c->cache, k->h);
 	return ret;
 }
 
-/* The new block is in the index at slot_off: remember where. */
+/* The new block is in the index at slot_off (since the chain posted at
+ * c->pub_ns): remember where. */
 static void stored(struct hkv_client *c, const struct key *k, uint64_t slot, uint64_t slot_off)
 {
 	struct item it;
 
-	item_from_block(&it, c->wblk, slot_off, slot, -1);
+	item_from_block(&it, c->wblk, slot_off, slot, -1, c->pub_ns);
 	remember(c, k, &it);
 }
 
@@ -1288,6 +1410,7 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 		if (mode == STORE_CAS && item_version(&it) != version)
 			return HKV_EVERSION;
 		*slot_off = it.slot_off;
+		test_point(c, HKV_TP_STORE_PUBLISH);
 		return publish_replace(c, &it, slot, blen, 0);
 	}
 	if (mode == STORE_REPLACE || mode == STORE_CAS)
@@ -1327,16 +1450,21 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	if (ret == NO_CACHE && mode == STORE_SET) {
 		struct item it;
 
-		/* An old cache entry is re-confirmed by one block READ (LIVE with
-		 * its generation means the slot holds exactly that value now),
-		 * which is cheaper than a cold find. */
-		if (find_warm(c, k, &it) == 0)
-			ret = store_warm(c, k, slot, blen, &slot_off);
+		/* An old cache entry, or one whose key is too long to keep in it, is
+		 * confirmed by one block READ (LIVE with its generation and our key
+		 * means the slot holds exactly that value now), which is cheaper
+		 * than a cold find. */
+		if (find_warm(c, k, &it) == 0) {
+			slot_off = it.slot_off;
+			ret = publish_replace(c, &it, slot, blen, 1);
+			if (ret > 0)
+				hkv_cache_drop(c->cache, k->h);
+		}
 	}
 	written = ret == CONFLICT;
 	retry_begin(&rt);
 	while (ret > 0) {
-		if (ret == CONFLICT || ret == YIELDED) {
+		if (ret == CONFLICT || ret == YIELDED || ret == STALE) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
 			if (retry_wait(c, &rt)) {
 				if (ret == YIELDED)
@@ -1389,6 +1517,10 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 			ret = build_block(c, k, &v, &slot, &blen);
 		if (ret)
 			return ret;
+		/* However long the building took (allocation, eviction) or this
+		 * thread was stopped, publish_replace acts on the view only while
+		 * it is young (STALE: nothing posted, find again). */
+		test_point(c, HKV_TP_MODIFY_PUBLISH);
 		ret = publish_replace(c, &it, slot, blen, 1);
 		if (ret <= 0) {
 			if (ret)
@@ -1397,7 +1529,8 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 				stored(c, k, slot, it.slot_off);
 			return ret;
 		}
-		unbuild_block(c, slot);
+		if (ret != YIELDED) /* (withdrawn and freed already) */
+			unbuild_block(c, slot);
 		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
 		if (retry_wait(c, &rt))
@@ -1479,6 +1612,20 @@ static int touch_fn(struct hkv_client *c, const struct item *old, struct value *
 
 /* ---- public operations ---------------------------------------------------------- */
 
+/* Start of every operation: the key is valid and the handle connected; its
+ * hash is the region's (a reconnect may have found another region). */
+static int key_ready(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	uint64_t was = c->stats.reconnects;
+	int ret = key_init(c, k, key, klen);
+
+	if (!ret)
+		ret = hkv_revive(c);
+	if (!ret && c->stats.reconnects != was)
+		ret = key_init(c, k, key, klen);
+	return ret;
+}
+
 struct op_scope {
 	struct hkv_conn_stats before;
 	enum hkv_op op;
@@ -1518,9 +1665,9 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 	struct item it;
 	struct view view;
 	struct key k;
-	int ret = key_init(c, &k, key, klen);
+	int ret = key_ready(c, &k, key, klen);
 
-	if (ret || (ret = hkv_revive(c)))
+	if (ret)
 		return ret;
 	op_begin(c, &sc, HKV_OP_GET);
 	ret = find(c, &k, &it, &view);
@@ -1549,11 +1696,8 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 /* Start of every write: the key is valid and this handle may write. */
 static int write_key(struct hkv_client *c, struct key *k, const void *key, size_t klen)
 {
-	int ret = key_init(c, k, key, klen);
+	int ret = key_ready(c, k, key, klen);
 
-	if (ret)
-		return ret;
-	ret = hkv_revive(c);
 	return ret ? ret : c->readonly ? -EPERM : 0;
 }
 
@@ -1657,7 +1801,7 @@ HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int
 
 static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 {
-	struct hkv_loc lc, *loc = warm ? cache_get(c, k->h, &lc, 1) : NULL;
+	struct hkv_loc lc, *loc = warm ? cache_get(c, k, &lc, 1) : NULL;
 	struct item it;
 	struct view view;
 	int ret, expired;
@@ -1665,8 +1809,9 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 	if (loc && loc_fits_key(c, loc, k)) {
 		struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->rblk;
 
-		/* the header read just before the mark is the removed item's, so its
-		 * expiry decides the answer (if the mark was ours: see repair_mark) */
+		/* an entry of this very key: the header read just before the mark is
+		 * the removed item's, so its expiry decides the answer (when the
+		 * mark was ours; else the marker's removal is the one that counts) */
 		it = item_of_loc(loc);
 		hkv_cache_drop(c->cache, k->h);
 		ret = publish_remove(c, &it, h);
@@ -1674,7 +1819,8 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 			return ret;
 		return h->exptime && h->exptime <= now_unix() ? HKV_ENOTFOUND : 0;
 	}
-	ret = find_cold(c, k, &it, &view, NULL, 0);
+	/* no entry to act on blind: find the key (its block READ confirms it) */
+	ret = warm ? find(c, k, &it, &view) : find_cold(c, k, &it, &view, NULL, 0);
 	if (ret)
 		return ret;
 	expired = item_expired(&it);
@@ -1695,7 +1841,7 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	op_begin(c, &sc, HKV_OP_DELETE);
 	retry_begin(&rt);
 	ret = delete_once(c, &k, 1);
-	while (ret == CONFLICT) {
+	while (ret == CONFLICT || ret == STALE) {
 		c->stats.op[HKV_OP_DELETE].retries++;
 		if ((ret = retry_wait(c, &rt)))
 			break;
@@ -1713,7 +1859,7 @@ static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struc
 
 	if (!loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
 		return; /* stale: the single-key path will find it */
-	item_from_block(&it, blk, loc->slot_addr, loc->slot, -1);
+	item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, 0);
 	m->vlen = h->vlen;
 	m->status = item_expired(&it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
 	if (!m->status)
@@ -1748,7 +1894,7 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 			if (items[i].status)
 				continue;
 			items[i].status = CONFLICT; /* not read yet */
-			if (!cache_get(c, k.h, &locs[nw], 0) || !slot_sane(c, locs[nw].slot) ||
+			if (!cache_get(c, &k, &locs[nw], 0) || !slot_sane(c, locs[nw].slot) ||
 			    locs[nw].blen > c->read_cap)
 				continue;
 			if (nw && used + locs[nw].blen + 64 > c->read_cap)
@@ -1796,36 +1942,52 @@ static int flush_all(struct hkv_client *c)
 {
 	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
 	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + INDEX_CHUNK;
+	uint64_t *again = metas + INDEX_CHUNK;
 	struct op_scope sc;
 
 	op_begin(c, &sc, HKV_OP_DELETE);
 	for (uint64_t first = 0; first < nslots; first += INDEX_CHUNK) {
 		uint64_t base = c->g.index_off + first * 8;
-		struct hkv_wr wrs[32];
+		struct hkv_wr wrs[64];
 		int idx[32], chunk, ret;
 
 		if ((ret = read_index_chunk(c, first, slots, &chunk)))
 			return op_end(c, &sc, ret);
-		for (int i = 0; i < chunk;) {
+		for (int i = 0, batch = 0, stalls = 0; i < chunk;) {
+			uint64_t seen;
 			int n = 0;
 
+			batch = i;
+			/* [READ meta, READ slot again] per entry, one chain: the meta's
+			 * generation and the slot value are one view (docs/design.md,
+			 * "Views"), not a slot from the chunk READ paired with a
+			 * generation read many round trips later */
 			for (; i < chunk && n < 32; i++) {
 				if (!slots[i] || !slot_sane(c, slots[i]))
 					continue;
 				idx[n] = i;
-				wrs[n++] = hkv_wr_read(c, &metas[i], hkv_slot_off(slots[i]), 8);
+				wrs[2 * n] = hkv_wr_read(c, &metas[i], hkv_slot_off(slots[i]), 8);
+				wrs[2 * n + 1] = hkv_wr_read(c, &again[i], base + (uint64_t)i * 8, 8);
+				n++;
 			}
-			if (n && (ret = hkv_exec(c, wrs, n)))
+			seen = hkv_coarse_ns();
+			if (n && (ret = hkv_exec(c, wrs, 2 * n)))
 				return op_end(c, &sc, ret);
+			if (n && !view_fresh(c, seen)) { /* stalled between the two: again */
+				if (++stalls > 100)
+					return op_end(c, &sc, HKV_EAGAIN);
+				i = batch;
+				continue;
+			}
 			for (int j = 0; j < n; j++) {
-				uint64_t s = slots[idx[j]], m = metas[idx[j]];
+				uint64_t s = again[idx[j]], m = metas[idx[j]];
 				struct item it = {.slot_off = base + (uint64_t)idx[j] * 8, .slot = s,
 						  .blk_off = hkv_slot_off(s), .cls = hkv_slot_class(s),
-						  .gen = hkv_meta_gen(m)};
+						  .gen = hkv_meta_gen(m), .seen_ns = seen};
 
-				if (hkv_meta_state(m) != HKV_BLK_LIVE ||
+				if (s != slots[idx[j]] || hkv_meta_state(m) != HKV_BLK_LIVE ||
 				    hkv_meta_class(m) != it.cls || (it.gen & 0x7ff) != hkv_slot_ver(s))
-					continue; /* not a live entry (being replaced, or garbage) */
+					continue; /* not a live entry (changed, being replaced, or garbage) */
 				ret = publish_remove(c, &it, NULL);
 				if (ret < 0)
 					return op_end(c, &sc, ret);

@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "hatchkv_err.h"
 
 #define ALIGN_UP(x, a) (((x) + (a)-1) & ~((uint64_t)(a)-1))
@@ -157,6 +159,18 @@ uint64_t hkv_hash64(const void *key, size_t len)
 	memcpy(&w, p, len);
 	h = mix64(h ^ w ^ (uint64_t)len << 56, 0xd6e8feb86659fd93ull);
 	return mix64(h, 0x94d049bb133111ebull) ^ h;
+}
+
+_Static_assert(crypto_shorthash_KEYBYTES == sizeof(((struct hkv_geometry *)0)->hash_key),
+	       "hash_key is a SipHash key");
+_Static_assert(crypto_shorthash_BYTES == 8, "a 64-bit key hash");
+
+uint64_t hkv_key_hash(const struct hkv_geometry *g, const void *key, size_t len)
+{
+	uint64_t h;
+
+	crypto_shorthash((unsigned char *)&h, key, len, g->hash_key);
+	return h;
 }
 
 /* CRC32C: SSE4.2 instruction when present, else a table. */

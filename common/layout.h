@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 1
+#define HKV_LAYOUT_VERSION 2 /* 2: keyed key hash (hash_key) */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
@@ -81,7 +81,11 @@ struct hkv_geometry {
 	uint32_t nclasses;
 	uint64_t boot_id;   /* random per server start */
 	uint64_t max_client_segs; /* segments one client may own at once; 0 = no limit */
-	uint64_t reserved[5];
+	/* SipHash-2-4 key of this region's key hash (hkv_key_hash): random when
+	 * the region is made, kept across warm restarts. Only clients that
+	 * passed AUTH can read it, so nobody else can aim keys at a bucket. */
+	uint8_t hash_key[16];
+	uint64_t reserved[3];
 	uint32_t class_size[HKV_NCLASSES_MAX];
 	uint32_t pad;
 	uint32_t crc; /* CRC32C of everything above */
@@ -219,7 +223,14 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
 
 /* ---- hashing ----------------------------------------------------------------- */
 
+/* Unkeyed 64-bit hash for the server's own tables (not for keys). */
 uint64_t hkv_hash64(const void *key, size_t len);
+/*
+ * The key hash everything about a key's place derives from: its buckets, its
+ * slot fingerprint, its location-cache entry. SipHash-2-4 (libsodium's
+ * crypto_shorthash) keyed with the region's secret g->hash_key.
+ */
+uint64_t hkv_key_hash(const struct hkv_geometry *g, const void *key, size_t len);
 uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* The two candidate buckets and the fingerprint of a key hash. */

@@ -217,6 +217,10 @@ struct hkv_client_stats {
 	uint64_t expired_reclaimed; /* expired items this handle removed */
 	uint64_t grants; /* memory windows the server bound for it (base + segments) */
 	uint64_t blocks_reclaimed; /* dead clients' unpublished blocks it took back */
+	/* writes whose view went stale past the ABA horizon inside the post
+	 * (docs/design.md): detected after the fact, undone, retried; never a success */
+	uint64_t stale_undone;
+	uint64_t stale_views; /* writes that re-read the key: view older than the bound */
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -35,7 +35,8 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 			(unsigned long long)o->memory, o->seg_size);
 		return ret;
 	}
-	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id))
+	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id) ||
+	    getrandom(g.hash_key, sizeof(g.hash_key), 0) != sizeof(g.hash_key))
 		return -errno;
 	g.max_client_segs = o->max_client_segs;
 	hkv_geometry_seal(&g);

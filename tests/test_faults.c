@@ -791,7 +791,7 @@ static void vandal_init(struct vandal *v, int id)
 		uint64_t h;
 
 		key_name(v->key[k], sizeof(v->key[k]), 'g', k);
-		h = hkv_hash64(v->key[k], strlen(v->key[k]));
+		h = hkv_key_hash(&v->r.g, v->key[k], strlen(v->key[k]));
 		h += !h; /* as the client does */
 		v->fp[k] = hkv_fp_of(h);
 		hkv_buckets_of(&v->r.g, h, &v->bucket[k][0], &v->bucket[k][1]);
@@ -1695,7 +1695,7 @@ static void test_abandoned_insert(void)
 	c2 = hkvserver_client(&s);
 	CHECK_RC(hkv_set(c, "abandoned", 9, "old", 3, NULL), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	h = hkv_hash64("abandoned", 9);
+	h = hkv_key_hash(&r.g, "abandoned", 9);
 	h += !h;
 	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
 	for (int i = 0; i < 2 && !found; i++) {
@@ -1810,7 +1810,7 @@ static void test_unpublished_reclaimed(void)
 	CHECK_RC(raw_put_block(&r, base + 2 * csize, wkey, cls, HKV_BLK_PENDING, "unpub-2", vlen),
 		 0);
 	CHECK_RC(raw_put_block(&r, base + 3 * csize, wkey, cls, HKV_BLK_LIVE, "publish", vlen), 0);
-	h = hkv_hash64("publish", 7);
+	h = hkv_key_hash(&r.g, "publish", 7);
 	h += !h;
 	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
 	CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[0] * HKV_BUCKET_SIZE, HKV_BUCKET_SIZE),
