@@ -91,7 +91,14 @@ struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint
 
 int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)
 {
-	return hkv_conn_exec(c->conn, wrs, n);
+	int ret = hkv_conn_exec(c->conn, wrs, n);
+
+	/* -EAGAIN (room held by signaled work nobody waits for) cannot happen
+	 * here; if it did, it must not be an answer: fail the connection, so the
+	 * next operation connects again (hkv_revive) */
+	if (ret == -EAGAIN)
+		ret = c->conn->error = HKV_ETRANSPORT;
+	return ret;
 }
 
 /* ---- keys, items, time ------------------------------------------------------- */
@@ -1007,7 +1014,7 @@ static void touch_atime(struct hkv_client *c, const struct item *it)
 	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, exptime), was,
 			now_word);
 	wr.flags = HKV_WR_F_NO_COMPLETION;
-	(void)hkv_conn_post(c->conn, &wr, 1); /* a full send queue skips one refresh */
+	(void)hkv_conn_post(c->conn, &wr, 1); /* the transport keeps room for it */
 }
 
 /* Eviction order: expired first, then least recently used. */

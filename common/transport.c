@@ -4,6 +4,9 @@
  */
 #include "common/transport_int.h"
 
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+
 #include <errno.h>
 #include <string.h>
 #include <strings.h>
@@ -102,6 +105,13 @@ struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, s
 	if (!c)
 		return NULL;
 	c->timeout_ms = cfg.timeout_ms;
+	c->sq_depth = cfg.sq_depth;
+	c->runs = hkv_calloc((size_t)cfg.sq_depth, sizeof(*c->runs));
+	if (!c->runs) {
+		c->ops->close(c);
+		errno = ENOMEM;
+		return NULL;
+	}
 	if (reply && reply_len) {
 		*reply_len = *reply_len < acc.len ? *reply_len : acc.len;
 		memcpy(reply, acc.data, *reply_len);
@@ -111,25 +121,120 @@ struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, s
 
 void hkv_conn_close(struct hkv_conn *c)
 {
-	if (c)
+	if (c) {
+		hkv_free(c->runs);
 		c->ops->close(c);
+	}
+}
+
+/* Is wrs[i] of a chain of n signaled? (The rule every backend applies.) */
+static int wr_signaled(const struct hkv_wr *wrs, int i, int n)
+{
+	return (wrs[i].flags & HKV_WR_F_SIGNALED) ||
+	       (i == n - 1 && !(wrs[i].flags & HKV_WR_F_NO_COMPLETION));
+}
+
+/*
+ * Reap up to max completions into wc. Each successful one gives back the
+ * room of the WRs it covers; the transport's own (HKV_WRID_QUIET) are
+ * consumed here. Returns how many are left in wc, or <0.
+ */
+static int reap(struct hkv_conn *c, struct hkv_wc *wc, int max)
+{
+	int n = c->ops->poll(c, wc, max), kept = 0;
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		if (!wc[i].status && c->run_head != c->run_tail)
+			c->sq_used -= c->runs[c->run_head++ % (unsigned)c->sq_depth];
+		if (!wc[i].status && wc[i].wr_id == HKV_WRID_QUIET) {
+			c->quiet_out--;
+			continue;
+		}
+		wc[kept++] = wc[i];
+	}
+	return kept;
+}
+
+/* Wait until n WRs fit in the send queue, reaping our own quiet completions. */
+static int make_room(struct hkv_conn *c, int n)
+{
+	uint64_t start = 0;
+	unsigned spins = 0;
+
+	while (n > c->sq_depth - c->sq_used) {
+		struct hkv_wc wc[WAIT_BATCH];
+		int k;
+
+		if (!c->quiet_out)
+			return -EAGAIN; /* held by the caller's own signaled work */
+		k = reap(c, wc, WAIT_BATCH);
+		if (k < 0)
+			return c->error = k;
+		for (int i = 0; i < k; i++)
+			if (wc[i].status)
+				return c->error = wc[i].status;
+		if (k) { /* nobody posts signaled work without waiting for it */
+			hkv_warn("transport: a completion nobody waited for (wr_id %llu)",
+				 (unsigned long long)wc[0].wr_id);
+		}
+		if (++spins % 1024)
+			continue;
+		if (!start)
+			start = hkv_now_ns();
+		else if (hkv_now_ns() - start > (uint64_t)c->timeout_ms * 1000000ull)
+			return c->error = HKV_ETIMEDOUT;
+	}
+	return 0;
 }
 
 int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 {
-	int ret;
+	int ret, run;
 
 	if (c->error)
 		return c->error;
-	if (n <= 0)
+	if (n <= 0 || n > c->sq_depth)
 		return n ? -EINVAL : 0;
 	for (int i = 0; i < n; i++) /* what NICs refuse at post time, refused here for all */
 		if (wrs[i].opcode >= HKV_WR_NOPS ||
 		    (wrs[i].opcode >= HKV_WR_CAS && (wrs[i].remote_addr & 7)))
 			return -EINVAL;
-	ret = c->ops->post(c, wrs, n);
-	if (ret)
+	if ((ret = make_room(c, n)))
 		return ret;
+	if ((wrs[n - 1].flags & HKV_WR_F_NO_COMPLETION) && c->carry + n >= c->sq_depth / 4) {
+		int any = 0;
+
+		for (int i = 0; i < n; i++)
+			any |= wr_signaled(wrs, i, n);
+		if (!any) { /* signal it after all: its completion gives the room back */
+			wrs[n - 1].flags &= ~HKV_WR_F_NO_COMPLETION;
+			wrs[n - 1].wr_id = HKV_WRID_QUIET;
+			c->quiet_out++;
+		}
+	}
+	ret = c->ops->post(c, wrs, n);
+	if (ret == -EAGAIN) { /* the device refused what our count says fits */
+		hkv_err("transport: the send queue is full against the count (%d of %d used)",
+			c->sq_used, c->sq_depth);
+		return c->error = HKV_ETRANSPORT;
+	}
+	if (ret) {
+		if (wrs[n - 1].wr_id == HKV_WRID_QUIET && !(wrs[n - 1].flags & HKV_WR_F_NO_COMPLETION))
+			c->quiet_out--;
+		return ret;
+	}
+	run = c->carry;
+	for (int i = 0; i < n; i++) {
+		run++;
+		if (wr_signaled(wrs, i, n)) {
+			c->runs[c->run_tail++ % (unsigned)c->sq_depth] = (uint16_t)run;
+			run = 0;
+		}
+	}
+	c->carry = run;
+	c->sq_used += n;
 	c->stats.posts++;
 	for (int i = 0; i < n; i++) {
 		uint8_t op = wrs[i].opcode;
@@ -158,7 +263,7 @@ int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 	while (got < want) {
 		struct hkv_wc *dst = wc ? wc + got : tmp;
 		int max = wc ? want - got : (want - got < WAIT_BATCH ? want - got : WAIT_BATCH);
-		int n = c->ops->poll(c, dst, max);
+		int n = reap(c, dst, max);
 
 		if (n < 0)
 			return c->error = n;

@@ -136,7 +136,24 @@ struct hkv_conn {
 	struct hkv_region_desc region;
 	int timeout_ms;
 	int error; /* sticky: first failure, after which everything is flushed */
+	/*
+	 * Send-queue room, counted here alike for every backend, by the rules of
+	 * an RC queue pair: a WR holds its place until a signaled WR posted at or
+	 * after it completes and is reaped. An unsignaled chain is signaled
+	 * anyway (wr_id HKV_WRID_QUIET, reaped by the next post or wait) once the
+	 * unsignaled WRs since the last signaled one reach a quarter of the
+	 * queue, so unsignaled work can never take all the room with nothing
+	 * signaled to give it back.
+	 */
+	int sq_depth, sq_used;
+	uint16_t *runs; /* ring: WRs accounted to each outstanding signaled WR */
+	unsigned run_head, run_tail;
+	int carry;      /* unsignaled WRs posted since the last signaled one */
+	int quiet_out;  /* HKV_WRID_QUIET completions not reaped yet */
 };
+
+/* wr_id of completions the transport asked for itself (reserved). */
+#define HKV_WRID_QUIET UINT64_MAX
 
 struct hkv_conn_cfg {
 	enum hkv_transport_kind kind;
@@ -171,18 +188,16 @@ static inline void hkv_conn_dereg(struct hkv_conn *c, struct hkv_mr *mr)
 }
 
 /*
- * Post a chain of n work requests with one doorbell. The last one is always
- * signaled. Returns 0, -EAGAIN if the send queue lacks room, -EINVAL for a
- * malformed request (bad opcode, misaligned atomic: nothing is posted and the
- * connection stays usable), or the connection's sticky error.
+ * Post a chain of n work requests with one doorbell. The last one is
+ * signaled unless it has HKV_WR_F_NO_COMPLETION. Waits (reaping the
+ * transport's own HKV_WRID_QUIET completions) while the send queue lacks
+ * room. Returns 0, -EAGAIN only if the room is held by signaled work the
+ * caller itself has not waited for, -EINVAL for a malformed request (bad
+ * opcode, misaligned atomic, n larger than the queue: nothing is posted and
+ * the connection stays usable), or the connection's sticky error.
  */
 int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n);
 
-/* Reap up to max completions without blocking; returns their count or <0. */
-static inline int hkv_conn_poll(struct hkv_conn *c, struct hkv_wc *wc, int max)
-{
-	return c->ops->poll(c, wc, max);
-}
 
 /*
  * Wait until `want` completions arrived (copied to wc if non-NULL, which must

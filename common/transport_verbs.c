@@ -62,10 +62,7 @@ struct verbs_conn {
 	struct ibv_cq *cq;
 	uint32_t max_inline;
 	int connected;
-	int sq_depth, sq_used;
-	uint16_t *chains; /* ring: WRs accounted to each outstanding signaled WR */
-	uint16_t carry;   /* unsignaled WRs posted since the last signaled one */
-	unsigned ch_head, ch_tail;
+	int sq_depth; /* room is counted in transport.c (struct hkv_conn) */
 	struct ibv_send_wr *wrs;
 	struct ibv_sge *sges;
 };
@@ -253,7 +250,6 @@ static void verbs_teardown(struct verbs_conn *v)
 		rdma_destroy_event_channel(v->ec);
 	hkv_free(v->wrs);
 	hkv_free(v->sges);
-	hkv_free(v->chains);
 	hkv_free(v);
 }
 
@@ -261,12 +257,10 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 {
 	struct verbs_conn *v = container_of(c, struct verbs_conn, base);
 	struct ibv_send_wr *bad;
-	uint16_t run = v->carry;
-	unsigned tail = v->ch_tail;
 	int ret;
 
-	if (n > v->sq_depth - v->sq_used)
-		return -EAGAIN;
+	if (n > v->sq_depth)
+		return -EINVAL;
 	for (int i = 0; i < n; i++) {
 		const struct hkv_wr *w = &wrs[i];
 		struct ibv_send_wr *iw = &v->wrs[i];
@@ -299,22 +293,15 @@ static int verbs_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 			iw->wr.rdma.remote_addr = w->remote_addr;
 			iw->wr.rdma.rkey = w->rkey;
 		}
-		run++;
 		if ((i == n - 1 && !(w->flags & HKV_WR_F_NO_COMPLETION)) ||
-		    (w->flags & HKV_WR_F_SIGNALED)) {
+		    (w->flags & HKV_WR_F_SIGNALED))
 			iw->send_flags |= IBV_SEND_SIGNALED;
-			v->chains[tail++ % (unsigned)v->sq_depth] = run;
-			run = 0;
-		}
 	}
 	ret = ibv_post_send(v->id->qp, v->wrs, &bad);
 	if (ret)
 		hkv_debug("verbs: ibv_post_send: %s (wr %d of %d)", strerror(ret), (int)(bad - v->wrs), n);
 	if (ret)
 		return ret == ENOMEM ? -EAGAIN : -ret;
-	v->ch_tail = tail;
-	v->carry = run;
-	v->sq_used += n;
 	return 0;
 }
 
@@ -330,9 +317,7 @@ static int verbs_poll(struct hkv_conn *c, struct hkv_wc *wc, int max)
 		wc[i].wr_id = iwc[i].wr_id;
 		wc[i].status = wc_status_to_err(iwc[i].status);
 		wc[i].opcode = wc[i].status ? HKV_WR_NOPS : wc_opcode(iwc[i].opcode);
-		if (!wc[i].status && v->ch_head != v->ch_tail)
-			v->sq_used -= v->chains[v->ch_head++ % (unsigned)v->sq_depth];
-		else if (wc[i].status)
+		if (wc[i].status)
 			hkv_debug("verbs: completion error %s", ibv_wc_status_str(iwc[i].status));
 	}
 	return n;
@@ -413,8 +398,7 @@ struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_
 	v->sq_depth = cfg->sq_depth;
 	v->wrs = hkv_calloc((size_t)v->sq_depth, sizeof(*v->wrs));
 	v->sges = hkv_calloc((size_t)v->sq_depth, sizeof(*v->sges));
-	v->chains = hkv_calloc((size_t)v->sq_depth, sizeof(*v->chains));
-	if (!v->wrs || !v->sges || !v->chains)
+	if (!v->wrs || !v->sges)
 		goto teardown;
 	ret = HKV_ENODEV;
 	v->ec = rdma_create_event_channel();

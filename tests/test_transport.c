@@ -451,6 +451,49 @@ static void test_concurrent_increments(void)
 	client_close(&cl);
 }
 
+/*
+ * Unsignaled work never wedges the send queue (issue 11, item 4): four
+ * queues' worth of fire-and-forget FAAs, one post each as the library posts
+ * its frees and access-time CASes, then a signaled READ. Each FAA must land,
+ * no post may be refused, and the send-queue count must come back. Before
+ * the transport signaled such chains now and then, verbs refused every post
+ * (-EAGAIN, for ever) once the queue was full; shm counts room the same way.
+ */
+static void test_unsignaled_floods(void)
+{
+	uint64_t *res = NULL, got;
+	struct client cl;
+	int depth, posts, refused = 0;
+
+	CHECK(client_open(&cl) == 0);
+	res = (uint64_t *)(cl.buf + 2 * MAX_IO);
+	depth = cl.conn->sq_depth;
+	posts = 4 * depth + 7;
+	CHECK(depth > 0);
+	CHECK_RC(do_atomic(&cl, HKV_WR_CAS, 4096, 0, 0, &got), 0); /* read it */
+	CHECK_RC(do_atomic(&cl, HKV_WR_CAS, 4096, got, 0, &got), 0); /* zero it */
+	for (int i = 0; i < posts; i++) {
+		struct hkv_wr wr = wr_atomic(&cl, HKV_WR_FAA, res + 1, 4096, 1, 0);
+		int ret;
+
+		wr.flags = HKV_WR_F_NO_COMPLETION;
+		ret = hkv_conn_post(cl.conn, &wr, 1);
+		refused += ret != 0;
+		if (ret && refused == 1)
+			fprintf(stderr, "unsignaled post %d of %d refused: %d (%s)\n", i, posts, ret,
+				hkv_strerror(ret));
+	}
+	CHECK(refused == 0);
+	CHECK_RC(do_rw(&cl, HKV_WR_READ, cl.buf, 4096, 8), 0);
+	memcpy(&got, cl.buf, 8);
+	printf("# %d unsignaled FAAs (queue depth %d): counter %llu, %d refused; %d WRs held "
+	       "after a signaled READ\n", posts, depth, (unsigned long long)got, refused,
+	       cl.conn->sq_used);
+	CHECK(got == (uint64_t)posts);
+	CHECK(cl.conn->sq_used < depth / 4 + 2); /* at most the last unsignaled run */
+	client_close(&cl);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 6 && !strcmp(argv[1], "--hammer")) { /* the second process */
@@ -479,6 +522,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_remote_errors);
 	RUN_TEST(test_rejected_hello);
 	RUN_TEST(test_concurrent_increments);
+	RUN_TEST(test_unsignaled_floods);
 	RUN_TEST(test_peer_vanishes);
 	rawserve_stop(&server);
 	return hkv_test_finish();
