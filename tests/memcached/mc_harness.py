@@ -67,9 +67,12 @@ def wait_for(pred, timeout, what):
 class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 
-    def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False):
+    def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False,
+                 rekey=None):
+        """rekey: path of hkv-rekey; the region (a file) gets the test secret first."""
         self.procs = []
         self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
+        self.rekey = rekey
         try:
             self._start(mc_bin, srv_bin, item_max, threads, memory, cache)
         except BaseException:
@@ -86,6 +89,8 @@ class Daemons:
         sock = os.path.join(self.tmp, "ctl.sock")
         token = os.path.join(self.tmp, "token")
         extra = ["--cache", "--segment-size", "64K"] if cache else []
+        if self.rekey:
+            extra += ["--memory-file", os.path.join(self.tmp, "region")]
         if os.environ.get("HKV_MC_TRANSPORT", "shm") == "verbs":
             addr, port = rdma_addr(), free_port_pair()
             uri = "verbs://%s:%d" % (addr, port)
@@ -100,6 +105,15 @@ class Daemons:
                  60, "hatchkv-server")
         if srv.poll() is not None:
             raise RuntimeError("hatchkv-server died: " + self.log("server.log"))
+        if self.rekey:  # the test secret, before anything is stored; then start it warm
+            srv.kill()
+            srv.wait()
+            subprocess.run([self.rekey, os.path.join(self.tmp, "region")], check=True)
+            srv = self._spawn(srv.args, "server2.log")
+            wait_for(lambda: "server: ready" in self.log("server2.log") or
+                     srv.poll() is not None, 60, "hatchkv-server (re-keyed)")
+            if srv.poll() is not None:
+                raise RuntimeError("hatchkv-server died: " + self.log("server2.log"))
         mc = self._spawn([mc_bin, "--server", uri, "--token-file", token, "-p", "0",
                           "-t", str(threads), "-I", item_max], "memcached.log")
         pat = re.compile(r"listening on \S+:(\d+)")

@@ -7,6 +7,14 @@ edges), and the bodies of stats/version. Then a timed phase: items with TTL 1
 usage: test_differential.py HATCHKV_MEMCACHED HATCHKV_SERVER [N_COMMANDS] [SEED]
        (or HKV_MC_DIFF_SEED=S / HKV_MC_DIFF_N=N in the environment)
 
+With HKV_MC_DIFF_KEYS=collide (and HKV_REKEY=path of hkv-rekey) the keys are
+two pairs whose whole 64-bit key hashes are equal under the test secret
+(tests/test_collisions.c), the hatchkv region is given that secret before
+anything is stored, and the commands alternate between two connections
+(two workers sharing one location cache): memcached treats the four keys as
+four keys, so any operation of hatchkv that reached another key's item
+shows as a mismatch.
+
 The stream has no TTL that can run out during it (0, past, or >= 1000 s), so
 no reply depends on where memcached's one-second clock ticks.
 
@@ -38,6 +46,9 @@ from mc_harness import Daemons, RealMemcached
 
 ITEM_MAX = "1m"
 KEYS = ["k%d" % i for i in range(6)] + ["n0", "n1", "x" * 250]
+COLLIDING = ["ce5c1eedf490ca315", "c596d0db041d313cf", "c2c522ae6f4a96da5", "c8090d41a9baa88ec"]
+if os.environ.get("HKV_MC_DIFF_KEYS") == "collide":
+    KEYS = COLLIDING + ["n0"]
 NUMBERS = [b"0", b"1", b"42", b"100", b"007", b"18446744073709551615", b"18446744073709551616",
            b"12abc", b"abc", b"", b"99999", b"1 ", b"-5"]
 EXPTIMES = ["0", "0", "0", "1000", "-1", "100000", "1000000000", "abc"]
@@ -318,8 +329,13 @@ def main():
     seed = (int(sys.argv[4]) if len(sys.argv) > 4 else
             int(os.environ.get("HKV_MC_DIFF_SEED", 20260601)))
     gen = Gen(seed)
-    with RealMemcached(ITEM_MAX) as ref, Daemons(mc_bin, srv_bin, item_max=ITEM_MAX) as d:
+    collide = os.environ.get("HKV_MC_DIFF_KEYS") == "collide"
+    rekey = os.environ.get("HKV_REKEY") if collide else None
+    with RealMemcached(ITEM_MAX) as ref, \
+            Daemons(mc_bin, srv_bin, item_max=ITEM_MAX, rekey=rekey) as d:
         a, b = Conn(ref.port), Conn(d.port)
+        b2 = Conn(d.port) if collide else b  # likely another worker
+        b2.cas = b.cas
         for c in (a, b):
             c.run(b"flush_all\r\n")
         recent, history, huge, padded = [], [], 0, 0
@@ -336,7 +352,8 @@ def main():
             risky = key is not None and (huge_number(seen or b"") or overread)
             try:
                 ra = normalize(cmd, a.run(resolve(cmd, a)))
-                rb = normalize(cmd, b.run(resolve(cmd, b)))
+                bb = b2 if i % 2 else b
+                rb = normalize(cmd, bb.run(resolve(cmd, bb)))
             except (OSError, RuntimeError) as e:
                 ra, rb = ["connection: %s" % e], []
             strchr_bug = False
@@ -383,6 +400,9 @@ def main():
                 print(d.log("memcached.log")[-2000:])
                 return 1
             forget_cas(cmd, (a, b))
+        if collide:
+            print("keys: %s (two pairs with one 64-bit hash each), two connections" %
+                  " ".join(COLLIDING))
         print("differential: %d commands compared, all replies identical (seed %d), except %d "
               "incr/decr/ma on a number >= 2^63 or a whitespace-only value where memcached "
               "1.6.18 read past the item (its strchr/strtoull over-read; the strchr one is fixed in 1.6.22) and %d incr/decr results memcached did not pad "
