@@ -1,0 +1,249 @@
+/*
+ * test_views.c - a write never commits from a view it cannot prove current,
+ * however long its thread was stopped (issue 11, item 2), against a real
+ * hatchkv-server:
+ *
+ *   test_views shm     (unit tier)
+ *   test_views verbs   (rdma tier, Soft-RoCE guest)
+ *
+ * A writer is stopped between its find and its publish (the library's
+ * test-only hook, hkv_test_hook, at HKV_TP_MODIFY_PUBLISH and
+ * HKV_TP_STORE_PUBLISH) while another client rewrites the key until the
+ * block the writer saw has been reused past a whole cycle of the slot's
+ * 11-bit version and the key's slot holds, bit for bit, the value the
+ * writer saw: the ABA case. Then the writer goes on. Its write must act on
+ * the key as it is now (incr adds to the current number, cas fails on the
+ * changed version), and the history must be linearizable.
+ *
+ * Values are 20 KB (a digit string padded with spaces, which incr accepts
+ * as memcached does), so a 64 KiB segment holds three blocks and one address
+ * comes back every few writes: the 2048 reuses take ~6000 sets.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_int.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/hkvserver.h"
+#include "tests/support/lincheck.h"
+
+HKV_TEST_MAIN_DEFS;
+
+#define VLEN      (20u << 10)
+#define MAX_CHURN 200000
+#define KEY       "stale-view"
+
+static int use_verbs;
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The number n as a VLEN-byte value: digits, then spaces. */
+static char *number_value(uint64_t n)
+{
+	static char v[VLEN];
+
+	memset(v, ' ', sizeof(v));
+	v[snprintf(v, 32, "%llu", (unsigned long long)n)] = ' ';
+	return v;
+}
+
+/* The test's state, shared with the hook (which runs in the writer's thread). */
+static struct {
+	struct hkv_client *writer, *churner;
+	enum hkv_test_point at;
+	uint64_t off0, gen0; /* the writer's view of the key's block */
+	uint64_t next;       /* the churner's next number */
+	int fired, churned, aba;
+	struct lc_op *ops;
+	size_t nops;
+} st;
+
+static void record(enum lc_kind kind, enum lc_status status, uint64_t arg, uint64_t out,
+		   int64_t call, int client)
+{
+	st.ops[st.nops++] = (struct lc_op){.kind = kind, .status = status, .client = client,
+					   .arg = arg, .out = out, .call = call, .ret = now_ns()};
+}
+
+/* The writer is stopped here: rewrite the key until its block address is
+ * back with a generation that has the same low 11 bits as the one the
+ * writer saw (so the key's slot holds exactly the value it saw). */
+static void churn_hook(struct hkv_client *c, enum hkv_test_point point)
+{
+	if (c != st.writer || point != st.at || st.fired)
+		return;
+	st.fired = 1;
+	for (int i = 0; i < MAX_CHURN; i++) {
+		struct hkv_item_info info;
+		char buf[64];
+		size_t vlen;
+		int64_t t = now_ns();
+		uint64_t off, gen;
+		int ret = hkv_set(st.churner, KEY, strlen(KEY), number_value(st.next), VLEN, NULL);
+
+		if (ret) {
+			fprintf(stderr, "churner: set: %s\n", hkv_strerror(ret));
+			return;
+		}
+		record(LC_SET, LC_OK, st.next++, 0, t, 1);
+		st.churned++;
+		ret = hkv_get(st.churner, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info);
+		if (ret != -ENOSPC) { /* a 64-byte buffer: only the version is wanted */
+			fprintf(stderr, "churner: get: %s\n", hkv_strerror(ret));
+			return;
+		}
+		off = (info.version >> 28) * HKV_BLOCK_ALIGN;
+		gen = info.version & 0xfffffff;
+		if (off == st.off0 && gen != st.gen0 && (gen & 0x7ff) == (st.gen0 & 0x7ff)) {
+			st.aba = 1;
+			return;
+		}
+	}
+}
+
+/* Start a server and the two clients; the key holds 1000. */
+static void setup(struct hkvserver *s, struct hkv_config **cfg)
+{
+	static const char *const one_seg[] = {"--max-segments-per-client", "1", NULL};
+	struct hkv_item_info info;
+	char buf[64];
+	size_t vlen;
+
+	memset(&st, 0, sizeof(st));
+	st.ops = calloc(MAX_CHURN + 16, sizeof(*st.ops));
+	CHECK(st.ops != NULL);
+	/* one segment each: the churner's three blocks take turns */
+	CHECK(hkvserver_start(s, use_verbs, "16M", "64K", one_seg) == 0);
+	cfg[0] = hkvserver_config(s);
+	cfg[1] = hkvserver_config(s);
+	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
+	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
+	CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1000), VLEN, NULL), 0);
+	st.next = 2000;
+	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
+	st.off0 = (info.version >> 28) * HKV_BLOCK_ALIGN;
+	st.gen0 = info.version & 0xfffffff;
+}
+
+static void teardown(struct hkvserver *s, struct hkv_config **cfg)
+{
+	hkv_test_hook = NULL;
+	hkv_close(st.writer);
+	hkv_close(st.churner);
+	hkv_config_free(cfg[0]);
+	hkv_config_free(cfg[1]);
+	hkvserver_stop(s);
+	free(st.ops);
+}
+
+/* incr stopped between its find and its publish while the key turns over. */
+static void test_stale_incr(void)
+{
+	struct hkv_client_stats ws;
+	struct hkv_config *cfg[2];
+	struct hkvserver s;
+	struct lc_report rep;
+	char buf[64];
+	uint64_t result = 0, now;
+	size_t vlen;
+	int64_t t;
+	int ret;
+
+	setup(&s, cfg);
+	st.at = HKV_TP_MODIFY_PUBLISH;
+	hkv_test_hook = churn_hook;
+	t = now_ns();
+	ret = hkv_incr(st.writer, KEY, strlen(KEY), 1, &result);
+	hkv_test_hook = NULL;
+	record(LC_INCR, ret ? LC_UNKNOWN : LC_OK, 1, result, t, 0);
+	if (ret)
+		st.ops[st.nops - 1].ret = INT64_MAX;
+	t = now_ns();
+	{
+		char *v = malloc(VLEN);
+
+		CHECK(v != NULL);
+		CHECK_RC(hkv_get(st.churner, KEY, strlen(KEY), v, VLEN, &vlen, NULL), 0);
+		memcpy(buf, v, vlen < 20 ? vlen : 20);
+		buf[vlen < 20 ? vlen : 20] = 0;
+		free(v);
+	}
+	now = strtoull(buf, NULL, 10);
+	record(LC_GET, LC_OK, 0, now, t, 1);
+	hkv_client_stats(st.writer, &ws);
+	printf("# incr held while the key was set %d times (block reused to the same slot value: "
+	       "%s): returned %s %llu, key now %llu (last set %llu); views refused as stale %llu, "
+	       "stale swings undone %llu\n", st.churned, st.aba ? "yes" : "no", hkv_strerror(ret),
+	       (unsigned long long)result, (unsigned long long)now,
+	       (unsigned long long)st.next - 1, (unsigned long long)ws.stale_views,
+	       (unsigned long long)ws.stale_undone);
+	CHECK(st.aba);
+	CHECK_RC(ret, 0);
+	CHECK(result == st.next); /* the last set's number + 1 */
+	CHECK(now == st.next);
+	CHECK(ws.stale_views + ws.stale_undone >= 1);
+	{
+		struct lc_limits lim = {.max_seconds = 60};
+
+		CHECK(lc_check(LC_COUNTER, 1000, st.ops, st.nops, &lim, &rep) == LC_LINEARIZABLE);
+	}
+	if (rep.result != LC_LINEARIZABLE)
+		lc_print_report(stderr, st.ops, st.nops, &rep);
+	lc_report_free(&rep);
+	teardown(&s, cfg);
+}
+
+/* cas stopped between its find (which saw its version current) and its
+ * publish: by then the key was set thousands of times; the cas must fail. */
+static void test_stale_cas(void)
+{
+	struct hkv_item_info info;
+	struct hkv_config *cfg[2];
+	struct hkvserver s;
+	char buf[64];
+	size_t vlen;
+	int ret;
+
+	setup(&s, cfg);
+	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
+	st.at = HKV_TP_STORE_PUBLISH;
+	hkv_test_hook = churn_hook;
+	ret = hkv_cas(st.writer, KEY, strlen(KEY), number_value(1), VLEN, info.version, NULL);
+	hkv_test_hook = NULL;
+	{
+		char *v = malloc(VLEN);
+
+		CHECK(v != NULL);
+		CHECK_RC(hkv_get(st.churner, KEY, strlen(KEY), v, VLEN, &vlen, NULL), 0);
+		memcpy(buf, v, 20);
+		buf[20] = 0;
+		free(v);
+	}
+	printf("# cas held while the key was set %d times (same slot value: %s): %s; key now "
+	       "%llu\n", st.churned, st.aba ? "yes" : "no", hkv_strerror(ret),
+	       (unsigned long long)strtoull(buf, NULL, 10));
+	CHECK(st.aba);
+	CHECK_RC(ret, HKV_EVERSION);
+	CHECK(strtoull(buf, NULL, 10) == st.next - 1);
+	teardown(&s, cfg);
+}
+
+int main(int argc, char **argv)
+{
+	use_verbs = hkvserver_want_verbs(argc, argv);
+	printf("# transport %s\n", use_verbs ? "verbs" : "shm");
+	RUN_TEST(test_stale_incr);
+	RUN_TEST(test_stale_cas);
+	return hkv_test_finish();
+}
