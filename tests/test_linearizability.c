@@ -29,6 +29,13 @@
  *  3. Exact count: every thread only does incr(cnt, 1); the final value
  *     must be procs x threads x N and the values incr returned must be
  *     exactly 1..total, each once.
+ *  4. Reuse pressure: the mixed workload again on a server of its own with
+ *     a tinier index, while one more thread per worker churns other keys
+ *     with values of 2-28 KiB (sets and deletes, four size classes), so
+ *     blocks, slots and segments (left wholly free at the end of a round,
+ *     re-carved by the next round's adopters) are reused all the time
+ *     under the contended keys. The churner checks every value it reads
+ *     back; no get anywhere may return bytes nobody wrote.
  *
  * Any error other than "not found" (and "version" from cas) fails the test.
  */
@@ -66,6 +73,7 @@ static const char *const key_names[NKEYS] = {"r0", "r1", "r2", "c0"};
 
 struct params {
 	int rounds; /* of the mixed workload, each with fresh processes */
+	int reuse_rounds; /* of the mixed workload under reuse pressure */
 	int procs, threads;
 	int mix_ops;   /* ops per thread, mixed workload */
 	int count_ops; /* incr per thread, exact count */
@@ -73,13 +81,17 @@ struct params {
 
 /* The Soft-RoCE guest is slow (TCG); the ThreadSanitizer run is short. */
 static const struct params shm_params = {
-	.rounds = 20, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 2000};
+	.rounds = 20, .reuse_rounds = 12, .procs = 2, .threads = 3, .mix_ops = 300,
+	.count_ops = 2000};
 static const struct params quick_params = {
-	.rounds = 8, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 500};
+	.rounds = 8, .reuse_rounds = 4, .procs = 2, .threads = 3, .mix_ops = 300,
+	.count_ops = 500};
 static const struct params verbs_params = {
-	.rounds = 30, .procs = 2, .threads = 3, .mix_ops = 300, .count_ops = 1000};
+	.rounds = 30, .reuse_rounds = 10, .procs = 2, .threads = 3, .mix_ops = 300,
+	.count_ops = 1000};
 
 static struct params prm;
+static int race_verbs; /* the verbs transport (every test's servers) */
 static struct hkvserver server;
 static int server_up;
 
@@ -321,6 +333,101 @@ static void *mix_thread(void *arg)
 	return NULL;
 }
 
+/* ---- reuse pressure: a churner per worker, on keys of its own -------------------- */
+
+#define CHURN_KEYS 32
+#define CHURN_MAX  (28u << 10)
+/* four size classes: a store mode region this small cannot give every client
+ * a segment of thirty classes (issue 13); the hot keys must always fit */
+static const size_t churn_sizes[] = {2u << 10, 6u << 10, 14u << 10, CHURN_MAX};
+
+struct churner {
+	pthread_t tid;
+	struct hkv_client *c;
+	int proc, round, errors;
+	unsigned seed;
+	atomic_int *stop;
+	uint64_t sets, deletes, gets, full, garbage;
+	char *wbuf, *rbuf;
+};
+
+/* Value of churn key k, version seq: "z<proc>.<k>.<seq>:" and a filler. */
+static size_t churn_value(const struct churner *ch, int k, unsigned seq, char *buf)
+{
+	uint64_t h = ((uint64_t)seq * 2654435761u ^ (uint64_t)k << 20) * 0x9e3779b97f4a7c15ull;
+	size_t len = (size_t)sprintf(buf, "z%d.%d.%u:", ch->proc, k, seq);
+	size_t want = churn_sizes[(h >> 40) % 4] - (size_t)(h >> 50) % 512;
+
+	for (size_t i = len; i < want; i++)
+		buf[i] = (char)('A' + (h >> 3 ^ i) % 26);
+	return want;
+}
+
+/* Is buf (vlen bytes) a value churn_value wrote for key k? */
+static int churn_valid(const struct churner *ch, int k, const char *buf, size_t vlen,
+		       char *scratch)
+{
+	int p, kk, used = 0;
+	unsigned seq;
+
+	if (vlen > CHURN_MAX || sscanf(buf, "z%d.%d.%u:%n", &p, &kk, &seq, &used) != 3 || !used ||
+	    p != ch->proc || kk != k)
+		return 0;
+	return churn_value(ch, k, seq, scratch) == vlen && !memcmp(buf, scratch, vlen);
+}
+
+static void *churn_thread(void *arg)
+{
+	struct churner *ch = arg;
+	char *scratch = malloc(CHURN_MAX + 1);
+	unsigned seq = 0;
+
+	pthread_barrier_wait(&start_line);
+	while (scratch && !atomic_load(ch->stop)) {
+		int k = (int)((unsigned)rand_r(&ch->seed) % CHURN_KEYS), r = rand_r(&ch->seed) % 10;
+		char key[32];
+		size_t kl = (size_t)snprintf(key, sizeof(key), "z%d.%d", ch->proc, k), vlen = 0;
+		int rc;
+
+		if (r < 6) {
+			rc = hkv_set(ch->c, key, kl, ch->wbuf,
+				     churn_value(ch, k, (unsigned)ch->round << 20 | ++seq, ch->wbuf),
+				     NULL);
+			ch->sets += !rc;
+			ch->full += rc == HKV_EFULL; /* a small region: fine, deletes free it */
+			rc = rc == HKV_EFULL ? 0 : rc;
+		} else if (r < 8) {
+			rc = hkv_delete(ch->c, key, kl);
+			ch->deletes += !rc;
+			rc = rc == HKV_ENOTFOUND ? 0 : rc;
+		} else {
+			rc = hkv_get(ch->c, key, kl, ch->rbuf, CHURN_MAX, &vlen, NULL);
+			if (!rc && !churn_valid(ch, k, ch->rbuf, vlen, scratch)) {
+				ch->garbage++;
+				fprintf(stderr, "churner %d: get %s returned a value nobody wrote\n",
+					ch->proc, key);
+			}
+			ch->gets += !rc;
+			rc = rc == HKV_ENOTFOUND ? 0 : rc;
+		}
+		if (rc) {
+			fprintf(stderr, "churner %d: %s\n", ch->proc, hkv_strerror(rc));
+			ch->errors++;
+			break;
+		}
+	}
+	/* leave nothing: the next round's adopters find wholly free segments */
+	for (int k = 0; k < CHURN_KEYS; k++) {
+		char key[32];
+		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "z%d.%d",
+								 ch->proc, k));
+
+		ch->errors += rc && rc != HKV_ENOTFOUND;
+	}
+	free(scratch);
+	return NULL;
+}
+
 static void *count_thread(void *arg)
 {
 	struct wthread *t = arg;
@@ -394,27 +501,52 @@ static struct wthread *worker_setup(const struct hkvserver *s, int round, int pr
 static int worker_main(int argc, char **argv)
 {
 	struct hkvserver s = {0};
-	int count_mode, round, proc, nthreads, nops, errors = 0;
+	int count_mode, reuse, round, proc, nthreads, nops, errors = 0;
+	struct churner ch = {0};
+	atomic_int stop = 0;
 	struct wthread *ts;
 	FILE *f;
 
 	if (argc != 10)
 		return 2;
 	count_mode = !strcmp(argv[2], "count");
+	reuse = !strcmp(argv[2], "reuse");
 	snprintf(s.uri, sizeof(s.uri), "%s", argv[3]);
 	snprintf(s.token_file, sizeof(s.token_file), "%s", argv[4]);
 	round = atoi(argv[5]);
 	proc = atoi(argv[6]);
 	nthreads = atoi(argv[7]);
 	nops = atoi(argv[8]);
+	if (reuse) { /* before worker_setup reports ready */
+		ch = (struct churner){.proc = proc, .round = round, .stop = &stop,
+				      .seed = (unsigned)(round * 31 + proc + 7),
+				      .wbuf = malloc(CHURN_MAX + 1), .rbuf = malloc(CHURN_MAX + 1)};
+		if (!ch.wbuf || !ch.rbuf)
+			return 3;
+		ch.c = hkvserver_client(&s);
+	}
 	ts = worker_setup(&s, round, proc, nthreads, nops, count_mode);
 	if (!ts)
 		return 3;
-	pthread_barrier_init(&start_line, NULL, (unsigned)nthreads);
+	pthread_barrier_init(&start_line, NULL, (unsigned)(nthreads + reuse));
+	if (reuse)
+		pthread_create(&ch.tid, NULL, churn_thread, &ch);
 	for (int i = 0; i < nthreads; i++)
 		pthread_create(&ts[i].tid, NULL, count_mode ? count_thread : mix_thread, &ts[i]);
 	for (int i = 0; i < nthreads; i++)
 		pthread_join(ts[i].tid, NULL);
+	if (reuse) {
+		atomic_store(&stop, 1);
+		pthread_join(ch.tid, NULL);
+		printf("# churner %d: %llu sets (%llu refused: full), %llu deletes, %llu gets, %llu "
+		       "values nobody wrote\n", proc, (unsigned long long)ch.sets,
+		       (unsigned long long)ch.full, (unsigned long long)ch.deletes,
+		       (unsigned long long)ch.gets, (unsigned long long)ch.garbage);
+		errors += ch.errors + (int)ch.garbage;
+		hkv_close(ch.c);
+		free(ch.wbuf);
+		free(ch.rbuf);
+	}
 	f = fopen(argv[9], "w");
 	if (!f)
 		return 4;
@@ -1016,14 +1148,14 @@ static void check_key(int key, struct lc_op *ops, size_t n)
 }
 
 /* One crew of workers on the hot keys; returns its blocks harvested. */
-static uint64_t mixed_round_run(void)
+static uint64_t mixed_round_run(const char *mode)
 {
 	struct history h = {0};
 	int64_t t0 = now_ns();
 	uint64_t harvested;
 	size_t total = 0;
 
-	if (run_crew("mix", mixed_round, prm.mix_ops, init_mixed, &h))
+	if (run_crew(mode, mixed_round, prm.mix_ops, init_mixed, &h))
 		hkv_test_failures++;
 	for (int k = 0; k < NKEYS; k++)
 		total += h.n[k];
@@ -1047,10 +1179,36 @@ static void test_mixed(void)
 	printf("# mixed: %d rounds of %d processes x %d threads x %d ops\n", prm.rounds,
 	       prm.procs, prm.threads, prm.mix_ops);
 	for (mixed_round = 0; mixed_round < prm.rounds; mixed_round++)
-		harvested += mixed_round_run();
+		harvested += mixed_round_run("mix");
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
 	CHECK(harvested > 0); /* the region is small: blocks were reused */
+}
+
+/* 4. The mixed workload under reuse pressure, on a server of its own. */
+static void test_mixed_reuse(void)
+{
+	static const char *const tiny[] = {"--index-slots", "512", NULL};
+	struct hkvserver main_server = server;
+	uint64_t harvested = 0;
+	int up;
+
+	memset(tallies, 0, sizeof(tallies));
+	up = hkvserver_start(&server, race_verbs, "4M", "64K", tiny) == 0;
+	CHECK(up);
+	if (!up) {
+		server = main_server;
+		return;
+	}
+	printf("# reuse pressure: %d rounds of %d processes x (%d threads x %d ops + a churner "
+	       "of 2-28 KiB values)\n", prm.reuse_rounds, prm.procs, prm.threads, prm.mix_ops);
+	for (mixed_round = 0; mixed_round < prm.reuse_rounds; mixed_round++)
+		harvested += mixed_round_run("reuse");
+	for (int k = 0; k < NKEYS; k++)
+		print_tally(k, &tallies[k]);
+	CHECK(harvested > 0);
+	hkvserver_stop(&server);
+	server = main_server;
 }
 
 /* ---- 3. exact count --------------------------------------------------------------- */
@@ -1216,7 +1374,7 @@ static void *race_noise(void *arg)
 	return NULL;
 }
 
-static int race_verbs, race_rounds;
+static int race_rounds;
 
 static void test_add_race(void)
 {
@@ -1284,9 +1442,10 @@ int main(int argc, char **argv)
 	server_up = hkvserver_start(&server, verbs, "4M", "64K", NULL) == 0;
 	if (!server_up)
 		fprintf(stderr, "cannot start hatchkv-server\n");
+	race_verbs = verbs;
 	RUN_TEST(test_mixed);
 	RUN_TEST(test_exact_count);
-	race_verbs = verbs;
+	RUN_TEST(test_mixed_reuse);
 	race_rounds = verbs ? 300 : argc > 2 && !strcmp(argv[2], "--quick") ? 300 : 20000;
 	RUN_TEST(test_add_race);
 	if (server_up)
