@@ -225,7 +225,11 @@ int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *
 uint64_t hkv_rand(struct hkv_client *c);
 
 /* Tests only: called at named points of an operation (NULL in production). */
-enum hkv_test_point { HKV_TP_MODIFY_PUBLISH = 1, HKV_TP_STORE_PUBLISH };
+enum hkv_test_point {
+	HKV_TP_MODIFY_PUBLISH = 1, /* a read-modify-write between its find and its publish */
+	HKV_TP_STORE_PUBLISH,      /* add/replace/cas/set between the cold find and the publish */
+	HKV_TP_ABORT_SLOT,         /* aborting a stale insert: meta aborted, slot not yet taken */
+};
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Memory windows: ask the server (control plane) for rights to segment seg
  * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */

@@ -720,6 +720,7 @@ static int abort_stale_pending(struct hkv_client *c, uint64_t slot_off, uint64_t
 		return ret; /* committed or aborted meanwhile: look again */
 	hkv_warn("client %u: aborted an abandoned insert at 0x%llx", c->client_id,
 		 (unsigned long long)hkv_slot_off(s));
+	test_point(c, HKV_TP_ABORT_SLOT);
 	/* Whatever this CAS finds, the slot no longer names the block after it:
 	 * the block's insert can neither commit nor publish it anywhere else. */
 	wr = hkv_wr_cas(c, &c->atom[2], slot_off, s, 0);
@@ -822,6 +823,15 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
 					return ret;
 				s = c->atom[3] == s ? 0 : c->atom[3];
 				continue;
+			}
+			/* An aborted insert whose slot stays: its aborter stopped or
+			 * died before taking the slot back. Take the slot (only the
+			 * slot: the aborter frees the block once its own slot CAS has
+			 * run, whatever it finds; if it died, the block is lost). */
+			if (ours_key && (h->meta & HKV_META_ABORTED) && stuck_obsolete(c, soff, s)) {
+				wr = hkv_wr_cas(c, &c->atom[3], soff, s, 0);
+				if ((ret = hkv_exec(c, &wr, 1)))
+					return ret;
 			}
 			break; /* an unchanged slot naming a dead block: no value of anyone's */
 		}

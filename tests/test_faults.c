@@ -55,6 +55,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "client/client_int.h"
 #include "common/ctl_proto.h"
 #include "common/layout.h"
 #include "common/token.h"
@@ -1748,6 +1749,125 @@ static void test_abandoned_insert(void)
 	hkvserver_stop(&s);
 }
 
+/* ---- test_abort_dies ------------------------------------------------------------------- */
+
+static struct hkv_client *abort_victim;
+
+/* The aborter's connection fails right after its meta CAS won (a crash or a
+ * cut cable at that point): the slot CAS that follows never runs. */
+static void die_at_abort(struct hkv_client *c, enum hkv_test_point point)
+{
+	if (c == abort_victim && point == HKV_TP_ABORT_SLOT)
+		c->conn->error = HKV_ETRANSPORT;
+}
+
+/* Is the free bit of the block at off (class cls) set? */
+static int raw_block_freed(struct raw *r, uint64_t off, uint32_t cls, int *freed)
+{
+	uint64_t rel = off - r->g.data_off, word;
+	uint32_t seg = (uint32_t)(rel / r->g.seg_size);
+	uint32_t blk = (uint32_t)(rel % r->g.seg_size / r->g.class_size[cls]);
+	int ret = raw_xfer(r, HKV_WR_READ, r->g.bitmap_off + (uint64_t)seg * r->g.bitmap_bytes +
+					     (uint64_t)(blk / 64) * 8, 8);
+
+	memcpy(&word, r->buf, 8);
+	*freed = (int)(word >> (blk % 64) & 1);
+	return ret;
+}
+
+/*
+ * Aborting an abandoned insert (issue 11, item 5): the aborter's meta CAS
+ * wins, then its connection dies before the slot CAS. The block must not
+ * have been freed while its slot still names it (the free comes only after
+ * the slot CAS): else it is reused while named, a dangling slot and later a
+ * duplicate entry of the key. Then another client's add of the key works,
+ * and takes the stuck slot back after the lease.
+ */
+static void test_abort_dies(void)
+{
+	const char *const no_windows[] = {"--no-windows", NULL};
+	struct hkvserver s;
+	struct hkv_client *c, *c2, *c3;
+	struct hkv_block_hdr bh;
+	struct timespec ts;
+	struct raw r;
+	uint64_t h, b[2], blk_off = 0, slot_off = 0, slot = 0, meta;
+	char buf[64];
+	size_t vlen = 0;
+	int ret, freed = -1, found = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", no_windows) == 0);
+	c = hkvserver_client(&s);
+	c2 = hkvserver_client(&s);
+	CHECK_RC(hkv_set(c, "abort-dies", 10, "old", 3, NULL), 0);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	h = hkv_key_hash(&r.g, "abort-dies", 10);
+	h += !h;
+	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
+	for (int i = 0; i < 2 && !found; i++) {
+		CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[i] * HKV_BUCKET_SIZE,
+				  HKV_BUCKET_SIZE), 0);
+		for (int j = 0; j < HKV_BUCKET_SLOTS && !found; j++) {
+			memcpy(&slot, r.buf + j * 8, 8);
+			if (slot && hkv_slot_fp(slot) == hkv_fp_of(h)) {
+				blk_off = hkv_slot_off(slot);
+				slot_off = r.g.index_off + b[i] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
+				found = 1;
+			}
+		}
+	}
+	CHECK(found);
+	/* its writer "died" between publishing and committing, 2 s ago */
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, HKV_BLOCK_HDR), 0);
+	memcpy(&bh, r.buf, sizeof(bh));
+	bh.meta = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(bh.meta), hkv_meta_gen(bh.meta));
+	clock_gettime(CLOCK_REALTIME, &ts);
+	bh.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u) - 2000;
+	memcpy(r.buf, &bh, sizeof(bh));
+	CHECK_RC(raw_xfer(&r, HKV_WR_WRITE, blk_off, HKV_BLOCK_HDR), 0);
+
+	abort_victim = c2;
+	hkv_test_hook = die_at_abort;
+	ret = hkv_add(c2, "abort-dies", 10, "new", 3, NULL);
+	hkv_test_hook = NULL;
+	CHECK(ret < 0);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, slot_off, 8), 0);
+	memcpy(&h, r.buf, 8);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, 8), 0);
+	memcpy(&meta, r.buf, 8);
+	CHECK_RC(raw_block_freed(&r, blk_off, hkv_meta_class(meta), &freed), 0);
+	printf("# aborter died after its meta CAS (%s): slot %s, block %s, free bit %s\n",
+	       hkv_strerror(ret), h == slot ? "still names the block" : "changed",
+	       hkv_meta_state(meta) == HKV_BLK_OBSOLETE && (meta & HKV_META_ABORTED) ? "aborted"
+										     : "not aborted",
+	       freed ? "SET (freed while named)" : "clear");
+	CHECK(h == slot);
+	CHECK(hkv_meta_state(meta) == HKV_BLK_OBSOLETE && (meta & HKV_META_ABORTED));
+	CHECK(freed == 0);
+
+	c3 = hkvserver_client(&s);
+	CHECK_RC(hkv_add(c3, "abort-dies", 10, "new", 3, NULL), 0);
+	CHECK_RC(hkv_get(c, "abort-dies", 10, buf, sizeof(buf), &vlen, NULL), 0);
+	CHECK(vlen == 3 && !memcmp(buf, "new", 3));
+	CHECK_RC(hkv_delete(c3, "abort-dies", 10), 0);
+	sleep_ms(1100); /* past the lease: the next insert takes the stuck slot back */
+	CHECK_RC(hkv_add(c3, "abort-dies", 10, "again", 5, NULL), 0);
+	CHECK_RC(hkv_add(c3, "abort-dies", 10, "twice", 5, NULL), HKV_EEXISTS);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, slot_off, 8), 0);
+	memcpy(&h, r.buf, 8);
+	CHECK_RC(raw_block_freed(&r, blk_off, hkv_meta_class(meta), &freed), 0);
+	printf("# later inserts of the key: the stuck slot %s; the aborted block stays unfreed "
+	       "(%s)\n", h != slot ? "was taken back" : "is still there",
+	       freed ? "freed" : "lost with its aborter");
+	CHECK(h != slot);
+	CHECK(freed == 0);
+	raw_close(&r);
+	hkv_close(c3);
+	hkv_close(c2);
+	hkv_close(c);
+	hkvserver_stop(&s);
+}
+
 /* ---- test_unpublished_reclaimed ------------------------------------------------------ */
 
 /* Write a block of class cls at off (key, value of vlen 'u' bytes, meta). */
@@ -3407,6 +3527,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_sigkill_writer);
 	RUN_TEST(test_abandoned_insert);
+	RUN_TEST(test_abort_dies);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
 	RUN_TEST(test_netdev_down);
