@@ -229,6 +229,7 @@ enum hkv_test_point {
 	HKV_TP_MODIFY_PUBLISH = 1, /* a read-modify-write between its find and its publish */
 	HKV_TP_STORE_PUBLISH,      /* add/replace/cas/set between the cold find and the publish */
 	HKV_TP_ABORT_SLOT,         /* aborting a stale insert: meta aborted, slot not yet taken */
+	HKV_TP_FLUSH_METAS,        /* flush_all: a chunk of the index read, its metas not yet */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Memory windows: ask the server (control plane) for rights to segment seg

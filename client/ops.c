@@ -1970,6 +1970,7 @@ static int flush_all(struct hkv_client *c)
 
 		if ((ret = read_index_chunk(c, first, slots, &chunk)))
 			return op_end(c, &sc, ret);
+		test_point(c, HKV_TP_FLUSH_METAS);
 		for (int i = 0, batch = 0, stalls = 0; i < chunk;) {
 			uint64_t seen;
 			int n = 0;
