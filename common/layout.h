@@ -5,7 +5,7 @@
  * 4 KiB aligned; sizes from struct hkv_geometry in the header):
  *
  *   +----------------+ 0
- *   | header 4 KiB   |  magic, layout version, geometry, header checksum
+ *   | header 4 KiB   |  magic, layout version, geometry, hash key, checksum
  *   +----------------+ seg_table_off
  *   | segment table  |  nsegs x 8 B: who owns each segment (one CAS word)
  *   +----------------+ bitmap_off
