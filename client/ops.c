@@ -337,13 +337,13 @@ static int find_warm(struct hkv_client *c, const struct key *k, struct item *it)
  */
 struct retry {
 	uint64_t start, last;
-	int attempt;
+	int attempt, stale;
 };
 
 static void retry_begin(struct retry *r)
 {
 	r->start = r->last = hkv_now_ns();
-	r->attempt = 0;
+	r->attempt = r->stale = 0;
 }
 
 /* Wait before the next attempt; 0 to go on, HKV_EAGAIN when time is up. */
@@ -361,6 +361,19 @@ static int retry_wait(struct hkv_client *c, struct retry *r)
 		;
 	r->attempt++;
 	r->last = hkv_now_ns();
+	return 0;
+}
+
+/*
+ * A view went stale (STALE): this thread was stopped, not beaten by other
+ * writers. Look again at once, and do not count the stall against the
+ * timeout - three times; then as a lost race.
+ */
+static int retry_stale(struct hkv_client *c, struct retry *r)
+{
+	if (r->stale++ >= 3)
+		return retry_wait(c, r);
+	r->start = r->last = hkv_now_ns();
 	return 0;
 }
 
@@ -484,7 +497,7 @@ static int find_cold(struct hkv_client *c, const struct key *k, struct item *it,
 				cand[ncand++] = p;
 		ret = check_candidates(c, k, it, v, cand, ncand, torn, &ntorn, &too_big);
 		if (ret == STALE) { /* stalled between the two READs: look again */
-			if (retry_wait(c, &rt))
+			if (retry_stale(c, &rt))
 				return HKV_EAGAIN;
 			continue;
 		}
@@ -1483,7 +1496,7 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	while (ret > 0) {
 		if (ret == CONFLICT || ret == YIELDED || ret == STALE) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
-			if (retry_wait(c, &rt)) {
+			if (ret == STALE ? retry_stale(c, &rt) : retry_wait(c, &rt)) {
 				if (ret == YIELDED)
 					return HKV_EAGAIN; /* our block is already withdrawn and freed */
 				ret = HKV_EAGAIN;
@@ -1550,7 +1563,7 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 			unbuild_block(c, slot);
 		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
-		if (retry_wait(c, &rt))
+		if (ret == STALE ? retry_stale(c, &rt) : retry_wait(c, &rt))
 			return HKV_EAGAIN;
 	}
 }
@@ -1860,7 +1873,7 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	ret = delete_once(c, &k, 1);
 	while (ret == CONFLICT || ret == STALE) {
 		c->stats.op[HKV_OP_DELETE].retries++;
-		if ((ret = retry_wait(c, &rt)))
+		if ((ret = ret == STALE ? retry_stale(c, &rt) : retry_wait(c, &rt)))
 			break;
 		ret = delete_once(c, &k, 0);
 	}
