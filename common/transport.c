@@ -62,8 +62,10 @@ void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hel
 		acc->status = l->on_connect(l->arg, hello->data, hello->len, &info);
 	if (info.reply_len > HKV_REPLY_MAX)
 		acc->status = -EOVERFLOW;
-	if (acc->status)
-		info.reply_len = 0;
+	if (acc->status) { /* a refusal says nothing but why: no address, no key */
+		acc->len = 0;
+		return;
+	}
 	acc->len = (uint16_t)info.reply_len;
 	acc->region = l->region;
 	acc->region.access = info.access | (l->region.access & HKV_ACCESS_WINDOWS);

@@ -38,7 +38,7 @@ static_assert(sizeof(struct hkv_hello_msg) == 56, "hello must fit rdma_cm REQ pr
 
 struct hkv_accept_msg {
 	uint32_t magic;
-	int32_t status;
+	int32_t status; /* a refusal (status < 0) is these 8 bytes alone */
 	struct hkv_region_desc region;
 	uint16_t len;
 	uint16_t pad;
@@ -72,7 +72,13 @@ struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_
 struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg);
 struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cfg);
 
-/* Fill an accept message by asking the listener's on_connect callback. */
+/* Bytes of an accept message on the wire: a refusal carries only magic and status. */
+#define HKV_REFUSAL_LEN offsetof(struct hkv_accept_msg, region)
+
+/* Fill an accept message by asking the listener's on_connect callback. On
+ * refusal only magic and status are set (the rest zero). When it returns
+ * status 0 the connection is admitted (on_connect counted it): a listener
+ * that then fails to accept it must call hkv_listener_gone(). */
 void hkv_listener_answer(struct hkv_listener *l, const struct hkv_hello_msg *hello, size_t len,
 			 struct hkv_accept_msg *acc, uint32_t *access, uint64_t *cookie);
 /* Tell the owner an accepted connection is gone. */

@@ -235,11 +235,15 @@ static int shm_recv_accept(int sock, int timeout_ms, struct hkv_accept_msg *acc,
 	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
 			memcpy(fd, CMSG_DATA(cm), sizeof(int));
+	if ((size_t)n >= HKV_REFUSAL_LEN && acc->magic == HKV_CONN_MAGIC && acc->status < 0) {
+		memset((char *)acc + n, 0, sizeof(*acc) - (size_t)n);
+		return acc->status; /* refused: nothing else came */
+	}
 	if ((size_t)n < offsetof(struct hkv_accept_msg, data) || acc->magic != HKV_CONN_MAGIC ||
 	    acc->len > HKV_REPLY_MAX || (size_t)n < offsetof(struct hkv_accept_msg, data) + acc->len)
 		return HKV_EPROTO;
 	if (acc->status)
-		return acc->status;
+		return HKV_EPROTO;
 	return *fd < 0 ? HKV_EPROTO : 0;
 }
 
@@ -394,7 +398,8 @@ static int shm_send_accept(int fd, const struct hkv_accept_msg *acc, int region_
 {
 	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
 	struct iovec iov = {.iov_base = (void *)acc,
-			    .iov_len = offsetof(struct hkv_accept_msg, data) + acc->len};
+			    .iov_len = acc->status ? HKV_REFUSAL_LEN
+						   : offsetof(struct hkv_accept_msg, data) + acc->len};
 	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
 	struct cmsghdr *cm;
 
@@ -415,7 +420,7 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 	struct hkv_hello_msg hello;
 	struct hkv_accept_msg acc;
 	uint32_t access;
-	int rfd = -1;
+	int rfd = -1, admitted;
 	ssize_t n;
 
 	n = recv(fd, &hello, sizeof(hello), 0);
@@ -426,11 +431,14 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 		return;
 	}
 	hkv_listener_answer(&sl->base, &hello, (size_t)n, &acc, &access, &sl->clients[fd].cookie);
+	admitted = !acc.status;
 	if (!acc.status && (rfd = shm_fd_for(sl, access)) < 0)
 		acc.status = -errno;
 	if (shm_send_accept(fd, &acc, acc.status ? -1 : rfd) || acc.status) {
 		if (acc.status)
 			hkv_warn("shm: refused a client: %s", hkv_strerror(acc.status));
+		if (admitted) /* counted by on_connect, never connected: its place back */
+			hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
 		shm_drop_client(sl, fd);
 	} else {
 		sl->clients[fd].accepted = 1;

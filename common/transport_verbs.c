@@ -149,6 +149,12 @@ static int cm_expect(struct rdma_event_channel *ec, int timeout_ms, enum rdma_cm
 	} else if (ev->event == RDMA_CM_EVENT_REJECTED) {
 		const struct hkv_accept_msg *rej = ev->param.conn.private_data;
 
+		plen = ev->param.conn.private_data_len;
+		if (acc) { /* what came with the refusal, as it came (for diagnostics) */
+			memset(acc, 0, sizeof(*acc));
+			if (rej)
+				memcpy(acc, rej, plen < sizeof(*acc) ? plen : sizeof(*acc));
+		}
 		ret = -ECONNREFUSED;
 		if (rej && ev->param.conn.private_data_len >= 8 && rej->magic == HKV_CONN_MAGIC &&
 		    rej->status < 0)
@@ -533,10 +539,17 @@ static void verbs_child_forget(struct verbs_listener *vl, struct rdma_cm_id *id)
 	}
 }
 
-static void verbs_l_reject(struct rdma_cm_id *id, const struct hkv_accept_msg *acc)
+/* Refuse a connect request with nothing but the status. If the listener
+ * had admitted it (on_connect counted it), its place is given back. */
+static void verbs_l_reject(struct verbs_listener *vl, struct rdma_cm_id *id,
+			   const struct hkv_accept_msg *acc, int admitted, uint64_t cookie)
 {
+	struct hkv_accept_msg no = {.magic = HKV_CONN_MAGIC, .status = acc->status};
+
 	hkv_warn("verbs: refused a client: %s", hkv_strerror(acc->status));
-	rdma_reject(id, acc, offsetof(struct hkv_accept_msg, data));
+	rdma_reject(id, &no, HKV_REFUSAL_LEN);
+	if (admitted)
+		hkv_listener_gone(&vl->base, cookie);
 }
 
 /* CONNECT_REQUEST: returns the child to keep, or NULL when rejected. */
@@ -555,15 +568,17 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	uint64_t cookie = 0;
 	uint32_t access;
 	uint8_t ack_tmo = VERBS_KEEPALIVE_ACK_TIMEOUT;
+	int admitted;
 
 	hkv_listener_answer(&vl->base, ev->param.conn.private_data,
 			    ev->param.conn.private_data_len, &acc, &access, &cookie);
+	admitted = !acc.status;
 	if (!acc.status && ev->id->verbs != vl->ctx)
 		acc.status = HKV_ENODEV;
 	if (!acc.status && !vl->wmr && !(mr = verbs_l_mr(vl, access)))
 		acc.status = -ENOMEM;
 	if (acc.status) {
-		verbs_l_reject(ev->id, &acc);
+		verbs_l_reject(vl, ev->id, &acc, admitted, cookie);
 		return NULL;
 	}
 	acc.region.rkey = vl->wmr ? 0 : mr->rkey; /* windows: rights come by grant */
@@ -571,7 +586,7 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 	if (!ch || rdma_create_qp(ev->id, vl->pd, &qa)) {
 		hkv_free(ch);
 		acc.status = -ENOMEM;
-		verbs_l_reject(ev->id, &acc);
+		verbs_l_reject(vl, ev->id, &acc, admitted, cookie);
 		return NULL;
 	}
 	ch->id = ev->id;
@@ -592,6 +607,7 @@ static struct verbs_child *verbs_l_request(struct verbs_listener *vl, struct rdm
 		hkv_warn("verbs: rdma_accept: %s", strerror(errno));
 		rdma_destroy_qp(ev->id);
 		hkv_free(ch);
+		hkv_listener_gone(&vl->base, cookie); /* admitted, never connected */
 		return NULL;
 	}
 	ch->next = vl->children;

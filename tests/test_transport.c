@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/transport.h"
+#include "common/transport_int.h"
 #include "tests/hkv_test.h"
 #include "tests/support/rawserve.h"
 
@@ -297,6 +298,8 @@ static void test_remote_errors(void)
 
 static void test_rejected_hello(void)
 {
+	static const uint8_t zero[sizeof(struct hkv_accept_msg)];
+	struct hkv_accept_msg acc;
 	struct hkv_conn_cfg cfg;
 	struct hkv_conn *c;
 
@@ -306,6 +309,20 @@ static void test_rejected_hello(void)
 	c = hkv_conn_open(&cfg, NULL, NULL);
 	CHECK(c == NULL);
 	CHECK(-errno == HKV_EAUTH);
+	/* the refusal carries its status and nothing else: no region address,
+	 * length or rkey for a peer that did not authenticate (issue 12) */
+	memset(&acc, 0xa5, sizeof(acc));
+	cfg.timeout_ms = 5000;
+	cfg.sq_depth = 16;
+	c = kind == HKV_TRANSPORT_SHM ? hkv_shm_conn_open(&cfg, &acc)
+				      : hkv_verbs_conn_open(&cfg, &acc);
+	CHECK(c == NULL);
+	printf("# refusal: magic %08x status %d, region base %llx length %llu rkey %u\n",
+	       acc.magic, acc.status, (unsigned long long)acc.region.base,
+	       (unsigned long long)acc.region.length, acc.region.rkey);
+	CHECK(acc.magic == HKV_CONN_MAGIC && acc.status == HKV_EAUTH);
+	CHECK(!memcmp((const uint8_t *)&acc + HKV_REFUSAL_LEN, zero,
+		      sizeof(acc) - HKV_REFUSAL_LEN));
 	cfg.hello_len = HKV_HELLO_MAX + 1;
 	c = hkv_conn_open(&cfg, NULL, NULL);
 	CHECK(c == NULL && errno == EINVAL);
