@@ -146,12 +146,21 @@ static int ctl_request(const struct endpoint *ep, uint16_t type, const void *bod
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
 				.type = type, .len = len};
 	char msg[HKV_CTL_BODY_MAX + 1];
+	uint8_t req[sizeof(h) + HKV_CTL_BODY_MAX];
 	int fd = ctl_socket(ep, timeout_ms), ret;
 
 	if (fd < 0)
 		return fd;
-	if (write(fd, &h, sizeof(h)) != sizeof(h) || write(fd, body, len) != (ssize_t)len) {
-		ret = -errno;
+	if (len > HKV_CTL_BODY_MAX) {
+		ret = -EINVAL;
+		goto out;
+	}
+	/* one send, and never SIGPIPE: a server that went away mid-request is an
+	 * error for this call, not a signal that kills the application */
+	memcpy(req, &h, sizeof(h));
+	memcpy(req + sizeof(h), body, len);
+	if (send(fd, req, sizeof(h) + len, MSG_NOSIGNAL) != (ssize_t)(sizeof(h) + len)) {
+		ret = errno == EPIPE || errno == ECONNRESET ? HKV_EDISCONNECTED : -errno;
 		goto out;
 	}
 	ret = read_full(fd, &h, sizeof(h), timeout_ms);

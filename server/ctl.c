@@ -44,6 +44,7 @@ struct ctl_source {
 	uint64_t key;      /* 0 = empty entry */
 	uint64_t stamp_ns; /* when level was last brought up to date */
 	uint64_t level;    /* thousandths of a token */
+	uint32_t conns;    /* connections of this source open now */
 };
 
 struct hkv_ctl {
@@ -55,11 +56,14 @@ struct hkv_ctl {
 	struct ctl_source sources[CTL_RATE_SOURCES];
 	uint64_t limited_log_ns; /* last "rate limited" log line */
 	uint64_t limited_quiet;  /* refusals not logged since */
+	uint64_t cap_log_ns, late_log_ns; /* last "too many" / "too slow" log lines */
+	uint64_t cap_quiet, late_quiet;
 };
 
 struct ctl_conn {
 	struct hkv_ctl *ctl;
 	struct bufferevent *bev;
+	struct event *deadline; /* the whole request must be in by then */
 	uint64_t source; /* rate-limit key of the peer */
 	int closing;
 };
@@ -100,8 +104,11 @@ static struct ctl_source *source_get(struct hkv_ctl *ctl, uint64_t key)
 		s = &ctl->sources[(h + (uint64_t)i) & (CTL_RATE_SOURCES - 1)];
 		if (s->key == key)
 			goto refill;
-		if (!victim || s->stamp_ns < victim->stamp_ns)
-			victim = s; /* empty entries have stamp 0 */
+		/* empty entries have stamp 0; one with connections open is kept
+		 * unless all are (its count would be lost) */
+		if (!victim || (victim->conns && !s->conns) ||
+		    (!victim->conns == !s->conns && s->stamp_ns < victim->stamp_ns))
+			victim = s;
 	}
 	/* forgetting the stalest entry forgives at most a bucket's worth */
 	s = victim;
@@ -130,9 +137,29 @@ static void source_charge(struct ctl_conn *cc)
 
 static void conn_free(struct ctl_conn *cc)
 {
+	struct ctl_source *s = source_get(cc->ctl, cc->source);
+
+	s->conns -= s->conns > 0;
 	cc->ctl->nconns--;
+	if (cc->deadline)
+		event_free(cc->deadline);
 	bufferevent_free(cc->bev);
 	hkv_free(cc);
+}
+
+/* A log line a peer can make repeat: at most one a second, with a count. */
+static void log_limited(uint64_t *last_ns, uint64_t *quiet, const char *what)
+{
+	uint64_t now = now_ns();
+
+	if (now - *last_ns < 1000000000ull) {
+		(*quiet)++;
+		return;
+	}
+	hkv_warn("ctl: %s (and %llu more since the last such line)", what,
+		 (unsigned long long)*quiet);
+	*last_ns = now;
+	*quiet = 0;
 }
 
 static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *body, uint32_t len)
@@ -268,21 +295,41 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct ctl_conn *cc = arg;
 
-	if (what & BEV_EVENT_TIMEOUT)
-		hkv_warn("ctl: client sent an incomplete request within the timeout; dropped");
+	if (what & BEV_EVENT_TIMEOUT) /* a reply the peer would not take in 5 s */
+		log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
+			    "a client did not read its reply within the timeout; dropped");
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
 		conn_free(cc);
+}
+
+/* The deadline: a request not whole HKV_CTL_DEADLINE_S after the accept,
+ * however its bytes trickled in, is dropped and charged to its source. */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct ctl_conn *cc = arg;
+
+	if (cc->closing)
+		return; /* answered: the write side has its own timeout */
+	source_charge(cc);
+	log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
+		    "a client did not send a whole request within 5 s; dropped");
+	conn_free(cc);
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
 		      int salen, void *arg)
 {
 	struct hkv_ctl *ctl = arg;
-	struct timeval tmo = {5, 0};
+	struct timeval tmo = {HKV_CTL_DEADLINE_S, 0};
+	uint64_t source = source_key(fd, sa);
+	struct ctl_source *src = source_get(ctl, source);
 	struct ctl_conn *cc;
 
-	if (ctl->nconns >= HKV_CTL_MAX_CONNS) {
-		hkv_warn("ctl: %d control connections open; refusing more", ctl->nconns);
+	if (ctl->nconns >= HKV_CTL_MAX_CONNS || src->conns >= HKV_CTL_MAX_PER_SOURCE) {
+		log_limited(&ctl->cap_log_ns, &ctl->cap_quiet,
+			    ctl->nconns >= HKV_CTL_MAX_CONNS
+				    ? "256 control connections open; refusing more"
+				    : "a source holds 128 control connections; refusing its next");
 		evutil_closesocket(fd);
 		return;
 	}
@@ -292,16 +339,23 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		return;
 	}
 	cc->ctl = ctl;
-	cc->source = source_key(fd, sa);
+	cc->source = source;
 	cc->bev = bufferevent_socket_new(evconnlistener_get_base(l), fd, BEV_OPT_CLOSE_ON_FREE);
-	if (!cc->bev) {
-		evutil_closesocket(fd);
+	cc->deadline = evtimer_new(evconnlistener_get_base(l), on_deadline, cc);
+	if (!cc->bev || !cc->deadline || evtimer_add(cc->deadline, &tmo)) {
+		if (cc->bev)
+			bufferevent_free(cc->bev);
+		else
+			evutil_closesocket(fd);
+		if (cc->deadline)
+			event_free(cc->deadline);
 		hkv_free(cc);
 		return;
 	}
 	ctl->nconns++;
+	src->conns++;
 	bufferevent_setcb(cc->bev, on_read, on_write, on_event, cc);
-	bufferevent_set_timeouts(cc->bev, &tmo, &tmo);
+	bufferevent_set_timeouts(cc->bev, NULL, &tmo);
 	bufferevent_setwatermark(cc->bev, EV_READ, 0, HKV_CTL_REQ_MAX);
 	bufferevent_enable(cc->bev, EV_READ | EV_WRITE);
 }

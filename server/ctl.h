@@ -4,11 +4,14 @@
  * token, whose clients get rights to RDMA Read only) in constant time,
  * answers WELCOME (client id, one-time ticket, data endpoint) or ERROR, and
  * closes. With memory windows it also answers a connected client's GRANT
- * (hkv_store_grant) with GRANTED or ERROR. Bounded: at most HKV_CTL_MAX_CONNS at once, a request of at most
- * header + HKV_TOKEN_MAX bytes (nothing more is ever buffered), 5 s to send
- * it, and per source (IP, or peer uid on the unix socket) 20 refused
- * requests a second (burst 40) before it is answered "rate limited"; anything
- * else is refused and logged, and the server keeps serving.
+ * (hkv_store_grant) with GRANTED or ERROR. Bounded: at most HKV_CTL_MAX_CONNS at
+ * once and HKV_CTL_MAX_PER_SOURCE of them from one source (IP, or peer uid on
+ * the unix socket), a request of at most header + HKV_TOKEN_MAX bytes
+ * (nothing more is ever buffered), 5 s from the accept to send all of it
+ * (a deadline, not an idle timeout: a byte now and then does not extend it;
+ * one that misses it counts as a refused request), and per source 20
+ * refused requests a second (burst 40) before it is answered "rate limited";
+ * anything else is refused and logged, and the server keeps serving.
  */
 #ifndef HKV_SERVER_CTL_H
 #define HKV_SERVER_CTL_H
@@ -17,7 +20,9 @@
 
 #include "server/store.h"
 
-#define HKV_CTL_MAX_CONNS 256
+#define HKV_CTL_MAX_CONNS      256
+#define HKV_CTL_MAX_PER_SOURCE 128 /* one source never holds more than half */
+#define HKV_CTL_DEADLINE_S     5
 
 struct hkv_ctl;
 

@@ -13,9 +13,16 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -294,13 +301,14 @@ static void test_idle_flood(void)
 	for (int i = 0; i < FLOOD_CONNS; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
-	printf("# %d connections: %d closed at once, %d dropped by the timeout; server RSS "
-	       "%ld -> %ld KiB\n",
+	printf("# %d connections from one source: %d closed at once, %d dropped by the deadline; "
+	       "server RSS %ld -> %ld KiB\n",
 	       nopen, beyond, dropped, rss0, rss1);
 	CHECK(nopen == FLOOD_CONNS);
-	CHECK(beyond == FLOOD_CONNS - HKV_CTL_MAX_CONNS);
-	CHECK(dropped == HKV_CTL_MAX_CONNS - 50);
+	CHECK(beyond == FLOOD_CONNS - HKV_CTL_MAX_PER_SOURCE);
+	CHECK(dropped == HKV_CTL_MAX_PER_SOURCE - 50);
 	CHECK(rss0 > 0 && rss1 - rss0 < 8192);
+	usleep(2100 * 1000); /* its misses were charged to the source: let it refill */
 	still_serving();
 }
 
@@ -363,6 +371,149 @@ static void test_rate_limit(void)
 	still_serving();
 }
 
+/*
+ * Slowloris (issue 12, item 4): 256 connections from one source, each
+ * sending one more header byte every second. Before, each byte reset a 5 s
+ * idle timeout, so they held every place and locked real clients and GRANTs
+ * out. Now one source holds at most HKV_CTL_MAX_PER_SOURCE and each must
+ * send its whole request within 5 s of the accept. On shm (run as root) the
+ * attacker is another uid - another source - and a real client gets in
+ * during the attack; elsewhere the attacker shares the test's source.
+ */
+static void test_slowloris(void)
+{
+	static const uint8_t hdr[sizeof(struct hkv_ctl_hdr)] = {0x48};
+	int other = !srv.verbs && getuid() == 0, p[2], rep[2] = {-1, -1}, status, ret = 0;
+	struct hkv_config *cfg = hkvserver_config(&srv);
+	struct hkv_client *c = NULL;
+	pid_t pid;
+
+	CHECK(!pipe(p));
+	if (other) { /* let uid 65534 reach the socket */
+		char path[300];
+
+		snprintf(path, sizeof(path), "%s/ctl.sock", srv.dir);
+		CHECK(!chmod(srv.dir, 0755) && !chmod(path, 0777));
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		static int fds[HKV_CTL_MAX_CONNS], seen[HKV_CTL_MAX_CONNS];
+		int r[2] = {0, 0};
+
+		close(p[0]);
+		if (other && (setgid(65534) || setuid(65534)))
+			_exit(2);
+		for (int i = 0; i < HKV_CTL_MAX_CONNS; i++)
+			fds[i] = ctl_connect();
+		r[0] = count_closed(fds, seen, HKV_CTL_MAX_CONNS, 500); /* refused at once */
+		if (write(p[1], &r[0], sizeof(r[0])) != sizeof(r[0]))
+			_exit(3);
+		for (int sec = 0; sec < 7; sec++) { /* a byte a second, past the deadline */
+			for (int i = 0; i < HKV_CTL_MAX_CONNS; i++)
+				if (fds[i] >= 0 && !seen[i] && (size_t)sec < sizeof(hdr) &&
+				    send(fds[i], &hdr[sec], 1, MSG_NOSIGNAL) != 1)
+					seen[i] = 1;
+			usleep(1000 * 1000);
+		}
+		count_closed(fds, seen, HKV_CTL_MAX_CONNS, 100);
+		for (int i = 0; i < HKV_CTL_MAX_CONNS; i++)
+			r[1] += fds[i] >= 0 && !seen[i];
+		_exit(write(p[1], r, sizeof(r)) == sizeof(r) ? 0 : 3);
+	}
+	close(p[1]);
+	CHECK(pid > 0 && read(p[0], &rep[0], sizeof(rep[0])) == sizeof(rep[0]));
+	if (other) {
+		ret = hkv_open(cfg, &c);
+		if (c)
+			hkv_close(c);
+	}
+	CHECK(read(p[0], rep, sizeof(rep)) == sizeof(rep));
+	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && !WEXITSTATUS(status));
+	close(p[0]);
+	printf("# slowloris from %s: %d of %d connections refused at once; a real client of "
+	       "another source meanwhile: %s; after 7 s of a byte a second %d still open "
+	       "(deadline %d s)\n", other ? "uid 65534" : "the test's own source", rep[0],
+	       HKV_CTL_MAX_CONNS, other ? (ret ? hkv_strerror(ret) : "connects") : "(not tried)",
+	       rep[1], HKV_CTL_DEADLINE_S);
+	CHECK_RC(ret, 0);
+	CHECK(rep[0] == HKV_CTL_MAX_CONNS - HKV_CTL_MAX_PER_SOURCE);
+	CHECK(rep[1] == 0);
+	hkv_config_free(cfg);
+	usleep(2100 * 1000); /* 128 misses were charged to that source: let it refill */
+	still_serving();
+}
+
+static atomic_int closer_stop;
+
+/* A control server that closes every connection as soon as it comes: it
+ * spins on accept, so the close often lands before the client's write. */
+static void *closer(void *arg)
+{
+	int lfd = *(int *)arg;
+
+	while (!atomic_load(&closer_stop)) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK);
+
+		if (fd >= 0)
+			close(fd);
+	}
+	return NULL;
+}
+
+/*
+ * The library never raises SIGPIPE (issue 12, item 4): an application that
+ * keeps SIGPIPE's default action opens handles against a server that hangs
+ * up at once, 300 times; it must get errors, and live.
+ */
+static void test_no_sigpipe(void)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	char path[64], uri[80];
+	pthread_t t;
+	pid_t pid;
+	int lfd, status = -1;
+
+	snprintf(path, sizeof(path), "/tmp/hkv-closer-%d.sock", (int)getpid());
+	snprintf(uri, sizeof(uri), "shm:%s", path);
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	unlink(path);
+	lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(lfd >= 0 && !bind(lfd, (struct sockaddr *)&sun, sizeof(sun)) && !listen(lfd, 64));
+	CHECK(!fcntl(lfd, F_SETFL, O_NONBLOCK));
+	atomic_store(&closer_stop, 0);
+	CHECK(!pthread_create(&t, NULL, closer, &lfd));
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		struct hkv_config *cfg = hkv_config_new();
+		char token[200];
+		int errors = 0;
+
+		signal(SIGPIPE, SIG_DFL);
+		memset(token, 't', sizeof(token) - 1);
+		token[sizeof(token) - 1] = 0;
+		hkv_config_add_server(cfg, uri);
+		hkv_config_set_token(cfg, token);
+		hkv_config_set_timeout_ms(cfg, 500);
+		for (int i = 0; i < 300; i++) {
+			struct hkv_client *c;
+
+			errors += hkv_open(cfg, &c) != 0;
+		}
+		_exit(errors == 300 ? 0 : 3);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+	printf("# 300 hkv_open against a server that hangs up at once, SIGPIPE at its default: "
+	       "%s\n", WIFSIGNALED(status) ? strsignal(WTERMSIG(status))
+		       : WEXITSTATUS(status) == 0 ? "300 errors, no signal" : "unexpected");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	atomic_store(&closer_stop, 1);
+	pthread_join(t, NULL);
+	close(lfd);
+	unlink(path);
+}
+
 int main(int argc, char **argv)
 {
 	int verbs = hkvserver_want_verbs(argc, argv);
@@ -377,6 +528,9 @@ int main(int argc, char **argv)
 	RUN_TEST(test_size_limits);
 	RUN_TEST(test_idle_flood);
 	RUN_TEST(test_rate_limit);
+	RUN_TEST(test_slowloris);
+	if (!verbs)
+		RUN_TEST(test_no_sigpipe);
 	hkvserver_stop(&srv);
 	return hkv_test_finish();
 }
