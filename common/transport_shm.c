@@ -32,6 +32,7 @@
 
 #define SHM_CHECK_INTERVAL_NS 1000000ull /* liveness check once per coarse tick (1-4 ms) */
 #define SHM_MAX_CLIENTS       4096
+#define SHM_HELLO_NS          (2000ull * 1000000ull) /* a connection's hello must come by then */
 
 /* ---- client ---------------------------------------------------------------- */
 
@@ -328,6 +329,7 @@ struct shm_client {
 	int fd;
 	int accepted;
 	uint64_t cookie;
+	uint64_t since_ns; /* accepted at: a hello must come within SHM_HELLO_NS */
 };
 
 struct shm_listener {
@@ -336,6 +338,7 @@ struct shm_listener {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct shm_client *clients; /* indexed by fd */
 	int nclients, nconns, max_fd;
+	uint64_t log_ns, log_quiet; /* "out of descriptors" lines: at most one a second */
 };
 
 static int shm_l_fd(const struct hkv_listener *l)
@@ -361,15 +364,53 @@ static void shm_drop_client(struct shm_listener *sl, int fd)
 	close(fd);
 }
 
+/* The connection that has waited longest without a hello, or -1. */
+static int shm_oldest_silent(const struct shm_listener *sl)
+{
+	int best = -1;
+
+	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
+		if (sl->clients[fd].fd >= 0 && !sl->clients[fd].accepted &&
+		    (best < 0 || sl->clients[fd].since_ns < sl->clients[best].since_ns))
+			best = fd;
+	return best;
+}
+
+static void shm_log_limited(struct shm_listener *sl, const char *what)
+{
+	uint64_t now = hkv_now_ns();
+
+	if (now - sl->log_ns < 1000000000ull) {
+		sl->log_quiet++;
+		return;
+	}
+	hkv_warn("shm: %s (and %llu more since the last such line)", what,
+		 (unsigned long long)sl->log_quiet);
+	sl->log_ns = now;
+	sl->log_quiet = 0;
+}
+
 static void shm_accept_one(struct shm_listener *sl)
 {
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
 	int fd = accept4(sl->sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
+	if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+		/* out of descriptors: make room by dropping the connection that
+		 * has been silent longest (a real client says hello at once) */
+		int old = shm_oldest_silent(sl);
+
+		shm_log_limited(sl, "out of file descriptors; dropping the longest silent "
+				    "connection");
+		if (old < 0)
+			return;
+		shm_drop_client(sl, old);
+		fd = accept4(sl->sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	}
 	if (fd < 0)
 		return;
 	if (fd >= SHM_MAX_CLIENTS) {
-		hkv_warn("shm: too many clients, refusing connection");
+		shm_log_limited(sl, "too many clients, refusing connection");
 		close(fd);
 		return;
 	}
@@ -380,7 +421,26 @@ static void shm_accept_one(struct shm_listener *sl)
 	}
 	sl->clients[fd].fd = fd;
 	sl->clients[fd].accepted = 0;
+	sl->clients[fd].since_ns = hkv_now_ns();
 	sl->nclients++;
+}
+
+/* Once a second: connections that sent no hello within SHM_HELLO_NS go. */
+static int shm_l_tick(struct hkv_listener *l)
+{
+	struct shm_listener *sl = container_of(l, struct shm_listener, base);
+	uint64_t now = hkv_now_ns();
+	int dropped = 0;
+
+	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
+		if (sl->clients[fd].fd >= 0 && !sl->clients[fd].accepted &&
+		    now - sl->clients[fd].since_ns > SHM_HELLO_NS) {
+			shm_drop_client(sl, fd);
+			dropped++;
+		}
+	if (dropped)
+		shm_log_limited(sl, "dropped connections that sent no hello within 2 s");
+	return 0;
 }
 
 /* The fd a client gets: the memfd itself, or a read-only reopen of it. */
@@ -486,6 +546,7 @@ static const struct hkv_listener_ops shm_listener_ops = {
 	.dispatch = shm_l_dispatch,
 	.nconns = shm_l_nconns,
 	.destroy = shm_l_destroy,
+	.tick = shm_l_tick,
 };
 
 struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)

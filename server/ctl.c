@@ -58,6 +58,8 @@ struct hkv_ctl {
 	uint64_t limited_quiet;  /* refusals not logged since */
 	uint64_t cap_log_ns, late_log_ns; /* last "too many" / "too slow" log lines */
 	uint64_t cap_quiet, late_quiet;
+	uint64_t err_log_ns, err_quiet; /* accept errors (out of descriptors) */
+	struct event *resume; /* re-enables the listener after an accept error */
 };
 
 struct ctl_conn {
@@ -395,6 +397,26 @@ static struct evconnlistener *listen_tcp(struct event_base *base, struct hkv_ctl
 	return l;
 }
 
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(((struct hkv_ctl *)arg)->listener);
+}
+
+/* accept() failed (out of descriptors, say): log it at most once a second
+ * and pause accepting for 100 ms instead of spinning on a readable socket. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+	struct hkv_ctl *ctl = arg;
+	struct timeval pause = {0, 100000};
+	char what[96];
+
+	snprintf(what, sizeof(what), "accept: %s; pausing 100 ms",
+		 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+	log_limited(&ctl->err_log_ns, &ctl->err_quiet, what);
+	evconnlistener_disable(l);
+	evtimer_add(ctl->resume, &pause);
+}
+
 struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,
 			       const struct hkv_ctl_opts *o)
 {
@@ -405,13 +427,17 @@ struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,
 	ctl->store = store;
 	ctl->o = *o;
 	ctl->listener = o->kind == HKV_TRANSPORT_SHM ? listen_unix(base, ctl) : listen_tcp(base, ctl);
-	if (!ctl->listener) {
-		int err = errno;
+	ctl->resume = ctl->listener ? evtimer_new(base, on_resume, ctl) : NULL;
+	if (!ctl->resume) {
+		int err = errno ? errno : ENOMEM;
 
+		if (ctl->listener)
+			evconnlistener_free(ctl->listener);
 		hkv_free(ctl);
 		errno = err;
 		return NULL;
 	}
+	evconnlistener_set_error_cb(ctl->listener, on_accept_error);
 	return ctl;
 }
 
@@ -420,6 +446,7 @@ void hkv_ctl_destroy(struct hkv_ctl *ctl)
 	if (!ctl)
 		return;
 	evconnlistener_free(ctl->listener);
+	event_free(ctl->resume);
 	if (ctl->path[0])
 		unlink(ctl->path);
 	hkv_free(ctl);
