@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/token.h"
 
 #define HUGE_2M (2u << 20)
 
@@ -20,11 +21,25 @@ static void *region_map(int fd, size_t length)
 	return p == MAP_FAILED ? NULL : p;
 }
 
+/*
+ * A memfd region goes to shm clients (SCM_RIGHTS, or a read-only reopen of
+ * it): its size is sealed, so no client can shrink it under the server
+ * (SIGBUS, every item lost) or grow it, and its mode is 0600, so a client of
+ * another uid cannot reopen it through /proc/<pid>/fd with more rights than
+ * it was handed. (A client of the server's own uid can: docs/reliability.md.)
+ */
+static int region_seal(int fd)
+{
+	if (fchmod(fd, 0600) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
+		return -errno;
+	return 0;
+}
+
 /* hugetlb pages only when the system has enough reserved; else fail quietly. */
 static int region_try_hugetlb(struct hkv_region *r, size_t length)
 {
 	size_t len2m = (length + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
-	int fd = memfd_create("hatchkv-region", MFD_CLOEXEC | MFD_HUGETLB);
+	int fd = memfd_create("hatchkv-region", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING);
 
 	if (fd < 0)
 		return -1;
@@ -32,7 +47,10 @@ static int region_try_hugetlb(struct hkv_region *r, size_t length)
 		r->length = len2m;
 		r->fd = fd;
 		r->hugetlb = 1;
-		return 0;
+		if (region_seal(fd) == 0)
+			return 0;
+		munmap(r->base, len2m);
+		r->base = NULL;
 	}
 	close(fd);
 	return -1;
@@ -50,10 +68,17 @@ int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int
 		*existed = 0;
 	if (!path && region_try_hugetlb(r, length) == 0)
 		goto done;
-	fd = path ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)
-		  : memfd_create("hatchkv-region", MFD_CLOEXEC);
-	if (fd < 0)
+	fd = path ? open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)
+		  : memfd_create("hatchkv-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		if (path && errno == ELOOP)
+			hkv_err("memory file %s is a symbolic link; refusing it", path);
 		return -errno;
+	}
+	if (path && (err = hkv_secret_file_ok(fd, path, "memory file"))) {
+		close(fd);
+		return err;
+	}
 	if (path && fstat(fd, &st) == 0 && st.st_size > 0) {
 		length = (size_t)st.st_size; /* an existing region keeps its size and bytes */
 		if (existed)
@@ -71,6 +96,10 @@ int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int
 	madvise(r->base, length, MADV_HUGEPAGE);
 	r->length = length;
 	r->fd = fd;
+	if (!path && (err = region_seal(fd))) {
+		hkv_region_destroy(r);
+		return err;
+	}
 done:
 	hkv_debug("region: %zu bytes, %s%s", r->length, path ? path : "memfd",
 		  r->hugetlb ? " (hugetlb)" : "");

@@ -45,6 +45,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1889,6 +1890,272 @@ static void test_fd_exhaustion(void)
 	hkvserver_stop(&s);
 }
 
+/* ---- test_secret_files, test_shm_region_rights ---------------------------------------- */
+
+/*
+ * Run hatchkv-server (shm, in dir) with the extra arguments; 1 if it refused
+ * to start (exited non-zero within 5 s), 0 if it came up (then stopped), -1
+ * on a harness failure. Its log is dir/server.log.
+ */
+static int server_refuses(const char *dir, const char *const *extra)
+{
+	char bin[4096], sock[300], log[300];
+	const char *argv[24];
+	ssize_t n = readlink("/proc/self/exe", bin, sizeof(bin) - 32);
+	int argc = 0, status;
+	pid_t pid;
+
+	if (n <= 0)
+		return -1;
+	bin[n] = 0;
+	strcpy(strrchr(bin, '/'), "/hatchkv-server");
+	snprintf(sock, sizeof(sock), "%s/ctl.sock", dir);
+	snprintf(log, sizeof(log), "%s/server.log", dir);
+	argv[argc++] = bin;
+	argv[argc++] = "--transport";
+	argv[argc++] = "shm";
+	argv[argc++] = "--socket";
+	argv[argc++] = sock;
+	argv[argc++] = "--memory";
+	argv[argc++] = "4M";
+	argv[argc++] = "--segment-size";
+	argv[argc++] = "64K";
+	for (int i = 0; extra[i] && argc < 22; i++)
+		argv[argc++] = extra[i];
+	argv[argc] = NULL;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+
+		dup2(fd, 2);
+		dup2(fd, 1);
+		execv(bin, (char **)argv);
+		_exit(127);
+	}
+	for (int i = 0; i < 50; i++) {
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return WIFEXITED(status) && WEXITSTATUS(status) != 0 ? 1 : -1;
+		sleep_ms(100);
+	}
+	kill(pid, SIGTERM);
+	waitpid(pid, &status, 0);
+	return 0;
+}
+
+static int file_has(const char *path, const char *what)
+{
+	char line[512];
+	int found = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		found |= strstr(line, what) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+	int fd;
+
+	unlink(path);
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL, mode);
+	if (fd >= 0) {
+		if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+			perror("write");
+		fchmod(fd, mode);
+		close(fd);
+	}
+}
+
+/*
+ * The server's files (issue 12, item 8): a token file or --memory-file that
+ * group or others may use, that another uid owns, or that is a symbolic
+ * link, is refused with a line saying why; a guessable token gets a
+ * warning. Before, each was used without a word.
+ */
+static void test_secret_files(void)
+{
+	char dir[] = "/tmp/hkv-files-XXXXXX", tok[300], good[300], link[300], mem[300], log[300];
+	const char *args[6] = {"--token-file", tok, NULL, NULL, NULL, NULL};
+	int r[7];
+
+	if (use_verbs) {
+		printf("# (shm only)\n");
+		return;
+	}
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(tok, sizeof(tok), "%s/token", dir);
+	snprintf(good, sizeof(good), "%s/good.token", dir);
+	snprintf(link, sizeof(link), "%s/link.token", dir);
+	snprintf(mem, sizeof(mem), "%s/region", dir);
+	snprintf(log, sizeof(log), "%s/server.log", dir);
+	write_file(good, "0f3a9c27d1b84e56a0c2\n", 0600);
+
+	write_file(tok, "0f3a9c27d1b84e56a0c2\n", 0644); /* world-readable */
+	r[0] = server_refuses(dir, args);
+	CHECK(file_has(log, "group or others may use it"));
+	unlink(tok);
+	CHECK(!symlink(good, tok)); /* a symbolic link */
+	r[1] = server_refuses(dir, args);
+	CHECK(file_has(log, "is a symbolic link"));
+	unlink(tok);
+	write_file(tok, "0f3a9c27d1b84e56a0c2\n", 0600);
+	if (getuid() == 0) { /* another uid's */
+		CHECK(!chown(tok, 65534, 65534));
+		r[2] = server_refuses(dir, args);
+		CHECK(file_has(log, "belongs to uid 65534"));
+		CHECK(!chown(tok, 0, 0));
+	} else {
+		r[2] = 1;
+	}
+	args[2] = "--memory-file";
+	args[3] = mem;
+	write_file(mem, "", 0644); /* a region others can read */
+	r[3] = server_refuses(dir, args);
+	unlink(mem);
+	CHECK(!symlink(good, mem));
+	r[4] = server_refuses(dir, args);
+	unlink(mem);
+	args[2] = NULL;
+	write_file(tok, "aaaaaaaaaaaaaaaaaaaaaaaa\n", 0600); /* guessable: a warning */
+	r[5] = server_refuses(dir, args);
+	CHECK(file_has(log, "only 1 distinct characters"));
+	unlink(tok);
+	r[6] = server_refuses(dir, args); /* none yet: made 0600, served */
+	printf("# token 0644 %s, token symlink %s, token of uid 65534 %s, region 0644 %s, region "
+	       "symlink %s, token of one repeated character %s, a fresh token %s\n",
+	       r[0] == 1 ? "refused" : "USED", r[1] == 1 ? "refused" : "USED",
+	       r[2] == 1 ? "refused" : "USED", r[3] == 1 ? "refused" : "USED",
+	       r[4] == 1 ? "refused" : "USED", r[5] == 0 ? "served, with a warning" : "refused",
+	       r[6] == 0 ? "served" : "refused");
+	for (int i = 0; i < 5; i++)
+		CHECK(r[i] == 1);
+	CHECK(r[5] == 0 && r[6] == 0);
+	{
+		char cmd[400];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
+/* Receive the region fd an shm data connection is accepted with. */
+static int shm_region_fd(const char *data_path, const struct hkv_ctl_welcome *w)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct hkv_data_hello dh = {.client_id = w->client_id};
+	struct hkv_conn_cfg cc = {.hello = &dh, .hello_len = sizeof(dh)};
+	struct hkv_hello_msg m;
+	struct hkv_accept_msg acc;
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {.iov_base = &acc, .iov_len = sizeof(acc)};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			     .msg_controllen = sizeof(cbuf)};
+	struct cmsghdr *cm;
+	int sock, fd = -1;
+
+	memcpy(dh.ticket, w->ticket, HKV_TICKET_LEN);
+	hkv_hello_fill(&m, &cc);
+	memcpy(sun.sun_path, data_path, strlen(data_path) + 1);
+	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (sock < 0 || connect(sock, (struct sockaddr *)&sun, sizeof(sun)) ||
+	    send(sock, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m) ||
+	    recvmsg(sock, &msg, 0) <= 0) {
+		if (sock >= 0)
+			close(sock);
+		return -1;
+	}
+	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+			memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	/* the socket stays open: the connection lives on */
+	return fd;
+}
+
+/*
+ * The shm region's rights (issue 12, item 1). A read-only client got a
+ * read-only reopen of the memfd, which it could reopen read-write through
+ * /proc/self/fd (memfd inodes were 0777, unsealed), and any client could
+ * ftruncate it and kill the server with SIGBUS. Now the memfd is 0600 and
+ * sealed against shrinking and growing: a client of another uid cannot
+ * reopen it at all, and nobody can change its size. (A client of the
+ * server's own uid can still reopen it read-write: docs/reliability.md.)
+ */
+static void test_shm_region_rights(void)
+{
+	char ro_file[160], data[300], token[HKV_TOKEN_MAX + 1];
+	const char *extra[] = {"--ro-token-file", ro_file, NULL};
+	struct hkv_ctl_welcome w;
+	struct hkvserver s;
+	struct ctl_ep ep;
+	struct stat st;
+	int fd, rw = -1, trunc_ro, trunc_rw, other = -1, status;
+	char procfd[64];
+	pid_t pid;
+
+	if (use_verbs) {
+		printf("# (shm only)\n");
+		return;
+	}
+	snprintf(ro_file, sizeof(ro_file), "/tmp/hkv-ro-%d.token", (int)getpid());
+	unlink(ro_file);
+	CHECK(hkvserver_start(&s, 0, "4M", "64K", extra) == 0);
+	{
+		struct hkv_client *c = hkvserver_client(&s);
+
+		CHECK_RC(hkv_set(c, "kept", 4, "value", 5, NULL), 0);
+		hkv_close(c);
+	}
+	CHECK_RC(ep_parse(s.uri, &ep), 0);
+	CHECK(hkv_token_load(ro_file, token, sizeof(token), 0) > 0);
+	CHECK_RC(ctl_auth(&ep, token, &w), 0);
+	snprintf(data, sizeof(data), "%.200s.data", s.uri + 4);
+	fd = shm_region_fd(data, &w);
+	CHECK(fd >= 0);
+	CHECK(!fstat(fd, &st));
+	snprintf(procfd, sizeof(procfd), "/proc/self/fd/%d", fd);
+	trunc_ro = ftruncate(fd, 0) ? errno : 0;
+	rw = open(procfd, O_RDWR | O_CLOEXEC); /* our own uid: possible, documented */
+	trunc_rw = rw >= 0 && ftruncate(rw, 4096) ? errno : rw >= 0 ? 0 : -1;
+	if (getuid() == 0) { /* another uid, holding the same read-only fd */
+		fflush(NULL);
+		pid = fork();
+		if (pid == 0) {
+			if (setgid(65534) || setuid(65534))
+				_exit(2);
+			_exit(open(procfd, O_RDWR) >= 0 ? 1 : open(procfd, O_RDONLY) >= 0 ? 3 : 0);
+		}
+		CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+		other = WEXITSTATUS(status);
+	}
+	printf("# shm region: mode %04o; read-only client: ftruncate %s; reopened read-write as "
+	       "the server's uid: %s, then ftruncate %s; as uid 65534: %s\n",
+	       (unsigned)(st.st_mode & 07777), trunc_ro ? strerror(trunc_ro) : "DONE",
+	       rw >= 0 ? "yes" : "no", trunc_rw > 0 ? strerror(trunc_rw) : trunc_rw ? "-" : "DONE",
+	       other < 0 ? "(not root: not tried)" : other == 0 ? "no reopen at all" :
+	       other == 1 ? "REOPENED READ-WRITE" : "reopened read-only");
+	CHECK((st.st_mode & 077) == 0);
+	CHECK(trunc_ro != 0);
+	CHECK(trunc_rw != 0);
+	CHECK(other <= 0);
+	if (rw >= 0)
+		close(rw);
+	close(fd);
+	{
+		struct hkv_client *c = hkvserver_client(&s); /* the server lives, items kept */
+		char buf[16];
+		size_t vlen;
+
+		CHECK_RC(hkv_get(c, "kept", 4, buf, sizeof(buf), &vlen, NULL), 0);
+		hkv_close(c);
+	}
+	hkvserver_stop(&s);
+	unlink(ro_file);
+}
+
 /* ---- test_abort_dies ------------------------------------------------------------------- */
 
 static struct hkv_client *abort_victim;
@@ -3670,6 +3937,8 @@ int main(int argc, char **argv)
 	RUN_TEST(test_abort_dies);
 	RUN_TEST(test_hello_and_go);
 	RUN_TEST(test_fd_exhaustion);
+	RUN_TEST(test_secret_files);
+	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
 	RUN_TEST(test_netdev_down);
