@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 struct endpoint {
 	enum hkv_transport_kind kind;
 	char host[256], port[16], path[108];
+	long trust_uid; /* shm: the server's uid besides ours and root's (the token file's owner) */
 };
 
 /* What a handle needs to connect again, copied at hkv_open (the config may
@@ -90,6 +92,17 @@ static int ctl_socket(const struct endpoint *ep, int timeout_ms)
 			ret = -errno;
 			close(fd);
 			return ret;
+		}
+		{ /* the token goes only to the server's process (not to a squatter) */
+			unsigned peer = 0;
+
+			if (!hkv_peer_trusted(fd, ep->trust_uid, &peer)) {
+				hkv_warn("client: %s is served by uid %u, neither ours, root's nor "
+					 "the token file owner's: not sending the token", ep->path,
+					 peer);
+				close(fd);
+				return HKV_EAUTH;
+			}
 		}
 		return fd;
 	}
@@ -212,6 +225,7 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 		.hello_len = sizeof(hello),
 		.timeout_ms = c->timeout_ms,
 		.sq_depth = 256,
+		.trust_uid = ep->trust_uid,
 	};
 
 	if (w->transport != ep->kind)
@@ -335,8 +349,13 @@ static int setup_arena(struct hkv_client *c, size_t max_value)
 	return 0;
 }
 
-static int load_token(const struct hkv_config *cfg, char *tok, size_t cap)
+/* The token; *owner = the token file's owner (the uid the server that made
+ * it runs as), -1 when the token was given directly. */
+static int load_token(const struct hkv_config *cfg, char *tok, size_t cap, long *owner)
 {
+	struct stat st;
+
+	*owner = -1;
 	if (cfg->token) {
 		if (strlen(cfg->token) >= cap || strlen(cfg->token) < HKV_TOKEN_MIN)
 			return HKV_EAUTH;
@@ -345,6 +364,8 @@ static int load_token(const struct hkv_config *cfg, char *tok, size_t cap)
 	}
 	if (!cfg->token_file)
 		return -EINVAL;
+	if (!stat(cfg->token_file, &st))
+		*owner = (long)st.st_uid;
 	return hkv_token_load(cfg->token_file, tok, cap, 0) < 0 ? HKV_EAUTH : 0;
 }
 
@@ -416,7 +437,7 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 	o->max_value = cfg->max_value;
 	ret = parse_uri(cfg->servers[0], &o->ep);
 	if (!ret)
-		ret = load_token(cfg, o->token, sizeof(o->token));
+		ret = load_token(cfg, o->token, sizeof(o->token), &o->ep.trust_uid);
 	if (!ret) {
 		struct hkv_client tmp = {0};
 

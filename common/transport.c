@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -119,6 +121,17 @@ struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, s
 		memcpy(reply, acc.data, *reply_len);
 	}
 	return c;
+}
+
+int hkv_peer_trusted(int fd, long trust_uid, unsigned *peer_uid)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len))
+		return 0;
+	*peer_uid = (unsigned)cr.uid;
+	return cr.uid == geteuid() || cr.uid == 0 || (trust_uid >= 0 && cr.uid == (uid_t)trust_uid);
 }
 
 void hkv_conn_close(struct hkv_conn *c)

@@ -164,7 +164,15 @@ struct hkv_conn_cfg {
 	size_t hello_len;
 	int timeout_ms; /* connect and completion timeout; default 5000 */
 	int sq_depth;   /* work requests in flight; default 256 */
+	/* shm: the listener's process must run as this uid, or as ours, or as
+	 * root (SO_PEERCRED), before the hello (and its ticket) is sent; -1:
+	 * ours or root only. 0 (the default of a zeroed cfg) means root only
+	 * besides ours. */
+	long trust_uid;
 };
+
+/* May a unix-socket peer of uid `peer` be sent a secret? (ours, root, or trusted) */
+int hkv_peer_trusted(int fd, long trust_uid, unsigned *peer_uid);
 
 /*
  * Open a connection. On success returns it and, if reply != NULL, copies the

@@ -290,6 +290,16 @@ struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_ac
 	strcpy(sun.sun_path, cfg->path);
 	if (connect(s->sock, (struct sockaddr *)&sun, sizeof(sun)) < 0)
 		goto close_sock;
+	{ /* the hello carries a ticket: only to the server's process */
+		unsigned peer = 0;
+
+		if (!hkv_peer_trusted(s->sock, cfg->trust_uid, &peer)) {
+			hkv_warn("shm: %s is served by uid %u, not by the server's uid; not "
+				 "connecting", cfg->path, peer);
+			errno = EACCES;
+			goto close_sock;
+		}
+	}
 	hkv_hello_fill(&hello, cfg);
 	if (send(s->sock, &hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
 		goto close_sock;

@@ -11,6 +11,7 @@
 
 #include <event2/event.h>
 
+#include "common/paths.h"
 #include "common/log.h"
 #include "common/token.h"
 #include "common/transport.h"
@@ -34,7 +35,9 @@ static void usage(FILE *f)
 		"  -l, --listen ADDR          verbs: address to serve on (default 0.0.0.0)\n"
 		"  -p, --port PORT            verbs: control TCP port; rdma_cm uses PORT+1 (7700)\n"
 		"  -s, --socket PATH          shm: control socket; data socket is PATH.data\n"
-		"                             (default /tmp/hatchkv.sock)\n"
+		"                             (default /run/hatchkv/hatchkv.sock as root, else\n"
+		"                             $XDG_RUNTIME_DIR/hatchkv.sock or\n"
+		"                             /tmp/hatchkv-UID/hatchkv.sock)\n"
 		"  -m, --memory SIZE          region size, e.g. 512M, 4G (default 1G)\n"
 		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 4M);\n"
 		"                             the largest item is one segment\n"
@@ -217,7 +220,7 @@ int main(int argc, char **argv)
 		.keepalive_ms = HKV_PROBE_INTERVAL_MS,
 		.host = "0.0.0.0",
 		.port = "7700",
-		.socket_path = "/tmp/hatchkv.sock",
+		.socket_path = NULL, /* hkv_default_socket() */
 		.token_file = "hatchkv.token",
 		.store = {.memory = 1ull << 30, .seg_size = 4u << 20, .max_clients = 1024},
 	};
@@ -225,7 +228,7 @@ int main(int argc, char **argv)
 	struct server sv = {0};
 	struct event *ev_data, *ev_int, *ev_term, *ev_tick;
 	struct timeval one_sec = {1, 0};
-	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1];
+	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
 	int tlen, ro_len = 0, rc = 1;
 
 	hkv_log_set_prog("hatchkv-server");
@@ -234,6 +237,12 @@ int main(int argc, char **argv)
 		return 2;
 	if (!o.kind)
 		o.kind = hkv_verbs_available() ? HKV_TRANSPORT_VERBS : HKV_TRANSPORT_SHM;
+	if (!o.socket_path) {
+		if (hkv_default_socket(default_socket, sizeof(default_socket),
+				       o.kind == HKV_TRANSPORT_SHM))
+			return 1;
+		o.socket_path = default_socket;
+	}
 	tlen = hkv_token_load(o.token_file, token, sizeof(token), 1);
 	if (tlen < 0) {
 		hkv_err("server: token file %s: %s", o.token_file, hkv_strerror(tlen));

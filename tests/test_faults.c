@@ -2156,6 +2156,88 @@ static void test_shm_region_rights(void)
 	unlink(ro_file);
 }
 
+/* ---- test_socket_squatter -------------------------------------------------------------- */
+
+/*
+ * Socket squatting (issue 12, item 6): another user binds the control
+ * socket's path first (in a world-writable directory such as /tmp). A
+ * client must not send it the token: it checks the peer's uid (SO_PEERCRED:
+ * ours, root's, or the token file's owner's) first. Before, the squatter
+ * read the header and the token. (The server's default path is now in a
+ * directory only its user can write: common/paths.h.)
+ */
+static void test_socket_squatter(void)
+{
+	char dir[] = "/tmp/hkv-squat-XXXXXX", sock[300], tok[300], uri[320];
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct hkv_config *cfg;
+	struct hkv_client *c = NULL;
+	int p[2], got = -1, ready = 0, ret, status;
+	pid_t pid;
+
+	if (use_verbs || getuid() != 0) {
+		printf("# (shm, as root: the squatter is uid 65534)\n");
+		return;
+	}
+	CHECK(mkdtemp(dir) != NULL && !chmod(dir, 01777));
+	snprintf(sock, sizeof(sock), "%s/hatchkv.sock", dir);
+	snprintf(tok, sizeof(tok), "%s/token", dir);
+	snprintf(uri, sizeof(uri), "shm:%s", sock);
+	write_file(tok, "0f3a9c27d1b84e56a0c2\n", 0600);
+	memcpy(sun.sun_path, sock, strlen(sock) + 1);
+	CHECK(!pipe(p));
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		struct pollfd pf;
+		char buf[512];
+		int lfd, fd, n = 0, one = 1;
+
+		close(p[0]);
+		if (setgid(65534) || setuid(65534))
+			_exit(2);
+		lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (lfd < 0 || bind(lfd, (struct sockaddr *)&sun, sizeof(sun)) || listen(lfd, 4) ||
+		    write(p[1], &one, sizeof(one)) != sizeof(one))
+			_exit(3);
+		pf = (struct pollfd){.fd = lfd, .events = POLLIN};
+		if (poll(&pf, 1, 3000) == 1 && (fd = accept(lfd, NULL, NULL)) >= 0) {
+			pf = (struct pollfd){.fd = fd, .events = POLLIN};
+			while (poll(&pf, 1, 500) == 1) {
+				ssize_t r = read(fd, buf, sizeof(buf));
+
+				if (r <= 0)
+					break;
+				n += (int)r;
+			}
+		}
+		_exit(write(p[1], &n, sizeof(n)) == sizeof(n) ? 0 : 4);
+	}
+	close(p[1]);
+	CHECK(read(p[0], &ready, sizeof(ready)) == sizeof(ready) && ready == 1);
+	cfg = hkv_config_new();
+	hkv_config_add_server(cfg, uri);
+	hkv_config_set_token_file(cfg, tok);
+	hkv_config_set_timeout_ms(cfg, 1000);
+	ret = hkv_open(cfg, &c);
+	CHECK(read(p[0], &got, sizeof(got)) == sizeof(got));
+	CHECK(waitpid(pid, &status, 0) == pid);
+	close(p[0]);
+	printf("# a squatter (uid 65534) on the socket path: hkv_open %s; the squatter read %d "
+	       "bytes\n", ret ? hkv_strerror(ret) : "SUCCEEDED", got);
+	CHECK(ret != 0);
+	CHECK(got == 0);
+	if (!ret)
+		hkv_close(c);
+	hkv_config_free(cfg);
+	{
+		char cmd[400];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
 /* ---- test_abort_dies ------------------------------------------------------------------- */
 
 static struct hkv_client *abort_victim;
@@ -3939,6 +4021,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_fd_exhaustion);
 	RUN_TEST(test_secret_files);
 	RUN_TEST(test_shm_region_rights);
+	RUN_TEST(test_socket_squatter);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
 	RUN_TEST(test_netdev_down);

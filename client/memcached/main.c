@@ -9,13 +9,15 @@
 
 #include "client/memcached/mc_server.h"
 #include "common/log.h"
+#include "common/paths.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: hatchkv-memcached --server URI [options]\n"
 		"  -S, --server URI        hatchkv server: shm:/path/ctl.sock or verbs://host:port\n"
-		"                          (default shm:/tmp/hatchkv.sock)\n"
+		"                          (default: shm: and hatchkv-server's default socket,\n"
+		"                          /run/hatchkv/hatchkv.sock as root)\n"
 		"  -k, --token-file PATH   the server's shared secret (default hatchkv.token)\n"
 		"  -p, --port PORT         TCP port (default 11211; 0 = any free port, logged)\n"
 		"  -l, --listen ADDR       address to listen on (default 127.0.0.1)\n"
@@ -111,12 +113,19 @@ int main(int argc, char **argv)
 		.threads = 4,
 		.max_conns = 1024,
 		.item_max = 1u << 20,
-		.server_uri = "shm:/tmp/hatchkv.sock",
+		.server_uri = NULL,
 		.token_file = "hatchkv.token",
 	};
+	char uri[320];
 
 	hkv_log_set_prog("hatchkv-memcached");
 	if (parse_args(argc, argv, &o))
 		return 2;
+	if (!o.server_uri) { /* the server's default socket */
+		memcpy(uri, "shm:", 4);
+		if (hkv_default_socket(uri + 4, sizeof(uri) - 4, 0))
+			return 2;
+		o.server_uri = uri;
+	}
 	return mc_server_run(&o);
 }
