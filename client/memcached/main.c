@@ -25,6 +25,7 @@ static void usage(FILE *f)
 		"  -c, --conn-limit N      max simultaneous connections (default 1024)\n"
 		"  -I, --max-item-size S   largest item, e.g. 1m, 512k (default 1m)\n"
 		"  -U, --udp-port N        accepted for compatibility; only 0 (UDP off)\n"
+		"  -F, --disable-flush-all flush_all answers CLIENT_ERROR (as memcached -F)\n"
 		"  -v, --verbose           debug logs\n"
 		"  -h, --help\n");
 }
@@ -64,11 +65,13 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"threads", required_argument, NULL, 't'},  {"conn-limit", required_argument, NULL, 'c'},
 		{"max-item-size", required_argument, NULL, 'I'},
 		{"udp-port", required_argument, NULL, 'U'}, {"verbose", no_argument, NULL, 'v'},
+		{"disable-flush-all", no_argument, NULL, 'F'},
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
 	int c, udp;
 
-	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFh", opts, NULL)) != -1) {
 		switch (c) {
+		case 'F': o->no_flush = 1; break;
 		case 'S': o->server_uri = optarg; break;
 		case 'k': o->token_file = optarg; break;
 		case 'l': o->listen_addr = optarg; break;

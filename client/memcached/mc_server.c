@@ -29,7 +29,9 @@
 #include "hatchkv.h"
 
 #define MC_BATCH 64                   /* requests per read callback */
-#define MC_OUT_HIGH (4u << 20)        /* pause reading above this much output */
+#define MC_OUT_HIGH (4u << 20)        /* pause reading above this much output; a
+				       * multi-get stops there and goes on once it drained */
+#define MC_COUNT_EVERY 5              /* stats walks the index at most every 5 s */
 #define MC_CAS_RETRIES 64             /* incr/decr read-modify-write attempts */
 #define MC_REL_EXPTIME_MAX (60 * 60 * 24 * 30)
 
@@ -57,7 +59,8 @@ struct worker {
 	struct hkv_client *hkv;     /* NULL after a lost server, until reopened */
 	char *vbuf;                 /* one value (max_value + 1 bytes) */
 	size_t vcap;
-	struct evbuffer *tmp;       /* a get reply under construction */
+	struct event *flush_ev;     /* this worker's delayed flush_all (see process_flush) */
+	uint64_t flush_gen;         /* the pending flush it was armed for */
 	struct mc_counters ctr;
 	struct hkv_client_stats snap;   /* published copy of the handle's counters */
 	struct hkv_client_stats closed; /* handles closed before */
@@ -74,6 +77,10 @@ struct mc_server {
 	time_t started;
 	uint32_t max_value;
 	uint64_t curr_conns, total_conns, rejected_conns;
+	uint64_t flush_seq, flush_pending; /* the one pending delayed flush_all (0: none) */
+	pthread_mutex_t count_lock;        /* the last walk of the index (stats) */
+	time_t counted_at;
+	uint64_t items, bytes, walks;
 };
 
 struct conn {
@@ -84,6 +91,7 @@ struct conn {
 	struct conn *prev, *next;
 	size_t swallow;             /* bytes of a refused data block still to drop */
 	size_t need;                /* input length at which parsing can progress */
+	size_t get_pos;             /* a multi-get stopped at the output bound: keys done */
 	int closing, paused;
 	int eof;                    /* peer finished sending: close when answered */
 };
@@ -227,16 +235,33 @@ static void add_value(struct evbuffer *b, const char *key, size_t klen, const ch
 	evbuffer_add(b, "\r\n", 2);
 }
 
+/* Output this connection holds: the pass's replies and what the socket has
+ * not taken yet. */
+static size_t conn_output(const struct ctx *x)
+{
+	return evbuffer_get_length(x->out) +
+	       evbuffer_get_length(bufferevent_get_output(x->c->bev));
+}
+
+/*
+ * get/gets/gat/gats. Values are added to the output as they are read; once
+ * the connection holds MC_OUT_HIGH bytes of output the get stops (the keys
+ * done are remembered in get_pos, the request stays in the input) and goes on
+ * when the peer has read most of it: a line naming thousands of big items
+ * never holds more than a few MiB here. As memcached does, values already
+ * written stay written if a later key fails.
+ */
 static void process_get(struct ctx *x)
 {
 	const struct mc_req *r = x->r;
 	int touch = r->cmd == MC_CMD_GAT || r->cmd == MC_CMD_GATS;
 	int with_cas = r->cmd == MC_CMD_GETS || r->cmd == MC_CMD_GATS;
-	const char *p = r->keys, *end = r->keys + r->keys_len, *key;
+	const char *p = r->keys + x->c->get_pos, *end = r->keys + r->keys_len, *key;
 	struct hkv_client *h = handle(x);
 	struct worker *w = x->w;
 	size_t klen;
 
+	x->c->get_pos = 0;
 	if (!h)
 		return;
 	while (mc_key_next(&p, end, &key, &klen)) {
@@ -253,14 +278,16 @@ static void process_get(struct ctx *x)
 			continue;
 		}
 		if (rc) {
-			evbuffer_drain(w->tmp, evbuffer_get_length(w->tmp));
 			reply_hkv_error(x, rc);
 			return;
 		}
 		count(touch ? &w->ctr.touch_hits : &w->ctr.get_hits, 1);
-		add_value(w->tmp, key, klen, w->vbuf, vlen, &info, with_cas);
+		add_value(x->out, key, klen, w->vbuf, vlen, &info, with_cas);
+		if (conn_output(x) > MC_OUT_HIGH && p < end) {
+			x->c->get_pos = (size_t)(p - r->keys); /* more when it drained */
+			return;
+		}
 	}
-	evbuffer_add_buffer(x->out, w->tmp);
 	evbuffer_add(x->out, "END\r\n", 5);
 }
 
@@ -449,27 +476,46 @@ static void flush_now(struct worker *w)
 		hkv_warn("worker %d: flush_all: %s", w->id, hkv_strerror(rc));
 }
 
+/* A worker's delayed flush fires: it runs only if it is still the pending
+ * one (a later flush_all, delayed or not, replaced it). */
 static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
 {
-	flush_now(arg);
+	struct worker *w = arg;
+	uint64_t gen = w->flush_gen;
+
+	if (__atomic_compare_exchange_n(&w->srv->flush_pending, &gen, 0, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_RELAXED))
+		flush_now(w);
 }
 
-/* flush_all [delay]: a delay schedules the flush on this worker's loop. */
+/*
+ * flush_all [delay]. As memcached keeps one "oldest live" time, one delayed
+ * flush is pending at a time, whoever asked: a new one replaces it, an
+ * immediate one cancels it. Each worker has one timer (re-armed, never
+ * more), so no number of requests arms more than one timer per worker.
+ */
 static void process_flush(struct ctx *x)
 {
+	struct mc_server *s = x->w->srv;
 	int64_t delay = x->r->exptime;
 	struct hkv_client *h;
 	int rc;
 
 	count(&x->w->ctr.cmd_flush, 1);
+	if (s->o.no_flush)
+		return reply(x, "CLIENT_ERROR flush_all not allowed");
 	if (delay > MC_REL_EXPTIME_MAX)
 		delay -= (int64_t)time(NULL);
 	if (x->r->has_exptime && delay > 0) {
 		struct timeval tv = {.tv_sec = delay};
 
-		event_base_once(x->w->base, -1, EV_TIMEOUT, on_flush_timer, x->w, &tv);
+		x->w->flush_gen = __atomic_add_fetch(&s->flush_seq, 1, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->flush_pending, x->w->flush_gen, __ATOMIC_RELEASE);
+		evtimer_del(x->w->flush_ev);
+		evtimer_add(x->w->flush_ev, &tv);
 		return reply(x, "OK");
 	}
+	__atomic_store_n(&s->flush_pending, 0, __ATOMIC_RELEASE);
 	if (!(h = handle(x)))
 		return;
 	rc = checked(x, hkv_flush_all(h));
@@ -515,16 +561,28 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	struct hkv_client_stats h;
 	struct hkv_server_info si = {0};
 	uint64_t items = 0, bytes = 0;
-	time_t now = time(NULL);
+	time_t now = time(NULL), sampled = 0;
+	uint64_t walks = 0;
 
 	publish_stats(x->w);
 	sum_workers(s, &c, &h);
 	if (x->w->hkv) {
 		hkv_server_info(x->w->hkv, &si);
-		/* One walk of the shared index: every daemon on the store sees the same
-		 * numbers (a count kept here would only know this daemon's writes). */
-		if (checked(x, hkv_count_items(x->w->hkv, &items, &bytes)))
-			items = bytes = 0;
+		/* A walk of the shared index (every daemon on the store sees the same
+		 * numbers; a count kept here would know only this daemon's writes),
+		 * at most every MC_COUNT_EVERY s whatever the number of stats
+		 * requests: the figures say when they were taken (hkv_items_sampled). */
+		pthread_mutex_lock(&s->count_lock);
+		if (now - s->counted_at >= MC_COUNT_EVERY &&
+		    !checked(x, hkv_count_items(x->w->hkv, &s->items, &s->bytes))) {
+			s->counted_at = now;
+			s->walks++;
+		}
+		walks = s->walks;
+		items = s->items;
+		bytes = s->bytes;
+		sampled = s->counted_at;
+		pthread_mutex_unlock(&s->count_lock);
 	}
 	STAT_U("pid", getpid());
 	STAT_U("uptime", now - s->started);
@@ -558,6 +616,8 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	STAT_U("item_size_max", s->o.item_max);
 	STAT_U("curr_items", items);
 	STAT_U("bytes", bytes);
+	STAT_U("hkv_items_sampled", sampled);
+	STAT_U("hkv_index_walks", walks);
 	STAT_U("evictions", h.evictions);
 	STAT_U("expired_unfetched", 0);
 	STAT_U("reclaimed", h.expired_reclaimed);
@@ -982,12 +1042,23 @@ static int conn_process(struct conn *c)
 		}
 		c->need = 0;
 		x.r = &req;
-		count(&w->ctr.bytes_read, (uint64_t)n + req.swallow);
+		if (!c->get_pos)
+			count(&w->ctr.bytes_read, (uint64_t)n + req.swallow);
 		execute(&x);
+		if (c->get_pos) { /* a multi-get stopped at the output bound */
+			bufferevent_disable(c->bev, EV_READ);
+			c->paused = more = 1;
+			break;
+		}
 		evbuffer_drain(in, (size_t)n);
 		c->swallow = req.swallow;
 	}
 	flush_stage(c);
+	if (c->paused && !evbuffer_get_length(out)) { /* the socket took it all: go on */
+		c->paused = 0;
+		bufferevent_enable(c->bev, EV_READ);
+		event_active(c->resume, EV_TIMEOUT, 0);
+	}
 	publish_stats(w);
 	if (c->eof && !more)
 		c->closing = 1;
@@ -1122,19 +1193,19 @@ static int worker_init(struct mc_server *s, struct worker *w, int id)
 	w->vcap = s->max_value;
 	w->vbuf = malloc(w->vcap + 1);
 	w->base = event_base_new();
-	w->tmp = evbuffer_new();
-	if (!w->vbuf || !w->base || !w->tmp)
+	if (!w->vbuf || !w->base)
 		return -1;
+	w->flush_ev = evtimer_new(w->base, on_flush_timer, w);
 	w->notify = event_new(w->base, -1, EV_PERSIST, on_notify, w);
-	return w->notify ? 0 : -1;
+	return w->notify && w->flush_ev ? 0 : -1;
 }
 
 static void worker_destroy(struct worker *w)
 {
 	if (w->notify)
 		event_free(w->notify);
-	if (w->tmp)
-		evbuffer_free(w->tmp);
+	if (w->flush_ev)
+		event_free(w->flush_ev);
 	if (w->base)
 		event_base_free(w->base);
 	free(w->vbuf);
@@ -1305,6 +1376,7 @@ int mc_server_run(const struct mc_options *opts)
 
 	signal(SIGPIPE, SIG_IGN);
 	s.started = time(NULL);
+	pthread_mutex_init(&s.count_lock, NULL);
 	if (evthread_use_pthreads() || make_config(&s))
 		goto free_config;
 	learn_limits(&s);

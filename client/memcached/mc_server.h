@@ -33,6 +33,7 @@ struct mc_options {
 	int max_conns;           /* default 1024 */
 	size_t item_max;         /* -I (default 1 MiB) */
 	int verbose;
+	int no_flush;            /* -F: flush_all refused, as memcached's -F */
 	const char *server_uri;  /* hatchkv server: shm:PATH or verbs://host:port */
 	const char *token_file;
 };

@@ -68,11 +68,13 @@ class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 
     def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False,
-                 rekey=None):
-        """rekey: path of hkv-rekey; the region (a file) gets the test secret first."""
+                 rekey=None, mc_extra=()):
+        """rekey: path of hkv-rekey; the region (a file) gets the test secret first.
+        mc_extra: more hatchkv-memcached arguments."""
         self.procs = []
         self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
         self.rekey = rekey
+        self.mc_extra = list(mc_extra)
         try:
             self._start(mc_bin, srv_bin, item_max, threads, memory, cache)
         except BaseException:
@@ -115,7 +117,7 @@ class Daemons:
             if srv.poll() is not None:
                 raise RuntimeError("hatchkv-server died: " + self.log("server2.log"))
         mc = self._spawn([mc_bin, "--server", uri, "--token-file", token, "-p", "0",
-                          "-t", str(threads), "-I", item_max], "memcached.log")
+                          "-t", str(threads), "-I", item_max] + self.mc_extra, "memcached.log")
         pat = re.compile(r"listening on \S+:(\d+)")
         wait_for(lambda: pat.search(self.log("memcached.log")) or mc.poll() is not None, 60,
                  "hatchkv-memcached")
@@ -153,10 +155,10 @@ class Daemons:
 class RealMemcached:
     """Debian's memcached on a free port (for differential tests)."""
 
-    def __init__(self, item_max="1m"):
+    def __init__(self, item_max="1m", extra=()):
         self.port = free_port()
         argv = ["memcached", "-p", str(self.port), "-U", "0", "-l", "127.0.0.1", "-I", item_max,
-                "-t", "1"]
+                "-t", "1"] + list(extra)
         if os.geteuid() == 0:
             argv += ["-u", "root"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,0 +1,212 @@
+"""hatchkv-memcached's bounds against a client that tries to make it use
+unbounded memory or work (issue 12, item 5), each compared with Debian's
+memcached where memcached defines the answer:
+
+  - a 4 KB line naming one 1 MB item 1000 times, read slowly: the daemon's
+    RSS stays within a few MiB of output per connection (the reply is
+    streamed), and the reply, read in full, is exactly right;
+  - a multi-get of 12 x 1 MB keys answers byte for byte as memcached does;
+  - 300000 "flush_all <delay>" requests arm one pending flush, not 300000
+    timers (RSS), and a later flush_all replaces or cancels a pending one as
+    memcached's does;
+  - 200 "stats" walk the index at most once per 5 s (hkv_index_walks);
+  - -F: flush_all refused, as memcached -F answers it.
+
+usage: test_limits.py HATCHKV_MEMCACHED HATCHKV_SERVER
+"""
+import socket
+import sys
+import time
+
+from mc_harness import Daemons, RealMemcached
+
+MB = 1000 * 1000
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok  ", what)
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
+class Conn:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), 30)
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(data)
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            d = self.s.recv(1 << 20)
+            if not d:
+                raise RuntimeError("closed")
+            self.buf += d
+        l, self.buf = self.buf.split(b"\r\n", 1)
+        return l
+
+    def exactly(self, n):
+        while len(self.buf) < n:
+            d = self.s.recv(1 << 20)
+            if not d:
+                raise RuntimeError("closed")
+            self.buf += d
+        d, self.buf = self.buf[:n], self.buf[n:]
+        return d
+
+    def until_end(self, end=b"END\r\n"):
+        """Everything up to and including the line `end` (values included)."""
+        out = b""
+        while True:
+            l = self.line()
+            out += l + b"\r\n"
+            if l.startswith(b"VALUE "):
+                n = int(l.split(b" ")[3])
+                out += self.exactly(n + 2)
+            elif l + b"\r\n" == end or l.startswith(b"SERVER_ERROR") or l.startswith(b"CLIENT_ERROR"):
+                return out
+
+    def cmd(self, c):
+        self.send(c + b"\r\n")
+        return self.line()
+
+
+def big_multiget(d):
+    c = Conn(d.port)
+    value = bytes((i * 7) & 0xff for i in range(MB))
+    check(c.cmd(b"set big 0 0 %d\r\n" % MB + value) == b"STORED", "a 1 MB item stored")
+    rss0 = rss_kb(d.mc.pid)
+    c.send(b"get" + b" big" * 1000 + b"\r\n")  # a 4 KB line, 1000 x 1 MB of reply
+    time.sleep(2.0)  # read nothing for a while
+    rss1 = rss_kb(d.mc.pid)
+    print("     daemon RSS %d KiB before, %d KiB with 1000 x 1 MB asked and unread" %
+          (rss0, rss1))
+    check(rss1 - rss0 < 64 * 1024, "RSS grows by < 64 MiB (was ~980 MiB when the reply "
+          "was built whole)")
+    got = 0
+    for _ in range(1000):
+        l = c.line()
+        if l != b"VALUE big 0 %d" % MB:
+            raise AssertionError("unexpected line %r" % l[:80])
+        if c.exactly(MB + 2) != value + b"\r\n":
+            raise AssertionError("value %d differs" % got)
+        got += 1
+    check(c.line() == b"END", "then all 1000 values arrive, exact, and END (%d)" % got)
+    check(c.cmd(b"mn") == b"MN", "the connection goes on")
+
+
+def compare_multiget(d, ref):
+    a, b = Conn(ref.port), Conn(d.port)
+    cmd = b"get" + b"".join(b" m%d" % i for i in range(12)) + b" missing\r\n"
+    for c in (a, b):
+        for i in range(12):
+            v = bytes(((i + j) * 13) & 0xff for j in range(MB - 100 * i))
+            if c.cmd(b"set m%d %d 0 %d\r\n" % (i, i, len(v)) + v) != b"STORED":
+                raise AssertionError("set")
+        c.send(cmd)
+    ra, rb = a.until_end(), b.until_end()
+    check(ra == rb and len(ra) > 11 * MB,
+          "a multi-get of 12 x ~1 MB answers as memcached does (%d bytes)" % len(rb))
+
+
+def flush_timers(d, ref):
+    c = Conn(d.port)
+    rss0 = rss_kb(d.mc.pid)
+    burst = b"flush_all 100000 noreply\r\n" * 10000
+    for _ in range(30):  # 300000 delayed flushes
+        c.send(burst)
+    check(c.cmd(b"mn") == b"MN", "300000 flush_all <delay> taken")
+    rss1 = rss_kb(d.mc.pid)
+    print("     daemon RSS %d KiB before, %d KiB after" % (rss0, rss1))
+    check(rss1 - rss0 < 16 * 1024, "RSS grows by < 16 MiB (was +40 MiB, 300000 timers)")
+    # one pending flush: a later one replaces it, an immediate one cancels it
+    a, b = Conn(ref.port), Conn(d.port)
+    # (memcached's flush time is delay-1..delay s away, by its 1 s clock: look
+    # well clear of both)
+    script = [b"set f1 0 0 1\r\nx", b"flush_all 2", b"flush_all 6", b"set f2 0 0 1\r\ny"]
+    for c in (a, b):
+        c.cmd(b"flush_all")
+        for s in script:
+            c.cmd(s)
+    time.sleep(3.2)
+    for c in (a, b):
+        c.send(b"get f1 f2\r\n")
+    ra, rb = a.until_end(), b.until_end()
+    check(ra == rb and b"VALUE f1" in rb, "after 3.2 s a flush_all 2 replaced by flush_all 6 "
+          "has not run (as memcached)")
+    time.sleep(4.0)
+    for c in (a, b):
+        c.send(b"get f1 f2\r\n")
+    ra, rb = a.until_end(), b.until_end()
+    check(ra == rb == b"END\r\n", "after 7.2 s it has (as memcached)")
+    for c in (a, b):
+        c.cmd(b"set f3 0 0 1\r\nz")
+        c.cmd(b"flush_all 2")
+        c.cmd(b"flush_all")
+        c.cmd(b"set f4 0 0 1\r\nw")
+    time.sleep(3.0)
+    for c in (a, b):
+        c.send(b"get f3 f4\r\n")
+    ra, rb = a.until_end(), b.until_end()
+    check(ra == rb and b"VALUE f4" in rb and b"f3" not in rb,
+          "an immediate flush_all cancels the pending one (as memcached)")
+
+
+def cheap_stats(d):
+    c = Conn(d.port)
+
+    def walks():
+        c.send(b"stats\r\n")
+        for l in c.until_end().split(b"\r\n"):
+            if l.startswith(b"STAT hkv_index_walks "):
+                return int(l.split(b" ")[2])
+        raise AssertionError("no hkv_index_walks")
+    w0 = walks()
+    t0 = time.time()
+    for _ in range(200):
+        w1 = walks()
+    check(w1 - w0 <= 2 + int(time.time() - t0) // 5,
+          "200 stats walked the index %d times in %.1f s (at most once per 5 s)" %
+          (w1 - w0, time.time() - t0))
+
+
+def no_flush(mc_bin, srv_bin):
+    with RealMemcached(extra=["-F"]) as ref, Daemons(mc_bin, srv_bin, mc_extra=["-F"]) as d:
+        a, b = Conn(ref.port), Conn(d.port)
+        for cmd in (b"set k 0 0 1\r\nv", b"flush_all", b"flush_all 10", b"flush_all noreply",
+                    b"mn", b"get k"):
+            a.send(cmd + b"\r\n")
+            b.send(cmd + b"\r\n")
+            if cmd == b"get k":
+                ra, rb = a.until_end(), b.until_end()
+            elif cmd.endswith(b"noreply"):
+                continue
+            else:
+                ra, rb = a.line(), b.line()
+            if ra != rb:
+                raise AssertionError("-F: %r: memcached %r, hatchkv %r" % (cmd, ra, rb))
+        check(True, "-F: flush_all refused, the item kept, as memcached -F answers")
+
+
+def main():
+    mc_bin, srv_bin = sys.argv[1], sys.argv[2]
+    with RealMemcached() as ref, Daemons(mc_bin, srv_bin, threads=2) as d:
+        big_multiget(d)
+        compare_multiget(d, ref)
+        flush_timers(d, ref)
+        cheap_stats(d)
+    no_flush(mc_bin, srv_bin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
