@@ -113,6 +113,12 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	}
 	s->next_id = 1;
 	g = s->geom;
+	s->holder = hkv_calloc(g->nsegs, sizeof(*s->holder));
+	s->held_entry = hkv_calloc(g->nsegs, sizeof(*s->held_entry));
+	if (!s->holder || !s->held_entry) {
+		hkv_store_fini(s);
+		return -ENOMEM;
+	}
 	hkv_info("store: region %llu MiB%s: index %llu buckets (%llu slots), %u segments of %u KiB, "
 		 "%u size classes (%u..%u B)%s",
 		 (unsigned long long)(s->region.length >> 20), s->region.hugetlb ? " (hugetlb)" : "",
@@ -124,6 +130,10 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 
 void hkv_store_fini(struct hkv_store *s)
 {
+	hkv_free(s->holder);
+	hkv_free(s->held_entry);
+	s->holder = NULL;
+	s->held_entry = NULL;
 	hkv_region_destroy(&s->region);
 	for (uint32_t id = 1; s->clients && id <= HKV_MAX_CLIENTS; id++)
 		hkv_free(s->clients[id].grants);
@@ -216,6 +226,13 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
 		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE);
 
+		if (s->holder[i] == id) { /* its window's segment, whatever the table says */
+			s->holder[i] = 0;
+			if (hkv_seg_state(e) != HKV_SEG_OWNED || hkv_seg_owner(e) != id) {
+				e = s->held_entry[i]; /* put back, then orphan it below */
+				__atomic_store_n(&table[i], e, __ATOMIC_RELEASE);
+			}
+		}
 		if (hkv_seg_state(e) != HKV_SEG_OWNED || hkv_seg_owner(e) != id)
 			continue;
 		/* Only the owner changes an owned entry, and it is gone: a CAS keeps
@@ -244,24 +261,34 @@ static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
 	return hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff);
 }
 
-/* Revoke the client's segment windows whose segment is no longer its own. */
+/*
+ * A segment whose window the server granted stays its holder's until the
+ * holder disconnects (the library never gives a granted segment back while
+ * connected). Every writer can CAS the segment table, so an entry that no
+ * longer says OWNED(holder) was changed by another client - to steal the
+ * segment, or to free it for a claim: put it back. (The holder's own
+ * re-carving keeps OWNED(holder) and is remembered as the entry to restore.)
+ */
 static void sweep_client(struct hkv_store *s, uint32_t id)
 {
 	struct hkv_client_rec *c = &s->clients[id];
+	uint64_t *table = seg_table(s);
 
-	for (uint32_t i = 0; i < c->ngrants;) {
+	for (uint32_t i = 0; i < c->ngrants; i++) {
 		uint32_t seg = c->grants[i];
+		uint64_t e = __atomic_load_n(&table[seg], __ATOMIC_ACQUIRE);
 
-		if (owns(s, id, seg)) {
-			i++;
+		if (hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff)) {
+			s->held_entry[seg] = e;
 			continue;
 		}
-		hkv_listener_revoke(s->data, id,
-				    s->geom->data_off + (uint64_t)seg * s->geom->seg_size);
-		c->grants[i] = c->grants[--c->ngrants];
-		s->revoked++;
-		hkv_info("store: client %u no longer owns segment %u: its window is revoked", id,
-			 seg);
+		if (__atomic_compare_exchange_n(&table[seg], &e, s->held_entry[seg], 0,
+						__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			s->restored++;
+			hkv_warn("store: the segment table entry of client %u's segment %u was "
+				 "changed by another client (to 0x%llx); put back", id, seg,
+				 (unsigned long long)e);
+		}
 	}
 }
 
@@ -310,6 +337,11 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 			*why = "no such segment";
 			return -EINVAL;
 		}
+		if (s->holder[g->seg] && s->holder[g->seg] != g->client_id &&
+		    s->clients[s->holder[g->seg]].connected) {
+			*why = "the segment is another client's (its window is granted)";
+			return -EPERM;
+		}
 		if (!owns(s, g->client_id, g->seg)) {
 			*why = "the segment table does not say the segment is yours";
 			return -EPERM;
@@ -335,16 +367,21 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 			c->capgrants = cap;
 		}
 		c->grants[c->ngrants++] = g->seg;
+		s->holder[g->seg] = g->client_id;
+		s->held_entry[g->seg] = __atomic_load_n(&seg_table(s)[g->seg], __ATOMIC_ACQUIRE);
 	}
 bind:
 	out->access = access;
 	ret = hkv_listener_grant(s->data, g->client_id, out->off, out->len, access, &out->rkey);
 	if (ret) {
 		*why = "binding the memory window failed";
-		if (g->seg != HKV_GRANT_BASE) /* not granted after all */
+		if (g->seg != HKV_GRANT_BASE) { /* not granted after all */
 			for (uint32_t i = 0; i < c->ngrants; i++)
 				if (c->grants[i] == g->seg)
 					c->grants[i] = c->grants[--c->ngrants];
+			if (s->holder[g->seg] == g->client_id)
+				s->holder[g->seg] = 0;
+		}
 		hkv_warn("store: client %u: window for %s %u: %s", g->client_id,
 			 g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg,
 			 hkv_strerror(ret));

@@ -48,6 +48,13 @@ struct hkv_store {
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	uint64_t revoked;          /* segment windows revoked after their owner let go */
+	/* Memory windows: who holds each segment's WRITE window, as the server
+	 * granted it (0: nobody), and the holder's table entry as last seen.
+	 * The table is CASable by every writer, so it is not proof of ownership:
+	 * a granted segment is its holder's until the holder disconnects. */
+	uint32_t *holder;
+	uint64_t *held_entry;
+	uint64_t restored; /* table entries of granted segments put back */
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
@@ -65,7 +72,8 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie);
  * struct hkv_ctl_grant). Base rights: READ over the region and, for
  * writers, ATOMIC past the header (a second window, in atomic_rkey). A
  * segment: WRITE over it, only while the segment table says the client
- * owns it, and at most --max-segments-per-client of them. Fills *out;
+ * owns it and no other connected client holds its window, and at most
+ * --max-segments-per-client of them. Fills *out;
  * returns 0, HKV_EAUTH (unknown client or wrong ticket), -EPERM (not its
  * segment, or a read-only client), HKV_EFULL (at its segment limit),
  * -EINVAL, -EOPNOTSUPP (no windows), or the bind's error. *why is for the
@@ -74,8 +82,9 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie);
 int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 		    struct hkv_ctl_granted *out, const char **why);
 
-/* Expire tickets not redeemed in time; revoke segment windows whose
- * segment left its client (sweep); called from a 1 s timer. */
+/* Expire tickets not redeemed in time; put back the table entry of any
+ * granted segment that another client changed (sweep); called from a 1 s
+ * timer. */
 void hkv_store_tick(struct hkv_store *s);
 
 #endif /* HKV_SERVER_STORE_H */

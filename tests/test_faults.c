@@ -1440,19 +1440,25 @@ static void test_windows(void)
 	CHECK(win_denied(&r2, &s, HKV_WR_WRITE, g1.off, g1.rkey,
 			 "WRITE with another connection's segment rkey") == 0);
 
-	/* a segment that leaves its client loses its window (the server's 1 s sweep) */
+	/* a granted segment stays its client's while it is connected: a table entry
+	 * CASed away from it (here to FREE) is put back by the server's 1 s sweep,
+	 * and its window keeps working */
 	CHECK_RC(win_table(&r, tab), 0);
 	mine = tab[s2];
 	CHECK(hkv_seg_state(mine) == HKV_SEG_OWNED && hkv_seg_owner(mine) == (r.id & 0xffff));
 	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)s2 * 8, 8, r.akey, mine,
 			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(mine) + 1)), 0);
-	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g2.off, 8, g2.rkey, 0, 0), 0); /* still ours for now */
 	sleep_ms(1500);
-	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off, 8, g1.rkey, 0, 0), 0); /* s1 kept its window */
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, g2.off, g2.rkey,
-			 "WRITE through the window of a segment given up 1.5 s earlier") == 0);
+	CHECK_RC(win_table(&r, tab), 0);
+	printf("# windows: a granted segment's entry CASed to FREE: %s 1.5 s later\n",
+	       tab[s2] == mine ? "put back" : "NOT put back");
+	CHECK(tab[s2] == mine);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g2.off, 8, g2.rkey, 0, 0), 0);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off, 8, g1.rkey, 0, 0), 0);
 
-	/* the connection is gone (win_denied reconnected): its keys died with it */
+	/* a new connection: the old one's keys died with it */
+	raw_close(&r);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	CHECK(win_denied(&r, &s, HKV_WR_WRITE, g1.off, g1.rkey,
 			 "WRITE with a segment rkey of this client's previous connection") == 0);
 
@@ -2236,6 +2242,90 @@ static void test_socket_squatter(void)
 		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 		CHECK(system(cmd) == 0);
 	}
+}
+
+/*
+ * Stealing a segment despite memory windows (issue 12, item 9): every writer
+ * can CAS the segment table through its ATOMIC window, and the server's
+ * GRANT used to trust the table. A raw client CASes the entry of the library
+ * client's segment from OWNED(victim) to OWNED(itself) and asks for its
+ * window; then, once the entry is back, CASes it to FREE and claims it the
+ * way a client claims a free segment. Both GRANTs must be refused (before,
+ * the first gave a WRITE window over the victim's live blocks), the entry is
+ * put back within the 1 s sweep, and the victim's values stay intact.
+ */
+static void test_segment_theft(void)
+{
+	struct hkv_ctl_granted gx;
+	struct hkvserver s;
+	struct hkv_client *a;
+	struct raw r;
+	uint64_t tab[4096], was, stolen;
+	char key[32], val[64], got[64];
+	int a_seg = -1, bad = 0, g1, g2, back1, back2;
+	size_t vlen;
+
+	if (!use_verbs) {
+		printf("# (verbs: shm has no windows)\n");
+		return;
+	}
+	CHECK(hkvserver_start(&s, 1, "16M", "64K", NULL) == 0);
+	a = hkvserver_client(&s);
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "theft-%d", i);
+		snprintf(val, sizeof(val), "value of theft-%d", i);
+		CHECK_RC(hkv_set(a, key, strlen(key), val, strlen(val), NULL), 0);
+	}
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	CHECK(r.windows && r.g.nsegs <= 4096);
+	CHECK_RC(win_table(&r, tab), 0);
+	for (uint32_t i = 0; i < r.g.nsegs && a_seg < 0; i++)
+		if (hkv_seg_state(tab[i]) == HKV_SEG_OWNED && hkv_seg_owner(tab[i]) != r.id)
+			a_seg = (int)i;
+	CHECK(a_seg >= 0);
+	was = tab[a_seg];
+	/* 1: CAS it to OWNED(us), then GRANT */
+	stolen = hkv_seg_make(HKV_SEG_OWNED, hkv_seg_class(was), r.id, hkv_seg_epoch(was) + 1);
+	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey, was,
+			stolen), 0);
+	g1 = raw_grant(&r, (uint32_t)a_seg, &gx);
+	if (!g1) { /* what the thief could do with it: overwrite the victim's blocks */
+		memset(r.buf, 'X', 64);
+		raw_op(&r, HKV_WR_WRITE, win_seg_off(&r, a_seg), 64, gx.rkey, 0, 0);
+	}
+	sleep_ms(1500);
+	CHECK_RC(win_table(&r, tab), 0);
+	back1 = tab[a_seg] == was;
+	/* 2: CAS it to FREE, claim it as a free segment, then GRANT */
+	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey,
+			tab[a_seg], hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(was) + 2)), 0);
+	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey,
+			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(was) + 2),
+			hkv_seg_make(HKV_SEG_OWNED, hkv_seg_class(was), r.id,
+				     hkv_seg_epoch(was) + 3)), 0);
+	g2 = raw_grant(&r, (uint32_t)a_seg, &gx);
+	sleep_ms(1500);
+	CHECK_RC(win_table(&r, tab), 0);
+	back2 = tab[a_seg] == was;
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "theft-%d", i);
+		snprintf(val, sizeof(val), "value of theft-%d", i);
+		vlen = 0;
+		if (hkv_get(a, key, strlen(key), got, sizeof(got), &vlen, NULL) ||
+		    vlen != strlen(val) || memcmp(got, val, vlen))
+			bad++;
+	}
+	CHECK_RC(hkv_set(a, "theft-after", 11, "x", 1, NULL), 0);
+	printf("# segment theft: GRANT after CASing the victim's entry to ours: %s; entry put "
+	       "back: %s; GRANT after CASing it to FREE and claiming it: %s; put back: %s; the "
+	       "victim's 50 values: %d bad\n", hkv_strerror(g1), back1 ? "yes" : "no",
+	       hkv_strerror(g2), back2 ? "yes" : "no", bad);
+	CHECK(g1 == -EPERM && g2 == -EPERM);
+	CHECK(back1 && back2);
+	CHECK(bad == 0);
+	raw_close(&r);
+	hkv_close(a);
+	hkvserver_stop(&s);
 }
 
 /* ---- test_abort_dies ------------------------------------------------------------------- */
@@ -4022,6 +4112,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_secret_files);
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);
+	RUN_TEST(test_segment_theft);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
 	RUN_TEST(test_netdev_down);
