@@ -251,8 +251,14 @@ static int grant(struct hkv_client *c, uint32_t seg, struct hkv_ctl_granted *out
 	if (!c->windows)
 		return -EOPNOTSUPP;
 	memcpy(g.ticket, c->ticket, HKV_TICKET_LEN);
-	ret = ctl_request(&c->via->ep, HKV_CTL_GRANT, &g, sizeof(g), c->timeout_ms,
-			  HKV_CTL_GRANTED, out, sizeof(*out));
+	for (uint64_t t0 = hkv_now_ns();;) {
+		ret = ctl_request(&c->via->ep, HKV_CTL_GRANT, &g, sizeof(g), c->timeout_ms,
+				  HKV_CTL_GRANTED, out, sizeof(*out));
+		/* -EAGAIN: the server has not seen our connection established yet */
+		if (ret != -EAGAIN || hkv_now_ns() - t0 > (uint64_t)c->timeout_ms * 1000000ull)
+			break;
+		usleep(2000);
+	}
 	if (!ret && (out->seg != seg || !out->rkey))
 		ret = HKV_EPROTO;
 	if (ret) {

@@ -278,9 +278,11 @@ const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l);
  * accepted with `cookie` the rights `access` (HKV_ACCESS_*) to region bytes
  * [off, off+len): a type-2 window bound to that connection's queue pair,
  * so its rkey works on no other connection and dies with this one. The
- * same range with the same rights again returns the same rkey. Returns 0
- * with *rkey set, -ENOENT (no such connection), -EINVAL (range),
- * -EOPNOTSUPP (no windows), or the bind's error.
+ * same range with the same rights again returns the same rkey. Never waits:
+ * returns 0 with *rkey set; -EINPROGRESS when the bind is posted but not
+ * complete (ask again, the same way, for the rkey); -EAGAIN when the
+ * connection is not established yet; -ENOENT (no such connection), -EINVAL
+ * (range), -EOPNOTSUPP (no windows), or the bind's error.
  */
 int hkv_listener_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, uint64_t len,
 		       uint32_t access, uint32_t *rkey);

@@ -447,6 +447,8 @@ struct verbs_window {
 	uint64_t off, len;
 	uint32_t access, rkey;
 	struct ibv_mw *mw;
+	uint64_t bind_wr; /* its bind is in flight (wr_id), 0 once it completed */
+	int status;       /* the bind's outcome once completed: 0 or HKV_E* */
 };
 
 struct verbs_bind_mr {
@@ -715,6 +717,15 @@ static int verbs_l_reap(struct verbs_listener *vl, uint64_t want, enum ibv_wc_st
 				seen = 1;
 				continue;
 			}
+			for (struct verbs_child *ch = vl->children; ch; ch = ch->next)
+				for (uint32_t k = 0; k < ch->nwin; k++) /* a window's bind came back */
+					if (ch->win[k].bind_wr == wc[i].wr_id) {
+						ch->win[k].bind_wr = 0;
+						ch->win[k].status = wc_status_to_err(wc[i].status);
+						if (wc[i].status)
+							hkv_warn("verbs: binding a memory window: %s",
+								 ibv_wc_status_str(wc[i].status));
+					}
 			for (struct verbs_child *ch = vl->children; ch; ch = ch->next) {
 				if (ch->probe_seq != wc[i].wr_id)
 					continue;
@@ -735,14 +746,13 @@ static int verbs_l_reap(struct verbs_listener *vl, uint64_t want, enum ibv_wc_st
 	return n < 0 ? HKV_ETRANSPORT : seen;
 }
 
-/* Bind mw over [off, off+len) on the child's QP with the new rkey; wait for it. */
+/* Post the bind of mw over [off, off+len) on the child's QP with the new
+ * rkey; its wr_id in *wr_id (verbs_l_reap sees it complete). 0 or <0. */
 static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct ibv_mw *mw,
-		      uint32_t rkey, uint64_t off, uint64_t len, uint32_t access)
+		      uint32_t rkey, uint64_t off, uint64_t len, uint32_t access, uint64_t *wr_id)
 {
 	struct ibv_send_wr wr = {0}, *bad;
-	uint64_t deadline = hkv_now_ns() + 2000000000ull;
-	enum ibv_wc_status st = IBV_WC_SUCCESS;
-	int n, ret;
+	int ret;
 
 	wr.wr_id = ++vl->wr_seq;
 	wr.opcode = IBV_WR_BIND_MW;
@@ -758,14 +768,8 @@ static int verbs_bind(struct verbs_listener *vl, struct verbs_child *ch, struct 
 	ret = ibv_post_send(ch->id->qp, &wr, &bad);
 	if (ret)
 		return -ret;
-	while (!(n = verbs_l_reap(vl, wr.wr_id, &st)))
-		if (hkv_now_ns() > deadline)
-			return HKV_ETIMEDOUT;
-	if (n < 0)
-		return n;
-	if (st)
-		hkv_warn("verbs: binding a memory window: %s", ibv_wc_status_str(st));
-	return st ? wc_status_to_err(st) : 0;
+	*wr_id = wr.wr_id;
+	return 0;
 }
 
 /* Keepalives (see hkv_listener_tick): settle the ones that came back, close
@@ -820,6 +824,7 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 	struct verbs_child *ch = verbs_child_by_cookie(vl, cookie);
 	struct verbs_window *w;
 	struct ibv_mw *mw;
+	uint64_t wr_id = 0;
 	uint32_t key;
 	int ret;
 
@@ -827,24 +832,28 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 		return -ENOENT;
 	if (!ch->established) {
 		/* The client has seen ESTABLISHED, but ours may still be queued, and
-		 * librdmacm moves our QP to RTS only when we take it: take it. */
-		uint64_t deadline = hkv_now_ns() + 2000000000ull;
-
-		while (ch && !ch->established && hkv_now_ns() < deadline) {
-			struct pollfd pfd = {.fd = vl->ec->fd, .events = POLLIN};
-
-			poll(&pfd, 1, 10);
-			verbs_l_dispatch(l);
-			ch = verbs_child_by_cookie(vl, cookie);
-		}
+		 * librdmacm moves our QP to RTS only when we take it: take what is
+		 * queued, without waiting (the event loop is everyone's). */
+		verbs_l_dispatch(l);
+		ch = verbs_child_by_cookie(vl, cookie);
 		if (!ch)
 			return -ENOENT;
 		if (!ch->established)
-			return HKV_ETIMEDOUT;
+			return -EAGAIN; /* not connected (yet): the client asks again */
 	}
+	verbs_l_reap(vl, 0, &(enum ibv_wc_status){0});
 	for (uint32_t i = 0; i < ch->nwin; i++) {
 		w = &ch->win[i];
 		if (w->off == off && w->len == len && w->access == access) {
+			if (w->bind_wr)
+				return -EINPROGRESS; /* its bind has not completed yet */
+			if (w->status) { /* it failed: forget it */
+				ret = w->status;
+				ibv_dealloc_mw(w->mw);
+				ch->win[i] = ch->win[--ch->nwin];
+				vl->nwindows--;
+				return ret;
+			}
 			*rkey = w->rkey;
 			return 0;
 		}
@@ -864,14 +873,24 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 	if (!mw)
 		return -errno;
 	key = ibv_inc_rkey(mw->rkey);
-	ret = verbs_bind(vl, ch, mw, key, off, len, access);
+	ret = verbs_bind(vl, ch, mw, key, off, len, access, &wr_id);
 	if (ret) {
 		ibv_dealloc_mw(mw);
 		return ret;
 	}
 	ch->win[ch->nwin++] = (struct verbs_window){.off = off, .len = len, .access = access,
-						    .rkey = key, .mw = mw};
+						    .rkey = key, .mw = mw, .bind_wr = wr_id};
 	vl->nwindows++;
+	verbs_l_reap(vl, 0, &(enum ibv_wc_status){0}); /* a bind is local: often done now */
+	if (ch->win[ch->nwin - 1].bind_wr)
+		return -EINPROGRESS; /* the caller asks again (hkv_listener_grant) */
+	ret = ch->win[ch->nwin - 1].status;
+	if (ret) {
+		ibv_dealloc_mw(mw);
+		ch->nwin--;
+		vl->nwindows--;
+		return ret;
+	}
 	*rkey = key;
 	return 0;
 }

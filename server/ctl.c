@@ -66,6 +66,9 @@ struct ctl_conn {
 	struct hkv_ctl *ctl;
 	struct bufferevent *bev;
 	struct event *deadline; /* the whole request must be in by then */
+	struct event *again;    /* a GRANT whose bind is in flight: asked again */
+	struct hkv_ctl_grant grant;
+	uint64_t grant_until_ns;
 	uint64_t source; /* rate-limit key of the peer */
 	int closing;
 };
@@ -145,6 +148,8 @@ static void conn_free(struct ctl_conn *cc)
 	cc->ctl->nconns--;
 	if (cc->deadline)
 		event_free(cc->deadline);
+	if (cc->again)
+		event_free(cc->again);
 	bufferevent_free(cc->bev);
 	hkv_free(cc);
 }
@@ -235,24 +240,57 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	reply(cc, HKV_CTL_WELCOME, 0, &w, sizeof(w));
 }
 
-/* GRANT: a connected client asks for a memory window (see ctl_proto.h). */
-static void process_grant(struct ctl_conn *cc, const uint8_t *body)
+static void grant_step(struct ctl_conn *cc);
+
+static void on_grant_again(evutil_socket_t fd, short what, void *arg)
 {
+	grant_step(arg);
+}
+
+/*
+ * One step of a GRANT. The window's bind goes out on the client's queue
+ * pair and completes later: the event loop never waits for it (nor for a
+ * connection still being established) - the request is looked at again
+ * every millisecond for up to 2 s while everyone else is served.
+ */
+static void grant_step(struct ctl_conn *cc)
+{
+	struct timeval ms = {0, 1000};
 	struct hkv_ctl_granted out;
-	struct hkv_ctl_grant g;
+	const struct hkv_ctl_grant *g = &cc->grant;
 	const char *why;
 	int ret;
 
-	memcpy(&g, body, sizeof(g));
-	ret = hkv_store_grant(cc->ctl->store, &g, &out, &why);
-	if (ret == HKV_EAUTH)
-		source_charge(cc); /* a guessed ticket costs like a guessed token */
+	ret = hkv_store_grant(cc->ctl->store, g, &out, &why);
+	if (ret == -EINPROGRESS && now_ns() < cc->grant_until_ns) {
+		if (!cc->again)
+			cc->again = evtimer_new(bufferevent_get_base(cc->bev), on_grant_again, cc);
+		if (cc->again && !evtimer_add(cc->again, &ms))
+			return;
+	}
+	if (ret == -EINPROGRESS) {
+		ret = HKV_ETIMEDOUT;
+		why = "the window's bind did not complete within 2 s";
+	}
+	/* a guessed ticket, or GRANTs before the connection is up, cost like a
+	 * guessed token: repeating them runs into the rate limit */
+	if (ret == HKV_EAUTH || ret == -EAGAIN)
+		source_charge(cc);
 	if (ret) {
-		hkv_warn("ctl: refused a grant to client %u: %s", g.client_id, why);
+		hkv_warn("ctl: refused a grant to client %u: %s", g->client_id, why);
 		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
 		return;
 	}
 	reply(cc, HKV_CTL_GRANTED, 0, &out, sizeof(out));
+}
+
+/* GRANT: a connected client asks for a memory window (see ctl_proto.h). */
+static void process_grant(struct ctl_conn *cc, const uint8_t *body)
+{
+	memcpy(&cc->grant, body, sizeof(cc->grant));
+	cc->grant_until_ns = now_ns() + 2000000000ull;
+	bufferevent_disable(cc->bev, EV_READ); /* one request per connection */
+	grant_step(cc);
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
@@ -310,8 +348,8 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
 	struct ctl_conn *cc = arg;
 
-	if (cc->closing)
-		return; /* answered: the write side has its own timeout */
+	if (cc->closing || cc->grant_until_ns)
+		return; /* answered, or a GRANT in flight (it answers within 2 s) */
 	source_charge(cc);
 	log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
 		    "a client did not send a whole request within 5 s; dropped");

@@ -325,7 +325,9 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 						       s->region.length - geo->seg_table_off,
 						       HKV_ACCESS_ATOMIC, &out->atomic_rkey);
 		if (ret) {
-			*why = "binding the memory window failed";
+			*why = ret == -EINPROGRESS ? "binding"
+			       : ret == -EAGAIN ? "the data connection is not established"
+						: "binding the memory window failed";
 			return ret;
 		}
 	} else {
@@ -373,8 +375,13 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 bind:
 	out->access = access;
 	ret = hkv_listener_grant(s->data, g->client_id, out->off, out->len, access, &out->rkey);
+	if (ret == -EINPROGRESS) { /* the control plane asks again, without waiting here */
+		*why = "binding";
+		return ret;
+	}
 	if (ret) {
-		*why = "binding the memory window failed";
+		*why = ret == -EAGAIN ? "the data connection is not established"
+				      : "binding the memory window failed";
 		if (g->seg != HKV_GRANT_BASE) { /* not granted after all */
 			for (uint32_t i = 0; i < c->ngrants; i++)
 				if (c->grants[i] == g->seg)

@@ -29,6 +29,7 @@
  * number. A value returned for a key either is one some client wrote for that
  * key, or check_value() says why not.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -298,6 +299,7 @@ static void report_bad(const char *who, const char *op, const char *key, const u
 struct ctl_ep {
 	enum hkv_transport_kind kind;
 	char host[256], port[16], path[108];
+	char source[16]; /* TCP: bind to this address first ("": the kernel's choice) */
 };
 
 struct raw {
@@ -346,7 +348,15 @@ static int ctl_connect(const struct ctl_ep *ep)
 		if (getaddrinfo(ep->host, ep->port, &hints, &ai))
 			return -EHOSTUNREACH;
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		ret = fd < 0 ? -1 : connect(fd, ai->ai_addr, ai->ai_addrlen);
+		ret = fd < 0 ? -1 : 0;
+		if (!ret && ep->source[0]) { /* another source, for the server's limits */
+			struct sockaddr_in src = {.sin_family = AF_INET};
+
+			ret = inet_pton(AF_INET, ep->source, &src.sin_addr) == 1
+				      ? bind(fd, (struct sockaddr *)&src, sizeof(src)) : -1;
+		}
+		if (!ret)
+			ret = connect(fd, ai->ai_addr, ai->ai_addrlen);
 		freeaddrinfo(ai);
 	}
 	if (ret) {
@@ -2566,6 +2576,8 @@ struct ghost {
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
+	struct hkv_ctl_welcome w; /* its AUTH: client id and ticket */
+	struct ctl_ep ep;
 };
 
 static int ghost_wait(struct ghost *g, enum rdma_cm_event_type want)
@@ -2596,7 +2608,9 @@ static void ghost_free(struct ghost *g)
 	memset(g, 0, sizeof(*g));
 }
 
-static int ghost_connect(struct ghost *g, const struct hkvserver *s)
+/* half: send the connect request and stop there (never take the reply, so
+ * the connection is never established on the server's side either). */
+static int ghost_connect(struct ghost *g, const struct hkvserver *s, int half)
 {
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
 	struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
@@ -2643,8 +2657,10 @@ static int ghost_connect(struct ghost *g, const struct hkvserver *s)
 	    !(g->cq = ibv_create_cq(g->id->verbs, 4, NULL, NULL, 0)))
 		return -1;
 	qa.send_cq = qa.recv_cq = g->cq;
+	g->w = w;
+	g->ep = ep;
 	if (rdma_create_qp(g->id, g->pd, &qa) || rdma_connect(g->id, &cp) ||
-	    ghost_wait(g, RDMA_CM_EVENT_ESTABLISHED))
+	    (!half && ghost_wait(g, RDMA_CM_EVENT_ESTABLISHED)))
 		return -1;
 	return 0;
 }
@@ -2670,7 +2686,7 @@ static void test_vanished_client(void)
 	CHECK(hkvserver_start(&s, 1, "4M", "64K", one) == 0);
 	cfg = hkvserver_config(&s);
 	CHECK(cfg != NULL);
-	CHECK(ghost_connect(&g, &s) == 0);
+	CHECK(ghost_connect(&g, &s, 0) == 0);
 	/* --max-clients 1: while the ghost is there, nobody else gets in - also
 	 * after a few keepalives, which a live peer answers */
 	CHECK_RC(hkv_open(cfg, &c), -EUSERS);
@@ -2695,6 +2711,93 @@ static void test_vanished_client(void)
 	hkv_config_free(cfg);
 	hkvserver_stop(&s);
 }
+
+/* ---- test_grant_stall ----------------------------------------------------------------- */
+
+struct stall {
+	struct ghost *g;
+	atomic_int stop;
+	int grants, again, slow;
+	uint64_t worst_ms;
+};
+
+static void *stall_granter(void *arg)
+{
+	struct stall *st = arg;
+	struct hkv_ctl_grant gr = {.client_id = st->g->w.client_id, .seg = HKV_GRANT_BASE};
+	struct hkv_ctl_granted out;
+
+	memcpy(gr.ticket, st->g->w.ticket, HKV_TICKET_LEN);
+	while (!atomic_load(&st->stop)) {
+		uint64_t t0 = now_ms();
+		int rc = ctl_call(&st->g->ep, HKV_CTL_GRANT, &gr, sizeof(gr), HKV_CTL_GRANTED, &out,
+				  sizeof(out));
+
+		st->grants++;
+		st->again += rc == -EAGAIN || rc == HKV_EAGAIN;
+		if (now_ms() - t0 > st->worst_ms)
+			st->worst_ms = now_ms() - t0;
+	}
+	return NULL;
+}
+
+/*
+ * GRANT must not block the server's one event loop (issue 12, item 10). A
+ * client authenticates, sends its connect request and never completes it
+ * (its side never takes the reply, so the server never sees ESTABLISHED),
+ * then asks for its base window over and over with its valid ticket.
+ * Before, each GRANT spun up to 2 s waiting for the connection, stalling
+ * every other client's control requests: a real client could not open.
+ * Now a GRANT of an unestablished connection is refused at once and
+ * charged to its source (the repeats run into the rate limit), and a bind
+ * in flight is looked at again without waiting; a real client opens, sets
+ * and gets meanwhile.
+ */
+static void test_grant_stall(void)
+{
+	struct stall st = {0};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *c = NULL;
+	struct ghost g;
+	pthread_t t;
+	uint64_t t0, open_ms;
+	int ret;
+
+	if (!use_verbs) {
+		printf("# (verbs: shm has no windows)\n");
+		return;
+	}
+	CHECK(hkvserver_start(&s, 1, "4M", "64K", NULL) == 0);
+	CHECK(ghost_connect(&g, &s, 1) == 0);
+	/* its GRANTs from another address: another source than the real client */
+	snprintf(g.ep.source, sizeof(g.ep.source), "127.0.0.1");
+	st.g = &g;
+	CHECK(!pthread_create(&t, NULL, stall_granter, &st));
+	sleep_ms(300);
+	cfg = hkvserver_config(&s);
+	hkv_config_set_timeout_ms(cfg, 5000);
+	t0 = now_ms();
+	ret = hkv_open(cfg, &c);
+	if (!ret)
+		ret = hkv_set(c, "k", 1, "v", 1, NULL);
+	open_ms = now_ms() - t0;
+	atomic_store(&st.stop, 1);
+	pthread_join(t, NULL);
+	printf("# a half-connected client asked GRANT %d times (%d refused: not connected / rate "
+	       "limited; slowest answer %llu ms); meanwhile a real client %s in %llu ms\n",
+	       st.grants, st.again, (unsigned long long)st.worst_ms,
+	       ret ? hkv_strerror(ret) : "opened and stored", (unsigned long long)open_ms);
+	CHECK_RC(ret, 0);
+	CHECK(open_ms < 1500);
+	CHECK(st.worst_ms < 500);
+	if (c)
+		hkv_close(c);
+	ghost_free(&g);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+}
+
 
 /* ---- test_netdev_down --------------------------------------------------------------- */
 
@@ -4113,6 +4216,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);
 	RUN_TEST(test_segment_theft);
+	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
 	RUN_TEST(test_netdev_down);
