@@ -36,6 +36,7 @@ static const char *const err_text[MC_E_NTYPES] = {
 	[MC_E_BAD_MODE] = "CLIENT_ERROR invalid mode for ms M token",
 	[MC_E_OPAQUE] = "CLIENT_ERROR opaque token too long",
 	[MC_E_STATS_DETAIL] = "CLIENT_ERROR usage: stats detail on|off|dump",
+	[MC_E_HTTP] = "",
 };
 
 const char *mc_strerror(enum mc_err err)
@@ -485,6 +486,25 @@ static enum mc_cmd lookup(struct tok t)
 	return MC_CMD_NONE;
 }
 
+/*
+ * An unknown command of two or more characters whose last token starts with
+ * "HTTP/" - a web client on the wrong port ("GET / HTTP/1.0", "DELETE
+ * HTTP/1.1", "HTTP/1.1"): memcached 1.6 closes the connection without a
+ * word (seen of Debian's 1.6.18; "G HTTP/1.1", "GET / HTTP" and known
+ * commands like "get a HTTP/1.1" are answered as usual).
+ */
+static int looks_like_http(struct tok cmd, const char *line, const char *end)
+{
+	const char *last;
+
+	while (end > line && end[-1] == ' ')
+		end--;
+	last = end;
+	while (last > line && last[-1] != ' ')
+		last--;
+	return cmd.len >= 2 && end - last >= 5 && !memcmp(last, "HTTP/", 5);
+}
+
 static int dispatch(struct mc_req *r, const char *buf, size_t used, size_t len,
 		    const char *end, size_t item_max)
 {
@@ -494,7 +514,9 @@ static int dispatch(struct mc_req *r, const char *buf, size_t used, size_t len,
 
 	r->cmd = lookup(cmd);
 	switch (r->cmd) {
-	case MC_CMD_NONE: r->err = MC_E_ERROR; return (int)used;
+	case MC_CMD_NONE:
+		r->err = looks_like_http(cmd, buf, end) ? MC_E_HTTP : MC_E_ERROR;
+		return (int)used;
 	case MC_CMD_GET: case MC_CMD_GETS: case MC_CMD_GAT: case MC_CMD_GATS:
 		parse_retrieval(r, p, end);
 		return (int)used;

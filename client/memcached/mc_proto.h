@@ -72,6 +72,7 @@ enum mc_err {
 	MC_E_BAD_MODE,     /* ms: "CLIENT_ERROR invalid mode for ms M token" */
 	MC_E_OPAQUE,       /* meta: "CLIENT_ERROR opaque token too long" */
 	MC_E_STATS_DETAIL, /* "CLIENT_ERROR usage: stats detail on|off|dump" */
+	MC_E_HTTP,         /* an HTTP request line: close the connection, no reply */
 	MC_E_NTYPES
 };
 

@@ -925,6 +925,14 @@ static void execute(struct ctx *x)
 
 	if (r->err == MC_E_TOO_LARGE)
 		return process_too_large(x);
+	if (r->err == MC_E_HTTP) { /* as memcached: close at once, unsent replies dropped */
+		struct evbuffer *out = bufferevent_get_output(x->c->bev);
+
+		evbuffer_drain(x->out, evbuffer_get_length(x->out));
+		evbuffer_drain(out, evbuffer_get_length(out));
+		x->c->closing = 1;
+		return;
+	}
 	if (r->err != MC_OK)
 		return reply_error(x, mc_strerror(r->err));
 	switch (r->cmd) {

@@ -10,7 +10,10 @@ memcached where memcached defines the answer:
     timers (RSS), and a later flush_all replaces or cancels a pending one as
     memcached's does;
   - 200 "stats" walk the index at most once per 5 s (hkv_index_walks);
-  - -F: flush_all refused, as memcached -F answers it.
+  - -F: flush_all refused, as memcached -F answers it;
+  - HTTP request lines ("GET / HTTP/1.0", ...): the connection closed without
+    a reply, first line or later, exactly where memcached closes it
+    (issue 13, item 3).
 
 usage: test_limits.py HATCHKV_MEMCACHED HATCHKV_SERVER
 """
@@ -197,6 +200,51 @@ def no_flush(mc_bin, srv_bin):
         check(True, "-F: flush_all refused, the item kept, as memcached -F answers")
 
 
+HTTP_PROBES = [b"GET / HTTP/1.0", b"PUT /x HTTP/1.1", b"DELETE HTTP/1.1", b"HEAD / HTTP/1.1",
+               b"POST /a HTTP/1.1", b"HTTP/1.1", b"FOO HTTP/", b"GET / HTTP/2",
+               b"get a HTTP/1.1", b"GET foo", b"G HTTP/1.1", b"GE HTTP/1.1", b"xHTTP/1.1",
+               b"GET / http/1.0", b"GET / HTTP", b"GET /x HTTP/1.1 extra", b"incr HTTP/1.1",
+               b"mg HTTP/1.1", b"FOO  HTTP/1.1"]
+
+
+def answer(port, lines):
+    """What a fresh connection gets for lines: the bytes, and whether it closed."""
+    s = socket.create_connection(("127.0.0.1", port), 5)
+    s.settimeout(0.5)
+    s.sendall(b"".join(l + b"\r\n" for l in lines))
+    got = b""
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                return got, "closed"
+            got += d
+    except socket.timeout:
+        return got, "open"
+    finally:
+        s.close()
+
+
+def http_lines(d, ref):
+    for probe in HTTP_PROBES:
+        for lines in ([probe], [b"version", probe]):
+            ra, rb = answer(ref.port, lines), answer(d.port, lines)
+            ra = (ra[0].replace(b"VERSION 1.6.18", b"VERSION"), ra[1])
+            rb = (re_version(rb[0]), rb[1])
+            if ra != rb:
+                raise AssertionError("%r: memcached %r, hatchkv %r" % (lines, ra, rb))
+    check(True, "%d HTTP-looking lines, first and second: closed (or answered) exactly as "
+          "memcached" % len(HTTP_PROBES))
+
+
+def re_version(b):
+    i = b.find(b"VERSION 1.6.18-hatchkv-")
+    if i < 0:
+        return b
+    j = b.find(b"\r\n", i)
+    return b[:i] + b"VERSION" + b[j:]
+
+
 def main():
     mc_bin, srv_bin = sys.argv[1], sys.argv[2]
     with RealMemcached() as ref, Daemons(mc_bin, srv_bin, threads=2) as d:
@@ -204,6 +252,7 @@ def main():
         compare_multiget(d, ref)
         flush_timers(d, ref)
         cheap_stats(d)
+        http_lines(d, ref)
     no_flush(mc_bin, srv_bin)
     return 0
 
