@@ -74,21 +74,6 @@ static void stop_rekeyed(struct hkvserver *s)
 	unlink(path);
 }
 
-static int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
-		   struct hkv_item_info *info)
-{
-	size_t vlen = 0;
-	int ret = hkv_get(c, key, strlen(key), buf, cap - 1, &vlen, info);
-
-	buf[ret ? 0 : vlen] = 0;
-	return ret;
-}
-
-static int set_str(struct hkv_client *c, const char *key, const char *val)
-{
-	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
-}
-
 /* Every handle reads key as want (NULL: absent). */
 static int all_read(struct hkv_client **h, int nh, const char *key, const char *want)
 {

@@ -1282,6 +1282,38 @@ static void test_garbage(void)
 	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
 }
 
+/* Store n values "value of PREFIX-i" under keys PREFIX-i; 0 or the error. */
+static int put_values(struct hkv_client *c, const char *prefix, int n)
+{
+	char key[32], val[64];
+	int ret = 0;
+
+	for (int i = 0; i < n && !ret; i++) {
+		snprintf(key, sizeof(key), "%s-%d", prefix, i);
+		snprintf(val, sizeof(val), "value of %s-%d", prefix, i);
+		ret = hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+	}
+	return ret;
+}
+
+/* How many of put_values()' n values do not read back exactly. */
+static int bad_values(struct hkv_client *c, const char *prefix, int n)
+{
+	char key[32], val[64], got[64];
+	int bad = 0;
+
+	for (int i = 0; i < n; i++) {
+		size_t vlen = 0;
+
+		snprintf(key, sizeof(key), "%s-%d", prefix, i);
+		snprintf(val, sizeof(val), "value of %s-%d", prefix, i);
+		if (hkv_get(c, key, strlen(key), got, sizeof(got), &vlen, NULL) ||
+		    vlen != strlen(val) || memcmp(got, val, vlen))
+			bad++;
+	}
+	return bad;
+}
+
 /* ---- test_windows ------------------------------------------------------------------ */
 
 /*
@@ -1370,17 +1402,11 @@ static void test_windows(void)
 	struct hkv_client *a;
 	struct raw r, r2;
 	uint64_t tab[4096], mine;
-	char key[32], val[64], got[64];
 	int a_seg = -1, s1, s2, s3, bad = 0;
-	size_t vlen;
 
 	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", lim) == 0);
 	a = hkvserver_client(&s);
-	for (int i = 0; i < 50; i++) {
-		snprintf(key, sizeof(key), "win-%d", i);
-		snprintf(val, sizeof(val), "value of win-%d", i);
-		CHECK_RC(hkv_set(a, key, strlen(key), val, strlen(val), NULL), 0);
-	}
+	CHECK_RC(put_values(a, "win", 50), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	if (!use_verbs) {
 		CHECK(!r.windows);
@@ -1473,14 +1499,7 @@ static void test_windows(void)
 			 "WRITE with a segment rkey of this client's previous connection") == 0);
 
 	/* the library client never noticed: every value as written, sets work */
-	for (int i = 0; i < 50; i++) {
-		snprintf(key, sizeof(key), "win-%d", i);
-		snprintf(val, sizeof(val), "value of win-%d", i);
-		vlen = 0;
-		if (hkv_get(a, key, strlen(key), got, sizeof(got), &vlen, NULL) ||
-		    vlen != strlen(val) || memcmp(got, val, vlen))
-			bad++;
-	}
+	bad = bad_values(a, "win", 50);
 	CHECK_RC(hkv_set(a, "win-after", 9, "x", 1, NULL), 0);
 	hkv_client_stats(a, &st);
 	printf("# windows: the library client's 50 values intact (%d bad), %llu windows granted "
@@ -1696,16 +1715,59 @@ static void test_sigkill_writer(void)
  * key must succeed once the 1 s lease is over (not fail with EAGAIN or
  * EEXISTS), and the new value is what everyone reads after.
  */
+/*
+ * The stored entry of key (the first slot of its buckets with its
+ * fingerprint): its slot's offset and value. 0, or -1 if none.
+ */
+static int raw_find_entry(struct raw *r, const char *key, uint64_t *slot_off, uint64_t *slot)
+{
+	uint64_t h = hkv_key_hash(&r->g, key, strlen(key)), b[2];
+
+	h += !h; /* as the client does */
+	hkv_buckets_of(&r->g, h, &b[0], &b[1]);
+	for (int i = 0; i < 2; i++) {
+		if (raw_xfer(r, HKV_WR_READ, r->g.index_off + b[i] * HKV_BUCKET_SIZE, HKV_BUCKET_SIZE))
+			return -1;
+		for (int j = 0; j < HKV_BUCKET_SLOTS; j++) {
+			memcpy(slot, r->buf + j * 8, 8);
+			if (*slot && hkv_slot_fp(*slot) == hkv_fp_of(h)) {
+				*slot_off = r->g.index_off + b[i] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
+				return 0;
+			}
+		}
+	}
+	return -1;
+}
+
+/* Turn the LIVE block at blk_off back into a PENDING one stamped age_ms ago:
+ * an insert whose writer died between publishing and committing. 0 or <0. */
+static int raw_make_pending(struct raw *r, uint64_t blk_off, uint32_t age_ms)
+{
+	struct hkv_block_hdr bh;
+	struct timespec ts;
+	int ret = raw_xfer(r, HKV_WR_READ, blk_off, HKV_BLOCK_HDR);
+
+	if (ret)
+		return ret;
+	memcpy(&bh, r->buf, sizeof(bh));
+	if (hkv_meta_state(bh.meta) != HKV_BLK_LIVE)
+		return -EINVAL;
+	bh.meta = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(bh.meta), hkv_meta_gen(bh.meta));
+	clock_gettime(CLOCK_REALTIME, &ts);
+	bh.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u) - age_ms;
+	memcpy(r->buf, &bh, sizeof(bh));
+	return raw_xfer(r, HKV_WR_WRITE, blk_off, HKV_BLOCK_HDR);
+}
+
 static void test_abandoned_insert(void)
 {
 	struct hkvserver s;
 	struct hkv_client *c, *c2;
 	struct raw r;
-	uint64_t h, b[2], blk_off = 0, t0, waited_ms;
-	struct timespec ts;
+	uint64_t blk_off = 0, slot_off = 0, slot = 0, t0, waited_ms;
 	char buf[64];
 	size_t vlen = 0;
-	int ret, found = 0;
+	int ret;
 	/* the test plays a dead writer by rewriting its block header: no windows */
 	const char *const no_windows[] = {"--no-windows", NULL};
 
@@ -1714,36 +1776,9 @@ static void test_abandoned_insert(void)
 	c2 = hkvserver_client(&s);
 	CHECK_RC(hkv_set(c, "abandoned", 9, "old", 3, NULL), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	h = hkv_key_hash(&r.g, "abandoned", 9);
-	h += !h;
-	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
-	for (int i = 0; i < 2 && !found; i++) {
-		CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[i] * HKV_BUCKET_SIZE,
-				  HKV_BUCKET_SIZE), 0);
-		for (int j = 0; j < HKV_BUCKET_SLOTS && !found; j++) {
-			uint64_t slot;
-
-			memcpy(&slot, r.buf + j * 8, 8);
-			if (slot && hkv_slot_fp(slot) == hkv_fp_of(h)) {
-				blk_off = hkv_slot_off(slot);
-				found = 1;
-			}
-		}
-	}
-	CHECK(found);
-	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, HKV_BLOCK_HDR), 0);
-	{
-		struct hkv_block_hdr bh;
-
-		memcpy(&bh, r.buf, sizeof(bh));
-		CHECK(hkv_meta_state(bh.meta) == HKV_BLK_LIVE);
-		bh.meta = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(bh.meta),
-					hkv_meta_gen(bh.meta));
-		clock_gettime(CLOCK_REALTIME, &ts);
-		bh.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
-		memcpy(r.buf, &bh, sizeof(bh));
-	}
-	CHECK_RC(raw_xfer(&r, HKV_WR_WRITE, blk_off, HKV_BLOCK_HDR), 0);
+	CHECK_RC(raw_find_entry(&r, "abandoned", &slot_off, &slot), 0);
+	blk_off = hkv_slot_off(slot);
+	CHECK_RC(raw_make_pending(&r, blk_off, 0), 0);
 	CHECK_RC(hkv_get(c2, "abandoned", 9, buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
 	t0 = now_ms();
 	ret = hkv_add(c2, "abandoned", 9, "new", 3, NULL);
@@ -2271,9 +2306,7 @@ static void test_segment_theft(void)
 	struct hkv_client *a;
 	struct raw r;
 	uint64_t tab[4096], was, stolen;
-	char key[32], val[64], got[64];
 	int a_seg = -1, bad = 0, g1, g2, back1, back2;
-	size_t vlen;
 
 	if (!use_verbs) {
 		printf("# (verbs: shm has no windows)\n");
@@ -2281,11 +2314,7 @@ static void test_segment_theft(void)
 	}
 	CHECK(hkvserver_start(&s, 1, "16M", "64K", NULL) == 0);
 	a = hkvserver_client(&s);
-	for (int i = 0; i < 50; i++) {
-		snprintf(key, sizeof(key), "theft-%d", i);
-		snprintf(val, sizeof(val), "value of theft-%d", i);
-		CHECK_RC(hkv_set(a, key, strlen(key), val, strlen(val), NULL), 0);
-	}
+	CHECK_RC(put_values(a, "theft", 50), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	CHECK(r.windows && r.g.nsegs <= 4096);
 	CHECK_RC(win_table(&r, tab), 0);
@@ -2317,14 +2346,7 @@ static void test_segment_theft(void)
 	sleep_ms(1500);
 	CHECK_RC(win_table(&r, tab), 0);
 	back2 = tab[a_seg] == was;
-	for (int i = 0; i < 50; i++) {
-		snprintf(key, sizeof(key), "theft-%d", i);
-		snprintf(val, sizeof(val), "value of theft-%d", i);
-		vlen = 0;
-		if (hkv_get(a, key, strlen(key), got, sizeof(got), &vlen, NULL) ||
-		    vlen != strlen(val) || memcmp(got, val, vlen))
-			bad++;
-	}
+	bad = bad_values(a, "theft", 50);
 	CHECK_RC(hkv_set(a, "theft-after", 11, "x", 1, NULL), 0);
 	printf("# segment theft: GRANT after CASing the victim's entry to ours: %s; entry put "
 	       "back: %s; GRANT after CASing it to FREE and claiming it: %s; put back: %s; the "
@@ -2377,43 +2399,21 @@ static void test_abort_dies(void)
 	const char *const no_windows[] = {"--no-windows", NULL};
 	struct hkvserver s;
 	struct hkv_client *c, *c2, *c3;
-	struct hkv_block_hdr bh;
-	struct timespec ts;
 	struct raw r;
-	uint64_t h, b[2], blk_off = 0, slot_off = 0, slot = 0, meta;
+	uint64_t h, blk_off = 0, slot_off = 0, slot = 0, meta;
 	char buf[64];
 	size_t vlen = 0;
-	int ret, freed = -1, found = 0;
+	int ret, freed = -1;
 
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", no_windows) == 0);
 	c = hkvserver_client(&s);
 	c2 = hkvserver_client(&s);
 	CHECK_RC(hkv_set(c, "abort-dies", 10, "old", 3, NULL), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	h = hkv_key_hash(&r.g, "abort-dies", 10);
-	h += !h;
-	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
-	for (int i = 0; i < 2 && !found; i++) {
-		CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[i] * HKV_BUCKET_SIZE,
-				  HKV_BUCKET_SIZE), 0);
-		for (int j = 0; j < HKV_BUCKET_SLOTS && !found; j++) {
-			memcpy(&slot, r.buf + j * 8, 8);
-			if (slot && hkv_slot_fp(slot) == hkv_fp_of(h)) {
-				blk_off = hkv_slot_off(slot);
-				slot_off = r.g.index_off + b[i] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
-				found = 1;
-			}
-		}
-	}
-	CHECK(found);
+	CHECK_RC(raw_find_entry(&r, "abort-dies", &slot_off, &slot), 0);
+	blk_off = hkv_slot_off(slot);
 	/* its writer "died" between publishing and committing, 2 s ago */
-	CHECK_RC(raw_xfer(&r, HKV_WR_READ, blk_off, HKV_BLOCK_HDR), 0);
-	memcpy(&bh, r.buf, sizeof(bh));
-	bh.meta = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(bh.meta), hkv_meta_gen(bh.meta));
-	clock_gettime(CLOCK_REALTIME, &ts);
-	bh.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u) - 2000;
-	memcpy(r.buf, &bh, sizeof(bh));
-	CHECK_RC(raw_xfer(&r, HKV_WR_WRITE, blk_off, HKV_BLOCK_HDR), 0);
+	CHECK_RC(raw_make_pending(&r, blk_off, 2000), 0);
 
 	abort_victim = c2;
 	hkv_test_hook = die_at_abort;

@@ -38,21 +38,6 @@ static uint64_t now_ms_mono(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
-		   struct hkv_item_info *info)
-{
-	size_t vlen = 0;
-	int ret = hkv_get(c, key, strlen(key), buf, cap - 1, &vlen, info);
-
-	buf[ret ? 0 : vlen] = 0;
-	return ret;
-}
-
-static int set_str(struct hkv_client *c, const char *key, const char *val)
-{
-	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
-}
-
 /* Set keys prefix0, prefix1, ... to val until a set fails or max are stored;
  * *stored = how many were. Returns the error that stopped it (0: max). */
 static int fill(struct hkv_client *c, const char *prefix, const void *val, size_t vlen, int max,

@@ -294,3 +294,18 @@ int hkvserver_want_verbs(int argc, char **argv)
 {
 	return argc > 1 && !strcmp(argv[1], "verbs");
 }
+
+int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
+	    struct hkv_item_info *info)
+{
+	size_t vlen = 0;
+	int ret = hkv_get(c, key, strlen(key), buf, cap - 1, &vlen, info);
+
+	buf[ret ? 0 : vlen] = 0;
+	return ret;
+}
+
+int set_str(struct hkv_client *c, const char *key, const char *val)
+{
+	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+}

@@ -47,6 +47,11 @@ struct hkv_config *hkvserver_config(const struct hkvserver *s);
 struct hkv_client *hkvserver_client(const struct hkvserver *s);
 void hkvserver_stop(struct hkvserver *s);
 void hkvserver_kill(struct hkvserver *s);
+/* A get into a C string (cap counts its NUL; "" unless found), and a set of
+ * one: the tests' shorthands. */
+int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
+	    struct hkv_item_info *info);
+int set_str(struct hkv_client *c, const char *key, const char *val);
 /* Does the environment ask for / offer the verbs transport? */
 int hkvserver_want_verbs(int argc, char **argv);
 
