@@ -36,7 +36,7 @@ static const char *const err_text[MC_E_NTYPES] = {
 	[MC_E_BAD_MODE] = "CLIENT_ERROR invalid mode for ms M token",
 	[MC_E_OPAQUE] = "CLIENT_ERROR opaque token too long",
 	[MC_E_STATS_DETAIL] = "CLIENT_ERROR usage: stats detail on|off|dump",
-	[MC_E_HTTP] = "",
+	[MC_E_HTTP] = "(an HTTP request line: closed without a reply)", /* never sent */
 };
 
 const char *mc_strerror(enum mc_err err)
