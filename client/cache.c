@@ -75,8 +75,10 @@ static int read_entry(struct hkv_cache_entry *e, uint64_t hash, uint64_t *w, uin
 	if (s1 & 1)
 		return 0;
 	/* acquire loads keep the second read of seq after the data (no fence:
-	 * ThreadSanitizer does not model fences) */
-	for (int i = 0; i < HKV_CACHE_WORDS; i++)
+	 * ThreadSanitizer does not model fences); of the key, only its words */
+	for (int i = 0; i < 6; i++)
+		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_ACQUIRE);
+	for (int i = 6; i < HKV_CACHE_WORDS && (uint64_t)(i - 6) * 8 < w[5]; i++)
 		w[i] = __atomic_load_n(&e->w[i], __ATOMIC_ACQUIRE);
 	s2 = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
 	*seq = s1;
