@@ -47,7 +47,6 @@ struct hkv_store {
 	uint32_t npending; /* tickets handed out, not yet redeemed or expired by the tick */
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
-	uint64_t revoked;          /* segment windows revoked after their owner let go */
 	/* Memory windows: who holds each segment's WRITE window, as the server
 	 * granted it (0: nobody), and the holder's table entry as last seen.
 	 * The table is CASable by every writer, so it is not proof of ownership:
