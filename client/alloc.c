@@ -622,14 +622,20 @@ struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls)
 	struct hkv_seg_own *best = NULL;
 	uint32_t best_n = 0;
 
+	uint64_t keep = c->protect_off >= c->g.data_off
+				? (c->protect_off - c->g.data_off) / c->g.seg_size : UINT64_MAX;
+
 	for (uint32_t i = 0; i < c->g.nclasses; i++) {
 		struct hkv_seg_own *so = c->classes[i].segs, *last = NULL;
 		uint32_t n = 0;
 
 		if (i == cls)
 			continue;
-		for (; so; so = so->next, n++)
-			last = so;
+		for (; so; so = so->next)
+			if (so->idx != keep) { /* not the segment of the item being rewritten */
+				last = so;
+				n++;
+			}
 		if (n > best_n) {
 			best_n = n;
 			best = last;

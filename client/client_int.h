@@ -169,6 +169,13 @@ struct hkv_client {
 	uint64_t rng;
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
+	/* The write in progress: its key (evicting it to make room must not turn
+	 * into "not found": op_key_evicted), and the block a read-modify-write
+	 * read, which no eviction or segment move of its own may take. */
+	const void *op_key;
+	uint16_t op_klen;
+	int op_key_evicted;
+	uint64_t protect_off;
 
 	struct hkv_client_stats stats;
 };

@@ -1071,7 +1071,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 	struct hkv_wr wrs[2 * EVICT_BATCH];
 	struct item it[EVICT_BATCH];
 	struct key key[EVICT_BATCH];
-	int n = 0, ret, evicted = 0;
+	int n = 0, ret, evicted = 0, own[EVICT_BATCH];
 
 	for (int i = 0; i < nv; i++) {
 		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
@@ -1095,7 +1095,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 					      .gen = hkv_meta_gen(h->meta), .seen_ns = v[i].seen_ns};
 			hkv_cache_drop(c->cache, key[i].h);
 			append_retire(c, wrs, 2 * n, &it[n], 0, &c->atom[8 + 2 * n]);
-			n++;
+			own[n++] = i;
 			break;
 		}
 	}
@@ -1103,8 +1103,14 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 		return 0;
 	if ((ret = hkv_exec(c, wrs, 2 * n)))
 		return ret;
-	for (int i = 0; i < n; i++) /* replaced or removed meanwhile: not an eviction */
-		evicted += retire_outcome(c, &it[i], &c->atom[8 + 2 * i], 0) == 0;
+	for (int i = 0; i < n; i++) { /* replaced or removed meanwhile: not an eviction */
+		int ok = retire_outcome(c, &it[i], &c->atom[8 + 2 * i], 0) == 0;
+
+		evicted += ok;
+		if (ok && c->op_key && key[own[i]].len == c->op_klen &&
+		    !memcmp(key[own[i]].p, c->op_key, c->op_klen))
+			c->op_key_evicted = 1; /* we evicted the very key we are writing */
+	}
 	c->stats.evictions += (uint64_t)evicted;
 	return evicted;
 }
@@ -1134,7 +1140,8 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
 
 		if (hkv_meta_state(h->meta) != HKV_BLK_LIVE || hkv_meta_class(h->meta) != cls ||
-		    h->klen == 0 || (uint32_t)HKV_BLOCK_HDR + h->klen > rd)
+		    h->klen == 0 || (uint32_t)HKV_BLOCK_HDR + h->klen > rd ||
+		    v[i].off == c->protect_off) /* the item being rewritten */
 			continue;
 		v[i].score = evict_score(h, now_ms, now_s);
 		v[nv++] = v[i];
@@ -1473,7 +1480,18 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	uint32_t blen;
 	int ret, written = 0;
 
+	c->op_key = k->p;
+	c->op_klen = k->len;
+	c->op_key_evicted = 0;
+	if (mode == STORE_CAS || mode == STORE_REPLACE) { /* keep the item it acts on */
+		struct hkv_loc lc;
+
+		if (cache_get(c, k, &lc, 0) && lc.key_ok == 1)
+			c->protect_off = hkv_slot_off(lc.slot);
+	}
 	ret = build_block(c, k, v, &slot, &blen);
+	c->op_key = NULL;
+	c->protect_off = 0;
 	if (ret)
 		return ret;
 	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
@@ -1512,7 +1530,9 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	}
 	if (ret) {
 		unbuild_block(c, slot);
-		return ret;
+		/* the key is absent because making room for its new value evicted
+		 * it: that is running out of memory, not a miss */
+		return ret == HKV_ENOTFOUND && c->op_key_evicted ? HKV_EFULL : ret;
 	}
 	stored(c, k, slot, slot_off);
 	return 0;
@@ -1543,8 +1563,10 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 		if (item_expired(&it))
 			return HKV_ENOTFOUND;
 		ret = fn(c, &it, &v, arg);
+		c->protect_off = it.blk_off; /* making room never takes the item itself */
 		if (!ret)
 			ret = build_block(c, k, &v, &slot, &blen);
+		c->protect_off = 0;
 		if (ret)
 			return ret;
 		/* However long the building took (allocation, eviction) or this

@@ -779,6 +779,112 @@ static void test_lost_server(void)
 	hkvserver_stop(&s);
 }
 
+/*
+ * A read-modify-write whose new value needs another size class (issue 13,
+ * item 2): incr "9" -> "10" and decr "10" -> "9" for every key length that
+ * puts the two values in different classes, append across a class, in a
+ * fresh cache-mode store and in one filled with many sizes and flushed. The
+ * key is there: the answer is the new value, or an honest out-of-memory
+ * error, never "not found".
+ */
+static int rmw_boundaries(struct hkv_client *c, int *misses, int *full)
+{
+	char key[260], buf[64];
+	uint64_t n;
+	int walked = 0;
+
+	for (int klen = 1; klen <= 250; klen++) {
+		int rc;
+
+		/* header 32 + key + value: 1 -> 2 digits crosses a 64 B class at
+		 * 32 + klen + 1 == 64k; only test where the class changes */
+		if ((32 + klen + 1) % 64 != 0)
+			continue;
+		memset(key, 'a' + klen % 26, (size_t)klen);
+		key[klen] = 0;
+		walked++;
+		if (set_str(c, key, "9"))
+			return -1;
+		rc = hkv_incr(c, key, (size_t)klen, 1, &n);
+		*misses += rc == HKV_ENOTFOUND;
+		*full += rc == HKV_EFULL;
+		if (!rc && (get_str(c, key, buf, sizeof(buf), NULL) || strcmp(buf, "10")))
+			return -1;
+		rc = hkv_decr(c, key, (size_t)klen, 1, &n); /* and back down a class */
+		*misses += rc == HKV_ENOTFOUND;
+		*full += rc == HKV_EFULL;
+		rc = hkv_append(c, key, (size_t)klen, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+				64, 0);
+		*misses += rc == HKV_ENOTFOUND;
+		*full += rc == HKV_EFULL;
+	}
+	return walked;
+}
+
+static void test_rmw_class_boundaries(void)
+{
+	const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_client *c, *h, *g;
+	char *big = calloc(1, 64 << 10), key[64];
+	int misses[3] = {0, 0, 0}, full[3] = {0, 0, 0}, walked[2], rc;
+	uint64_t n;
+
+	CHECK(big != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", cache) == 0);
+	c = hkvserver_client(&s);
+	walked[0] = rmw_boundaries(c, &misses[0], &full[0]);
+	/* many sizes, the store written past its size, then emptied */
+	for (int i = 0; i < 4000; i++) {
+		snprintf(key, sizeof(key), "fill-%d", i);
+		CHECK_RC(hkv_set(c, key, strlen(key), big, (size_t)(64 + (i * 997) % 60000), NULL), 0);
+	}
+	CHECK_RC(hkv_flush_all(c), 0);
+	walked[1] = rmw_boundaries(c, &misses[1], &full[1]);
+	hkv_close(c);
+	hkvserver_stop(&s);
+
+	/* a handle whose only segment holds the key, the rest of memory another
+	 * handle's: its incr needs a block of another class, and the only
+	 * memory it could move is the key's own segment */
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache) == 0);
+	h = hkvserver_client(&s);
+	g = hkvserver_client(&s);
+	memset(key, 'k', 31);
+	key[31] = 0;
+	CHECK_RC(set_str(h, key, "9"), 0);
+	for (int i = 0; i < 2000; i++) {
+		char k2[32];
+
+		snprintf(k2, sizeof(k2), "g-%d", i);
+		CHECK_RC(hkv_set(g, k2, strlen(k2), big, 8000, NULL), 0);
+	}
+	rc = hkv_incr(h, key, 31, 1, &n);
+	misses[2] += rc == HKV_ENOTFOUND;
+	full[2] += rc == HKV_EFULL;
+	{ /* the key is still there; a cas to the longer value (hatchkv-memcached's
+	   * incr) is out of memory too, never "not found" */
+		struct hkv_item_info info;
+		char buf[16];
+		int rc2;
+
+		CHECK_RC(get_str(h, key, buf, sizeof(buf), &info), 0);
+		rc2 = hkv_cas(h, key, 31, "10", 2, info.version, NULL);
+		CHECK(rc2 == 0 || rc2 == HKV_EFULL);
+		misses[2] += rc2 == HKV_ENOTFOUND;
+	}
+	printf("# read-modify-writes across a class: %d key lengths in a fresh store (%d not "
+	       "found, %d out of memory), %d in one filled and flushed (%d not found, %d out of "
+	       "memory); with memory held by another handle: %s\n", walked[0], misses[0], full[0],
+	       walked[1], misses[1], full[1], rc ? hkv_strerror(rc) : "incremented");
+	CHECK(walked[0] > 0 && walked[1] > 0);
+	CHECK(misses[0] == 0 && misses[1] == 0 && misses[2] == 0);
+	hkv_close(h);
+	hkv_close(g);
+	hkvserver_stop(&s);
+	free(big);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -792,6 +898,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_memory_returns);
 	RUN_TEST(test_flush_all);
 	RUN_TEST(test_cache_mode);
+	RUN_TEST(test_rmw_class_boundaries);
 	RUN_TEST(test_lost_server);
 	RUN_TEST(test_reconnect);
 	RUN_TEST(test_limits);
