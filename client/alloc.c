@@ -621,7 +621,6 @@ struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_seg_own *best = NULL;
 	uint32_t best_n = 0;
-
 	uint64_t keep = c->protect_off >= c->g.data_off
 				? (c->protect_off - c->g.data_off) / c->g.seg_size : UINT64_MAX;
 

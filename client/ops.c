@@ -573,12 +573,12 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
  * come back to the very value we expected (ABA, after 2048 reuses of the
  * address: only when this thread stopped for longer than the horizon inside
  * the post, after view_fresh). We acted on an entry we never saw: put it
- * back (CAS slot new->old). 1 if the slot is as it was; if someone changed
- * it meanwhile, the entry we displaced is unnamed: retire it as its remover
- * would have (mark, and free on the won mark), and 0.
+ * back (CAS slot new->old). If someone changed the slot meanwhile, the entry
+ * we displaced is unnamed: retire it as its remover would have (mark, and
+ * free on the won mark).
  */
-static int undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
-		      uint64_t seen)
+static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+		       uint64_t seen)
 {
 	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], old->slot_off, new_slot, old->slot);
 
@@ -586,14 +586,13 @@ static int undo_stale(struct hkv_client *c, const struct item *old, uint64_t new
 	hkv_warn("client %u: a write acted on a view older than the ABA horizon (slot 0x%llx); "
 		 "undoing it", c->client_id, (unsigned long long)old->slot_off);
 	if (hkv_exec(c, &wr, 1) || c->atom[2] == new_slot)
-		return 1;
+		return;
 	if (hkv_meta_state(seen) != HKV_BLK_LIVE ||
 	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
-		return 0;
+		return;
 	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, (seen & ~3ull) | HKV_BLK_OBSOLETE);
 	if (!hkv_exec(c, &wr, 1) && c->atom[2] == seen)
 		hkv_free_block(c, old->blk_off, hkv_meta_class(seen));
-	return 0;
 }
 
 /*
@@ -946,8 +945,8 @@ static int cache_mode(const struct hkv_client *c)
  * *blen. The value is copied before allocating: in cache mode a full class
  * evicts (evict() reads into rblk, where a modify's old value may live).
  */
-static int build_block(struct hkv_client *c, const struct key *k, const struct value *v,
-		       uint64_t *slot, uint32_t *blen)
+static int fill_block(struct hkv_client *c, const struct key *k, const struct value *v,
+		      uint64_t *slot, uint32_t *blen)
 {
 	struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->wblk;
 	size_t vlen = v->l1 + v->l2, total = HKV_BLOCK_HDR + k->len + vlen;
@@ -1002,6 +1001,26 @@ static int build_block(struct hkv_client *c, const struct key *k, const struct v
 	*slot = hkv_slot_make(k->fp, (uint32_t)cls, gen, off);
 	*blen = (uint32_t)total;
 	return 0;
+}
+
+/*
+ * fill_block() for a write of key k. Making room never takes the block at
+ * `keep` (the item the write rewrites: 0 when unknown) nor moves its
+ * segment; if it evicts k itself, c->op_key_evicted says so (store() then
+ * answers out of memory, not "not found").
+ */
+static int build_block(struct hkv_client *c, const struct key *k, const struct value *v,
+		       uint64_t keep, uint64_t *slot, uint32_t *blen)
+{
+	int ret;
+
+	c->op_key = k->p;
+	c->op_klen = k->len;
+	c->protect_off = keep;
+	ret = fill_block(c, k, v, slot, blen);
+	c->op_key = NULL;
+	c->protect_off = 0;
+	return ret;
 }
 
 static void unbuild_block(struct hkv_client *c, uint64_t slot)
@@ -1126,7 +1145,6 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	uint32_t now_ms = now_ms32(), now_s = now_unix();
 	struct hkv_wr wrs[EVICT_SAMPLES];
 	int nv = 0, ret, evicted = 0;
-
 	uint64_t t = hkv_coarse_ns();
 
 	for (int i = 0; i < n; i++) {
@@ -1475,23 +1493,17 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 static int store(struct hkv_client *c, const struct key *k, enum store_mode mode,
 		 const struct value *v, uint64_t version)
 {
-	uint64_t slot, slot_off = 0;
+	uint64_t slot, slot_off = 0, keep = 0;
+	struct hkv_loc lc;
 	struct retry rt;
 	uint32_t blen;
 	int ret, written = 0;
 
-	c->op_key = k->p;
-	c->op_klen = k->len;
+	if ((mode == STORE_CAS || mode == STORE_REPLACE) && cache_get(c, k, &lc, 0) &&
+	    lc.key_ok == 1)
+		keep = hkv_slot_off(lc.slot); /* keep the item it acts on */
 	c->op_key_evicted = 0;
-	if (mode == STORE_CAS || mode == STORE_REPLACE) { /* keep the item it acts on */
-		struct hkv_loc lc;
-
-		if (cache_get(c, k, &lc, 0) && lc.key_ok == 1)
-			c->protect_off = hkv_slot_off(lc.slot);
-	}
-	ret = build_block(c, k, v, &slot, &blen);
-	c->op_key = NULL;
-	c->protect_off = 0;
+	ret = build_block(c, k, v, keep, &slot, &blen);
 	if (ret)
 		return ret;
 	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
@@ -1522,7 +1534,7 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 			}
 		}
 		if (ret == YIELDED) { /* withdrawn and freed: a fresh block, freshly stamped */
-			if ((ret = build_block(c, k, v, &slot, &blen)))
+			if ((ret = build_block(c, k, v, keep, &slot, &blen)))
 				return ret;
 			written = 0;
 		}
@@ -1563,10 +1575,8 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 		if (item_expired(&it))
 			return HKV_ENOTFOUND;
 		ret = fn(c, &it, &v, arg);
-		c->protect_off = it.blk_off; /* making room never takes the item itself */
-		if (!ret)
-			ret = build_block(c, k, &v, &slot, &blen);
-		c->protect_off = 0;
+		if (!ret) /* making room never takes the item itself */
+			ret = build_block(c, k, &v, it.blk_off, &slot, &blen);
 		if (ret)
 			return ret;
 		/* However long the building took (allocation, eviction) or this

@@ -701,22 +701,17 @@ static struct ibv_mr *verbs_bind_mr(struct verbs_listener *vl, uint64_t off, uin
 
 /*
  * Reap the listener's CQ (it carries only its own posts: binds and
- * keepalives). A keepalive's completion settles its child (an error marks
- * it dead); the completion whose wr_id is `want` (0: none) is returned in
- * *st. 1 if it was seen, 0 if not yet, <0 on a CQ error.
+ * keepalives). A bind's completion settles its window (verbs_l_grant reads
+ * the outcome), a keepalive's its child (an error marks it dead). 0, or <0
+ * on a CQ error.
  */
-static int verbs_l_reap(struct verbs_listener *vl, uint64_t want, enum ibv_wc_status *st)
+static int verbs_l_reap(struct verbs_listener *vl)
 {
 	struct ibv_wc wc[VERBS_POLL_BATCH];
-	int n, seen = 0;
+	int n;
 
 	while ((n = ibv_poll_cq(vl->cq, VERBS_POLL_BATCH, wc)) > 0) {
 		for (int i = 0; i < n; i++) {
-			if (want && wc[i].wr_id == want) {
-				*st = wc[i].status;
-				seen = 1;
-				continue;
-			}
 			for (struct verbs_child *ch = vl->children; ch; ch = ch->next)
 				for (uint32_t k = 0; k < ch->nwin; k++) /* a window's bind came back */
 					if (ch->win[k].bind_wr == wc[i].wr_id) {
@@ -743,7 +738,7 @@ static int verbs_l_reap(struct verbs_listener *vl, uint64_t want, enum ibv_wc_st
 			}
 		}
 	}
-	return n < 0 ? HKV_ETRANSPORT : seen;
+	return n < 0 ? HKV_ETRANSPORT : 0;
 }
 
 /* Post the bind of mw over [off, off+len) on the child's QP with the new
@@ -778,10 +773,9 @@ static int verbs_l_tick(struct hkv_listener *l)
 {
 	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
 	uint64_t now = hkv_now_ns();
-	enum ibv_wc_status st;
 	int closed = 0;
 
-	verbs_l_reap(vl, 0, &st);
+	verbs_l_reap(vl);
 	for (struct verbs_child *ch = vl->children, *next; ch; ch = next) {
 		struct ibv_send_wr wr = {0}, *bad;
 
@@ -841,7 +835,7 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 		if (!ch->established)
 			return -EAGAIN; /* not connected (yet): the client asks again */
 	}
-	verbs_l_reap(vl, 0, &(enum ibv_wc_status){0});
+	verbs_l_reap(vl);
 	for (uint32_t i = 0; i < ch->nwin; i++) {
 		w = &ch->win[i];
 		if (w->off == off && w->len == len && w->access == access) {
@@ -881,7 +875,7 @@ static int verbs_l_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, 
 	ch->win[ch->nwin++] = (struct verbs_window){.off = off, .len = len, .access = access,
 						    .rkey = key, .mw = mw, .bind_wr = wr_id};
 	vl->nwindows++;
-	verbs_l_reap(vl, 0, &(enum ibv_wc_status){0}); /* a bind is local: often done now */
+	verbs_l_reap(vl); /* a bind is local: often done now */
 	if (ch->win[ch->nwin - 1].bind_wr)
 		return -EINPROGRESS; /* the caller asks again (hkv_listener_grant) */
 	ret = ch->win[ch->nwin - 1].status;
