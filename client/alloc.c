@@ -22,9 +22,18 @@
  * orphans its segments when its connection goes, and the next client short
  * of memory adopts them: free = bit set or never written. An orphan whose
  * blocks are all free is re-carved into whatever class the adopter needs.
+ *
+ * Ownership is a lease: we allocate in a segment only within
+ * HKV_SEG_LEASE_MS of posting the CAS that last renewed its entry (one
+ * CAS per segment per HKV_SEG_RENEW_MS, and only while we allocate
+ * there). A segment we stop allocating in goes IDLE by the server's tick,
+ * and a client short of memory adopts it like an orphan (its unpublished
+ * blocks stay: their writer lives). Taking it back, or finding it gone,
+ * happens at our next renewal (seg_hold).
  */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/client_int.h"
 #include "common/hkv_alloc.h"
@@ -118,12 +127,101 @@ static int grant_write(struct hkv_client *c, uint32_t idx)
 	return c->windows && !c->wkeys[idx] ? hkv_grant(c, idx, &c->wkeys[idx]) : 0;
 }
 
-/* We own segment idx now (and may write it): track it. NULL on -ENOMEM. */
+static uint64_t table_off(const struct hkv_client *c, uint32_t idx)
+{
+	return c->g.seg_table_off + (uint64_t)idx * 8;
+}
+
+static void seg_own_free(struct hkv_seg_own *so)
+{
+	hkv_free(so->gen);
+	hkv_free(so->held);
+	hkv_free(so);
+}
+
+/*
+ * Stop tracking so, a segment that is no longer ours (adopted while idle):
+ * off its class's list and FIFO, and forgotten. Blocks in our FIFO whose
+ * bits we had cleared stay so (a never-written one may be the adopter's by
+ * now: setting its bit could free its live block); they leak, and only
+ * blocks we un-allocated after a failed write are ever held that way.
+ */
+void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so)
+{
+	struct hkv_class_alloc *ca = &c->classes[so->cls];
+	struct hkv_seg_own **pp = &ca->segs;
+	uint32_t keep = ca->head;
+
+	while (*pp && *pp != so)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = so->next;
+	for (uint32_t i = ca->head; i != ca->tail; i++) {
+		struct hkv_free_block fb = ca->fifo[i & (ca->cap - 1)];
+
+		if (fb.seg != so->idx)
+			ca->fifo[keep++ & (ca->cap - 1)] = fb;
+	}
+	ca->tail = keep;
+	if (c->owned[so->idx] == so)
+		c->owned[so->idx] = NULL;
+	if (c->wkeys)
+		c->wkeys[so->idx] = 0;
+	hkv_debug("client %u: segment %u (class %u) is no longer ours", c->client_id, so->idx,
+		  so->cls);
+	seg_own_free(so);
+}
+
+/*
+ * May we allocate in so? Yes while the lease from our last renewal holds;
+ * from HKV_SEG_RENEW_MS on, renew it first (one CAS, epoch + 1; an IDLE
+ * entry still naming us is taken back the same way). 0: allocate; 1: the
+ * segment is someone else's now (the caller forgets it); <0: error.
+ */
+int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so)
+{
+	uint32_t me = c->client_id & 0xffff;
+
+	for (int tries = 0; tries < 3; tries++) {
+		uint64_t now = hkv_now_ns(), want = so->entry, next;
+		struct hkv_wr wr;
+		int ret;
+
+		if (so->lease_ns && now - so->lease_ns < HKV_SEG_RENEW_MS * 1000000ull)
+			return 0;
+		next = hkv_seg_make(HKV_SEG_OWNED, so->cls, me, hkv_seg_epoch(want) + 1);
+		wr = hkv_wr_cas(c, &c->atom[0], table_off(c, so->idx), want, next);
+		ret = hkv_exec(c, &wr, 1);
+		if (ret)
+			return ret;
+		if (c->atom[0] == want) {
+			so->entry = next;
+			so->lease_ns = now; /* posted after now: the lease runs from before */
+			c->stats.segments_renewed++;
+			return 0;
+		}
+		want = c->atom[0];
+		/* IDLE (the server saw us stop) or put back by the server's sweep:
+		 * still naming us in our class, so nobody else allocated there */
+		if ((hkv_seg_state(want) != HKV_SEG_IDLE && hkv_seg_state(want) != HKV_SEG_OWNED) ||
+		    hkv_seg_owner(want) != me || hkv_seg_class(want) != so->cls)
+			break;
+		so->entry = want;
+		so->lease_ns = 0;
+	}
+	c->stats.segments_lost++;
+	return 1;
+}
+
+/* We own segment idx now (and may write it): track it. NULL on -ENOMEM.
+ * entry: the table entry our CAS set, posted at lease_ns. */
 static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint32_t cls,
-				       int *err)
+				       uint64_t entry, uint64_t lease_ns, int *err)
 {
 	struct hkv_seg_own *so;
 
+	if (c->owned[idx]) /* ours once, lost, and back: start from the table */
+		hkv_alloc_forget(c, c->owned[idx]);
 	*err = -ENOMEM;
 	so = hkv_calloc(1, sizeof(*so));
 	if (!so)
@@ -139,6 +237,8 @@ static struct hkv_seg_own *seg_own_new(struct hkv_client *c, uint32_t idx, uint3
 		hkv_free(so);
 		return NULL;
 	}
+	so->entry = entry;
+	so->lease_ns = lease_ns;
 	so->next = c->classes[cls].segs;
 	c->classes[cls].segs = so;
 	c->owned[idx] = so;
@@ -300,6 +400,7 @@ static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t 
 	struct hkv_wr wrs[64];
 	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(entry) + 1);
 	struct hkv_seg_own *so;
+	uint64_t t_post;
 	int n = 0, ret;
 
 	for (uint32_t w = 0; w < (sc->nblocks + 63) / 64; w++) {
@@ -310,13 +411,14 @@ static int recarve(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t 
 			return ret;
 		n %= 64;
 	}
-	wrs[n++] = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)idx * 8, entry, mine);
+	wrs[n++] = hkv_wr_cas(c, &c->atom[0], table_off(c, idx), entry, mine);
+	t_post = hkv_now_ns();
 	ret = hkv_exec(c, wrs, n);
 	if (ret)
 		return ret;
 	if (c->atom[0] != entry)
 		return HKV_ECORRUPT; /* only we may change an entry we own */
-	so = seg_own_new(c, idx, cls, &ret);
+	so = seg_own_new(c, idx, cls, mine, t_post, &ret);
 	if (!so)
 		return ret;
 	for (uint32_t b = 0; b < so->nblocks; b++)
@@ -348,8 +450,12 @@ static int reclaim(struct hkv_client *c, const struct hkv_seg_own *so, const str
 	return ret < 0 ? ret : 0;
 }
 
-/* Adopt an orphan we just took: as it is, or re-carved when wholly free. */
-static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t want_cls)
+/* Adopt an orphan or idle segment we just took (entry: ours, set at
+ * t_post): as it is, or re-carved when wholly free. An orphan's unpublished
+ * blocks are taken back; an idle one's owner lives, and publishes or frees
+ * its own. */
+static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint64_t t_post,
+		 uint32_t want_cls, int orphan)
 {
 	uint32_t cls = hkv_seg_class(entry);
 	struct hkv_seg_own *so;
@@ -359,10 +465,10 @@ static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t wa
 	if (!ret && sc.nfree == sc.nblocks && cls != want_cls) {
 		ret = recarve(c, idx, entry, want_cls, &sc);
 	} else if (!ret) {
-		so = seg_own_new(c, idx, cls, &ret);
+		so = seg_own_new(c, idx, cls, entry, t_post, &ret);
 		if (so)
 			ret = adopt_as_is(c, so, &sc);
-		if (so && !ret)
+		if (so && !ret && orphan)
 			ret = reclaim(c, so, &sc);
 		c->stats.segments_adopted++;
 	}
@@ -372,12 +478,15 @@ static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint32_t wa
 	return ret;
 }
 
-/* CAS a segment table entry from e to owned-by-us (class cls); 1 if we got it. */
-static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls, int *err)
+/* CAS a segment table entry from e to owned-by-us (class cls); 1 if we got
+ * it. *t_post: when the CAS was posted (our lease runs from then). */
+static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls,
+		      uint64_t *t_post, int *err)
 {
 	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
-	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, e, mine);
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], table_off(c, i), e, mine);
 
+	*t_post = hkv_now_ns();
 	*err = hkv_exec(c, &wr, 1);
 	return !*err && c->atom[0] == e;
 }
@@ -388,8 +497,11 @@ static int take_entry(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls
 static void give_back(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls)
 {
 	uint64_t mine = hkv_seg_make(HKV_SEG_OWNED, cls, c->client_id, hkv_seg_epoch(e) + 1);
-	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], c->g.seg_table_off + (uint64_t)i * 8, mine,
-				      hkv_seg_make(hkv_seg_state(e), hkv_seg_class(e), 0,
+	/* (an IDLE entry keeps its owner, who may take it back) */
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], table_off(c, i), mine,
+				      hkv_seg_make(hkv_seg_state(e), hkv_seg_class(e),
+						   hkv_seg_state(e) == HKV_SEG_IDLE
+							   ? hkv_seg_owner(e) : 0,
 						   hkv_seg_epoch(e) + 2));
 
 	if (c->wkeys)
@@ -398,10 +510,30 @@ static void give_back(struct hkv_client *c, uint32_t i, uint64_t e, uint32_t cls
 }
 
 /*
- * More memory for class cls: a FREE segment, else an ORPHAN of class cls,
- * else any ORPHAN (re-carved if wholly free, else kept in its own class and
- * we look again).
+ * More memory for class cls, in this order: a FREE segment; an ORPHAN, then
+ * an IDLE segment (another client's, which it stopped allocating in) of
+ * class cls; any ORPHAN, then any IDLE one (re-carved if wholly free, else
+ * kept in its own class and we look again).
  */
+enum { PASS_FREE, PASS_ORPHAN_CLS, PASS_IDLE_CLS, PASS_ORPHAN_ANY, PASS_IDLE_ANY, NPASS };
+
+static int pass_wants(const struct hkv_client *c, int pass, uint64_t e, uint32_t idx,
+		      uint32_t cls)
+{
+	enum hkv_seg_state st = hkv_seg_state(e);
+	uint32_t ecls = hkv_seg_class(e);
+
+	if (pass == PASS_FREE)
+		return st == HKV_SEG_FREE;
+	if (ecls >= c->g.nclasses)
+		return 0;
+	if ((pass == PASS_ORPHAN_CLS || pass == PASS_IDLE_CLS) && ecls != cls)
+		return 0;
+	if (pass == PASS_ORPHAN_CLS || pass == PASS_ORPHAN_ANY)
+		return st == HKV_SEG_ORPHAN;
+	return st == HKV_SEG_IDLE && !c->owned[idx]; /* our own: seg_hold takes it back */
+}
+
 static int claim_segment(struct hkv_client *c, uint32_t cls)
 {
 	uint64_t *table = (uint64_t *)c->scr;
@@ -423,18 +555,15 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 	if (ret)
 		return ret;
 	start = (uint32_t)(hkv_rand(c) % n);
-	for (int pass = 0; pass < 3; pass++) {
+	for (int pass = 0; pass < NPASS; pass++) {
 		for (uint32_t k = 0; k < n; k++) {
 			uint32_t i = (start + k) % n;
-			uint64_t e = table[i];
-			enum hkv_seg_state st = hkv_seg_state(e);
+			uint64_t e = table[i], t_post;
 			uint32_t ecls = hkv_seg_class(e);
 
-			if (pass == 0 ? st != HKV_SEG_FREE
-				      : st != HKV_SEG_ORPHAN || ecls >= c->g.nclasses ||
-						(pass == 1 && ecls != cls))
+			if (!pass_wants(c, pass, e, i, cls))
 				continue;
-			if (!take_entry(c, i, e, pass ? ecls : cls, &ret)) {
+			if (!take_entry(c, i, e, pass ? ecls : cls, &t_post, &ret)) {
 				if (ret)
 					return ret;
 				continue; /* somebody was faster */
@@ -444,31 +573,50 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 				give_back(c, i, e, pass ? ecls : cls);
 				return ret;
 			}
-			if (pass == 0) {
+			if (pass == PASS_FREE) {
 				c->stats.segments_claimed++;
-				if (!seg_own_new(c, i, cls, &ret))
+				if (!seg_own_new(c, i, cls, hkv_seg_make(HKV_SEG_OWNED, cls,
+									  c->client_id,
+									  hkv_seg_epoch(e) + 1),
+						 t_post, &ret))
 					give_back(c, i, e, cls);
 				return ret;
 			}
+			if (hkv_seg_state(e) == HKV_SEG_IDLE)
+				c->stats.segments_taken_idle++;
 			e = hkv_seg_make(HKV_SEG_OWNED, ecls, c->client_id, hkv_seg_epoch(e) + 1);
-			return adopt(c, i, e, cls);
+			return adopt(c, i, e, t_post, cls, pass == PASS_ORPHAN_CLS ||
+								pass == PASS_ORPHAN_ANY);
 		}
 	}
 	return HKV_EFULL;
 }
 
+/* The next rested block of the FIFO: 1 (taken), 0 (none ready), <0. */
 static int take_ready(struct hkv_client *c, struct hkv_class_alloc *ca, uint64_t now,
 		      uint64_t *off, uint32_t *gen)
 {
 	struct hkv_free_block fb;
 	struct hkv_seg_own *so;
+	int ret;
 
-	if (ca->head == ca->tail || ca->fifo[ca->head & (ca->cap - 1)].ready_ns > now)
-		return 0;
-	fb = ca->fifo[ca->head++ & (ca->cap - 1)];
-	so = c->owned[fb.seg];
-	if (!so || fb.blk >= so->nblocks)
-		return 0;
+	for (;;) {
+		if (ca->head == ca->tail || ca->fifo[ca->head & (ca->cap - 1)].ready_ns > now)
+			return 0;
+		fb = ca->fifo[ca->head & (ca->cap - 1)];
+		so = c->owned[fb.seg];
+		if (!so || fb.blk >= so->nblocks) {
+			ca->head++;
+			continue;
+		}
+		ret = hkv_alloc_hold(c, so);
+		if (ret < 0)
+			return ret;
+		if (ret == 0)
+			break;
+		hkv_alloc_forget(c, so); /* adopted while we were not allocating there */
+	}
+	ca->head++;
 	*gen = ++so->gen[fb.blk] ? so->gen[fb.blk] : ++so->gen[fb.blk];
 	*off = seg_base(c, fb.seg) + (uint64_t)fb.blk * c->g.class_size[so->cls];
 	if (fb.bit_set) /* its bit stays set, and held, until the write chain clears it */
@@ -504,16 +652,29 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 
 	for (;;) {
 		uint64_t now = hkv_now_ns();
-		struct hkv_seg_own *so = ca->segs;
+		struct hkv_seg_own *so;
 		int harvest_due = ca->segs && now - ca->last_harvest_ns > HKV_QUARANTINE_NS;
 
-		if (take_ready(c, ca, now, off, gen)) {
+		ret = take_ready(c, ca, now, off, gen);
+		if (ret < 0)
+			return ret;
+		if (ret) {
 			if (harvest_due && ca->tail - ca->head < HARVEST_AHEAD)
 				harvest(c, cls); /* errors show up on the next round trip */
 			return 0;
 		}
+		so = ca->segs; /* (after take_ready, which may have forgotten some) */
 		if (so && so->carved < so->nblocks) {
-			uint32_t b = so->carved++;
+			uint32_t b;
+
+			ret = hkv_alloc_hold(c, so);
+			if (ret < 0)
+				return ret;
+			if (ret) {
+				hkv_alloc_forget(c, so);
+				continue;
+			}
+			b = so->carved++;
 
 			*gen = ++so->gen[b];
 			*off = seg_base(c, so->idx) + (uint64_t)b * c->g.class_size[cls];
@@ -543,6 +704,51 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 		ca->last_harvest_ns = 0;
 		while (hkv_now_ns() - now < 2 * HKV_QUARANTINE_NS)
 			;
+	}
+}
+
+/*
+ * Nothing to allocate, evict or re-carve for us: if other connected
+ * clients own segments, some may go IDLE soon (their owners stopped
+ * allocating there; the server marks them within HKV_SEG_IDLE_MS +
+ * HKV_SEG_SWEEP_MS). Look again every 10 ms (one READ of the table) until
+ * one is IDLE, FREE or ORPHAN (0: try again) or that time is over
+ * (HKV_EFULL; then no such wait for a second, so a full store stays quick
+ * to say so).
+ */
+int hkv_alloc_wait_idle(struct hkv_client *c)
+{
+	uint64_t *table = (uint64_t *)c->scr, t0 = hkv_now_ns();
+	uint64_t limit = (HKV_SEG_IDLE_MS + 3 * HKV_SEG_SWEEP_MS) * 1000000ull;
+	struct hkv_wr wr;
+	int ret;
+
+	if ((uint64_t)c->timeout_ms * 1000000ull < limit)
+		limit = (uint64_t)c->timeout_ms * 1000000ull;
+	if (t0 < c->idle_wait_until_ns)
+		return HKV_EFULL;
+	for (;;) {
+		uint32_t others = 0;
+
+		wr = hkv_wr_read(c, table, c->g.seg_table_off, c->g.nsegs * 8);
+		ret = hkv_exec(c, &wr, 1);
+		if (ret)
+			return ret;
+		for (uint32_t i = 0; i < c->g.nsegs; i++) {
+			enum hkv_seg_state st = hkv_seg_state(table[i]);
+
+			if (st == HKV_SEG_FREE || st == HKV_SEG_ORPHAN ||
+			    (st == HKV_SEG_IDLE && !c->owned[i]))
+				return 0;
+			others += st == HKV_SEG_OWNED && !c->owned[i];
+		}
+		if (!others)
+			return HKV_EFULL;
+		if (hkv_now_ns() - t0 > limit) {
+			c->idle_wait_until_ns = hkv_now_ns() + 1000000000ull;
+			return HKV_EFULL;
+		}
+		usleep(10000);
 	}
 }
 
@@ -605,7 +811,9 @@ void hkv_alloc_release(struct hkv_client *c)
 		while (ca->head != ca->tail) {
 			struct hkv_free_block fb = ca->fifo[ca->head++ & (ca->cap - 1)];
 
-			if (!fb.bit_set && c->owned[fb.seg] && fb.blk < c->owned[fb.seg]->nblocks)
+			/* (only in a segment still ours: see seg_forget) */
+			if (!fb.bit_set && c->owned[fb.seg] && fb.blk < c->owned[fb.seg]->nblocks &&
+			    hkv_alloc_hold(c, c->owned[fb.seg]) == 0)
 				set_bit(c, fb.seg, fb.blk);
 		}
 	}
@@ -675,13 +883,6 @@ int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so)
 	return 0;
 }
 
-static void seg_own_free(struct hkv_seg_own *so)
-{
-	hkv_free(so->gen);
-	hkv_free(so->held);
-	hkv_free(so);
-}
-
 /*
  * so (detached, everything in it evicted) becomes a segment of class cls:
  * once every block of it is free - bit set or never written; frees other
@@ -694,8 +895,18 @@ int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t
 	struct scan sc;
 	uint64_t entry;
 	struct hkv_wr wr;
-	int ret = 0, tries;
+	int ret = hkv_alloc_hold(c, so), tries;
 
+	if (ret) { /* not ours any more (it is detached: forgetting it is freeing it) */
+		if (ret == 1) {
+			if (c->owned[so->idx] == so)
+				c->owned[so->idx] = NULL;
+			if (c->wkeys)
+				c->wkeys[so->idx] = 0;
+			seg_own_free(so);
+		}
+		return ret == 1 ? HKV_EFULL : ret;
+	}
 	for (tries = 0; tries < 50; tries++) {
 		uint64_t t0 = hkv_now_ns();
 

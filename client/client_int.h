@@ -107,6 +107,8 @@ struct hkv_seg_own {
 	uint32_t carved;  /* blocks [0, carved) handed out at least once */
 	uint32_t *gen;    /* per block: generation last written */
 	uint64_t *held;   /* per block: its set bitmap bit is already in our FIFO */
+	uint64_t entry;    /* our segment table entry, as we last set it */
+	uint64_t lease_ns; /* when we posted the CAS that set it (0: never) */
 	struct hkv_seg_own *next;
 };
 
@@ -169,6 +171,7 @@ struct hkv_client {
 	uint64_t rng;
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
+	uint64_t idle_wait_until_ns; /* no hkv_alloc_wait_idle() before then */
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write
 	 * read, which no eviction or segment move of its own may take. */
@@ -222,6 +225,9 @@ void hkv_alloc_fini(struct hkv_client *c);
 /* Cache mode, moving a segment of ours to another class: pick one, stop
  * allocating from it, and (once everything in it is evicted) re-carve it. */
 struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls);
+int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so);
+void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so);
+int hkv_alloc_wait_idle(struct hkv_client *c);
 int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
 /* Adopting a dead client's segment: take back its blocks no slot names

@@ -969,19 +969,27 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
 	if (v->l2)
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len + v->l1, v->p2, v->l2);
-	ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
-	for (int round = 0, empty = 0; ret == HKV_EFULL && cache_mode(c) && round < 64; round++) {
-		int n = evict(c, (uint32_t)cls);
-
-		if (n < 0)
-			return n;
-		empty = n ? 0 : empty + 1;
-		if (empty >= 4) { /* nothing of ours in this class to evict */
-			if ((ret = reassign_segment(c, (uint32_t)cls)))
-				return ret;
-			empty = 0;
-		}
+	for (int waits = 0;; waits++) {
 		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+		for (int round = 0, empty = 0; ret == HKV_EFULL && cache_mode(c) && round < 64;
+		     round++) {
+			int n = evict(c, (uint32_t)cls);
+
+			if (n < 0)
+				return n;
+			empty = n ? 0 : empty + 1;
+			if (empty >= 4) { /* nothing of ours in this class to evict */
+				if ((ret = reassign_segment(c, (uint32_t)cls)))
+					break;
+				empty = 0;
+			}
+			ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+		}
+		if (ret != HKV_EFULL || waits == 8)
+			break;
+		/* nothing of ours to use: wait for other clients' segments to go idle */
+		if ((ret = hkv_alloc_wait_idle(c)))
+			break;
 	}
 	if (ret)
 		return ret;
@@ -1304,13 +1312,21 @@ static int evict(struct hkv_client *c, uint32_t cls)
  */
 static int reassign_segment(struct hkv_client *c, uint32_t cls)
 {
-	struct hkv_seg_own *so = hkv_alloc_donor(c, cls);
+	struct hkv_seg_own *so;
 	struct victim v[EVICT_SAMPLES];
 	uint32_t ocls;
 	int ret;
 
+	while ((so = hkv_alloc_donor(c, cls))) { /* one still ours (seg_hold) */
+		ret = hkv_alloc_hold(c, so);
+		if (ret <= 0)
+			break;
+		hkv_alloc_forget(c, so);
+	}
 	if (!so)
 		return HKV_EFULL;
+	if (ret < 0)
+		return ret;
 	ocls = so->cls;
 	if ((ret = hkv_alloc_detach(c, so)))
 		return ret;

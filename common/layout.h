@@ -192,7 +192,26 @@ int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avai
 
 /* ---- segment table --------------------------------------------------------- */
 
-enum hkv_seg_state { HKV_SEG_FREE = 0, HKV_SEG_OWNED = 1, HKV_SEG_ORPHAN = 2 };
+/*
+ * FREE: never used since the region was made. OWNED: a connected client
+ * allocates in it, and renews its lease on it (a CAS bumping the epoch) at
+ * least every HKV_SEG_LEASE_MS while it does. IDLE: the server saw an OWNED
+ * entry unchanged for HKV_SEG_IDLE_MS (its owner's lease long over) and
+ * marked it; the owner may take it back, or any client short of memory
+ * adopt it (owner alive: its unpublished blocks are not reclaimed). ORPHAN:
+ * its owner disconnected.
+ */
+enum hkv_seg_state { HKV_SEG_FREE = 0, HKV_SEG_OWNED = 1, HKV_SEG_ORPHAN = 2, HKV_SEG_IDLE = 3 };
+
+/* A client allocates in an OWNED segment only within this long of posting
+ * the CAS that last renewed it; it renews from HKV_SEG_RENEW_MS on. */
+#define HKV_SEG_LEASE_MS 500
+#define HKV_SEG_RENEW_MS 250
+/* The server marks an OWNED entry IDLE once it has seen it unchanged this
+ * long (it looks every HKV_SEG_SWEEP_MS): at least 750 ms after any lease
+ * it held ran out. */
+#define HKV_SEG_IDLE_MS 1250
+#define HKV_SEG_SWEEP_MS 100
 
 static inline uint64_t hkv_seg_make(enum hkv_seg_state st, uint32_t cls, uint32_t owner,
 				    uint32_t epoch)

@@ -221,6 +221,10 @@ struct hkv_client_stats {
 	 * (docs/design.md): detected after the fact, undone, retried; never a success */
 	uint64_t stale_undone;
 	uint64_t stale_views; /* writes that re-read the key: view older than the bound */
+	/* segment leases (docs/design.md, "Memory that flows"): renewals posted,
+	 * idle segments of other clients adopted, and our segments found adopted
+	 * by someone else after we had stopped allocating in them */
+	uint64_t segments_renewed, segments_taken_idle, segments_lost;
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -185,6 +185,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	hkv_listener_tick(sv->data);
 }
 
+static void on_idle_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	hkv_store_idle_sweep(&((struct server *)arg)->store);
+}
+
 static int start_data_plane(struct server *sv, struct server_opts *o)
 {
 	struct hkv_listener_cfg lc = {
@@ -226,8 +231,9 @@ int main(int argc, char **argv)
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};
-	struct event *ev_data, *ev_int, *ev_term, *ev_tick;
+	struct event *ev_data, *ev_int, *ev_term, *ev_tick, *ev_idle;
 	struct timeval one_sec = {1, 0};
+	struct timeval sweep = {0, HKV_SEG_SWEEP_MS * 1000};
 	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
 	int tlen, ro_len = 0, rc = 1;
 
@@ -271,16 +277,19 @@ int main(int argc, char **argv)
 	ev_int = evsignal_new(sv.base, SIGINT, on_signal, &sv);
 	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
 	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
+	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_idle_sweep, &sv);
 	event_add(ev_data, NULL);
 	event_add(ev_int, NULL);
 	event_add(ev_term, NULL);
 	event_add(ev_tick, &one_sec);
+	event_add(ev_idle, &sweep);
 	if (o.kind == HKV_TRANSPORT_SHM)
 		hkv_info("server: ready, transport shm, control socket %s", o.socket_path);
 	else
 		hkv_info("server: ready, transport verbs, control %s:%s, rdma_cm port %s", o.host,
 			 o.port, o.data_port);
 	event_base_dispatch(sv.base);
+	event_free(ev_idle);
 	event_free(ev_tick);
 	event_free(ev_term);
 	event_free(ev_int);

@@ -70,7 +70,8 @@ static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 	}
 	table = seg_table(s);
 	for (uint32_t i = 0; i < s->geom->nsegs; i++)
-		if (hkv_seg_state(table[i]) == HKV_SEG_OWNED) {
+		if (hkv_seg_state(table[i]) == HKV_SEG_OWNED ||
+		    hkv_seg_state(table[i]) == HKV_SEG_IDLE) {
 			table[i] = hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(table[i]), 0,
 						hkv_seg_epoch(table[i]) + 1);
 			orphaned++;
@@ -115,7 +116,9 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	g = s->geom;
 	s->holder = hkv_calloc(g->nsegs, sizeof(*s->holder));
 	s->held_entry = hkv_calloc(g->nsegs, sizeof(*s->held_entry));
-	if (!s->holder || !s->held_entry) {
+	s->seen_entry = hkv_calloc(g->nsegs, sizeof(*s->seen_entry));
+	s->seen_ns = hkv_calloc(g->nsegs, sizeof(*s->seen_ns));
+	if (!s->holder || !s->held_entry || !s->seen_entry || !s->seen_ns) {
 		hkv_store_fini(s);
 		return -ENOMEM;
 	}
@@ -132,8 +135,11 @@ void hkv_store_fini(struct hkv_store *s)
 {
 	hkv_free(s->holder);
 	hkv_free(s->held_entry);
+	hkv_free(s->seen_entry);
+	hkv_free(s->seen_ns);
 	s->holder = NULL;
 	s->held_entry = NULL;
+	s->seen_entry = s->seen_ns = NULL;
 	hkv_region_destroy(&s->region);
 	for (uint32_t id = 1; s->clients && id <= HKV_MAX_CLIENTS; id++)
 		hkv_free(s->clients[id].grants);
@@ -206,6 +212,24 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 	return 0;
 }
 
+/* Does entry e say the segment is client id's (OWNED, or IDLE and not yet
+ * taken back or adopted)? */
+static int held_by(uint64_t e, uint32_t id)
+{
+	return (hkv_seg_state(e) == HKV_SEG_OWNED || hkv_seg_state(e) == HKV_SEG_IDLE) &&
+	       hkv_seg_owner(e) == (id & 0xffff);
+}
+
+/* A granted segment whose entry the server last saw IDLE, now OWNED by
+ * another client one epoch on: adopted while idle, not stolen. */
+static int idle_taken(const struct hkv_store *s, uint32_t seg, uint64_t e)
+{
+	uint64_t was = s->held_entry[seg];
+
+	return hkv_seg_state(was) == HKV_SEG_IDLE && hkv_seg_state(e) == HKV_SEG_OWNED &&
+	       hkv_seg_owner(e) != hkv_seg_owner(was) && hkv_seg_epoch(e) == hkv_seg_epoch(was) + 1;
+}
+
 /*
  * The client's connection is gone, so nothing it posts can land any more
  * (the transport destroyed its queue pair first). Its segments keep their
@@ -228,12 +252,12 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 
 		if (s->holder[i] == id) { /* its window's segment, whatever the table says */
 			s->holder[i] = 0;
-			if (hkv_seg_state(e) != HKV_SEG_OWNED || hkv_seg_owner(e) != id) {
+			if (!held_by(e, id) && !idle_taken(s, i, e)) {
 				e = s->held_entry[i]; /* put back, then orphan it below */
 				__atomic_store_n(&table[i], e, __ATOMIC_RELEASE);
 			}
 		}
-		if (hkv_seg_state(e) != HKV_SEG_OWNED || hkv_seg_owner(e) != id)
+		if (!held_by(e, id))
 			continue;
 		/* Only the owner changes an owned entry, and it is gone: a CAS keeps
 		 * us honest against a garbage-writing client anyway. */
@@ -262,6 +286,27 @@ static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
 }
 
 /*
+ * Segment seg was adopted while IDLE from client id, which holds its WRITE
+ * window: the window goes (its rkey dies, so a late WRITE of id's fails
+ * rather than lands in the adopter's blocks), and so does the grant.
+ */
+static void revoke_transferred(struct hkv_store *s, uint32_t id, uint32_t seg)
+{
+	struct hkv_client_rec *c = &s->clients[id];
+	const struct hkv_geometry *geo = s->geom;
+
+	hkv_listener_revoke(s->data, id, geo->data_off + (uint64_t)seg * geo->seg_size);
+	for (uint32_t i = 0; i < c->ngrants; i++)
+		if (c->grants[i] == seg)
+			c->grants[i] = c->grants[--c->ngrants];
+	if (s->holder[seg] == id)
+		s->holder[seg] = 0;
+	s->transferred++;
+	hkv_debug("store: client %u's idle segment %u adopted by client %u; its window revoked",
+		  id, seg, hkv_seg_owner(__atomic_load_n(&seg_table(s)[seg], __ATOMIC_ACQUIRE)));
+}
+
+/*
  * A segment whose window the server granted stays its holder's until the
  * holder disconnects (the library never gives a granted segment back while
  * connected). Every writer can CAS the segment table, so an entry that no
@@ -278,8 +323,13 @@ static void sweep_client(struct hkv_store *s, uint32_t id)
 		uint32_t seg = c->grants[i];
 		uint64_t e = __atomic_load_n(&table[seg], __ATOMIC_ACQUIRE);
 
-		if (hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff)) {
+		if (held_by(e, id)) {
 			s->held_entry[seg] = e;
+			continue;
+		}
+		if (idle_taken(s, seg, e)) { /* adopted while idle: no longer id's */
+			revoke_transferred(s, id, seg);
+			i--; /* the grant at i was replaced by the last one */
 			continue;
 		}
 		if (__atomic_compare_exchange_n(&table[seg], &e, s->held_entry[seg], 0,
@@ -340,6 +390,11 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 			return -EINVAL;
 		}
 		if (s->holder[g->seg] && s->holder[g->seg] != g->client_id &&
+		    s->clients[s->holder[g->seg]].connected &&
+		    idle_taken(s, g->seg,
+			       __atomic_load_n(&seg_table(s)[g->seg], __ATOMIC_ACQUIRE)))
+			revoke_transferred(s, s->holder[g->seg], g->seg);
+		if (s->holder[g->seg] && s->holder[g->seg] != g->client_id &&
 		    s->clients[s->holder[g->seg]].connected) {
 			*why = "the segment is another client's (its window is granted)";
 			return -EPERM;
@@ -397,6 +452,47 @@ bind:
 	hkv_debug("store: client %u granted %s %u, rkey 0x%x", g->client_id,
 		  g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg, out->rkey);
 	return 0;
+}
+
+/*
+ * Segments stop being stranded by clients that stopped allocating in them:
+ * an OWNED entry of a connected client that has not changed for
+ * HKV_SEG_IDLE_MS (its owner renews it every HKV_SEG_RENEW_MS while it
+ * allocates there) goes IDLE, for its owner to take back or anyone short of
+ * memory to adopt. Every 100 ms: a load per segment.
+ */
+void hkv_store_idle_sweep(struct hkv_store *s)
+{
+	uint64_t *table = seg_table(s), now = hkv_now_ns();
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
+		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE), idle;
+		uint32_t owner = hkv_seg_owner(e);
+
+		if (e != s->seen_entry[i] || !s->seen_ns[i]) {
+			s->seen_entry[i] = e;
+			s->seen_ns[i] = now;
+			continue;
+		}
+		if (hkv_seg_state(e) != HKV_SEG_OWNED || owner == 0 || owner > HKV_MAX_CLIENTS ||
+		    !s->clients[owner].connected ||
+		    now - s->seen_ns[i] < (uint64_t)HKV_SEG_IDLE_MS * 1000000ull)
+			continue;
+		idle = hkv_seg_make(HKV_SEG_IDLE, hkv_seg_class(e), owner, hkv_seg_epoch(e) + 1);
+		if (__atomic_compare_exchange_n(&table[i], &e, idle, 0, __ATOMIC_ACQ_REL,
+						__ATOMIC_ACQUIRE)) {
+			n++;
+			e = idle;
+			if (s->holder[i] == owner) /* idle, not stolen: its adopter may have it */
+				s->held_entry[i] = idle;
+		}
+		s->seen_entry[i] = e;
+		s->seen_ns[i] = now;
+	}
+	if (n)
+		hkv_debug("store: %u segment(s) idle (owners stopped allocating there)", n);
+	s->idled += n;
 }
 
 void hkv_store_tick(struct hkv_store *s)

@@ -54,6 +54,11 @@ struct hkv_store {
 	uint32_t *holder;
 	uint64_t *held_entry;
 	uint64_t restored; /* table entries of granted segments put back */
+	/* Idle segments: each entry as the tick last saw it change, and when
+	 * (entries of connected owners unchanged for HKV_SEG_IDLE_MS go IDLE) */
+	uint64_t *seen_entry, *seen_ns;
+	uint64_t idled;       /* entries the server marked IDLE */
+	uint64_t transferred; /* granted segments an adopter took while IDLE */
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
@@ -85,5 +90,8 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
  * granted segment that another client changed (sweep); called from a 1 s
  * timer. */
 void hkv_store_tick(struct hkv_store *s);
+/* Mark IDLE the OWNED segments of connected clients that stopped renewing
+ * them (HKV_SEG_IDLE_MS); run every HKV_SEG_SWEEP_MS. */
+void hkv_store_idle_sweep(struct hkv_store *s);
 
 #endif /* HKV_SERVER_STORE_H */

@@ -410,8 +410,20 @@ static int raw_grant(struct raw *r, uint32_t seg, struct hkv_ctl_granted *out)
 {
 	struct hkv_ctl_grant g = {.client_id = r->id, .seg = seg};
 
+	uint64_t t0 = now_ms();
+	int ret;
+
 	memcpy(g.ticket, r->ticket, HKV_TICKET_LEN);
-	return ctl_call(&r->ep, HKV_CTL_GRANT, &g, sizeof(g), HKV_CTL_GRANTED, out, sizeof(*out));
+	/* -EAGAIN: the server has not yet seen this connection established
+	 * (rdma_cm's event reaches it after our connect returned); retry as
+	 * the library does, for up to 5 s */
+	do {
+		ret = ctl_call(&r->ep, HKV_CTL_GRANT, &g, sizeof(g), HKV_CTL_GRANTED, out,
+			       sizeof(*out));
+		if (ret == -EAGAIN)
+			sleep_ms(5);
+	} while (ret == -EAGAIN && now_ms() - t0 < 5000);
+	return ret;
 }
 
 /* One READ, WRITE or CAS of the scratch buffer against region offset off
@@ -517,7 +529,8 @@ static int seg_census(struct raw *r, uint32_t cls, struct seg_census *sc)
 		memcpy(&e, r->buf + (size_t)i * 8, 8);
 		switch (hkv_seg_state(e)) {
 		case HKV_SEG_FREE: sc->free++; break;
-		case HKV_SEG_OWNED: sc->owned++; break;
+		case HKV_SEG_OWNED:
+		case HKV_SEG_IDLE: sc->owned++; break; /* (idle: owned, not allocated in) */
 		case HKV_SEG_ORPHAN:
 			sc->orphan++;
 			sc->orphan_classes += !seen[hkv_seg_class(e)]++;
@@ -4205,6 +4218,13 @@ int main(int argc, char **argv)
 		return netdev_flap_main();
 	if (use_verbs)
 		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
+	/* The netdev tests can leave rdma_cm over the device dead for every
+	 * later test (see above test_netdev_down): on verbs each runs alone,
+	 * in a guest of its own (ctest netdev_down_verbs, netdev_flap_verbs) */
+	if (argc > 2 && !strcmp(argv[2], "netdev-down")) {
+		RUN_TEST(test_netdev_down);
+		return hkv_test_finish();
+	}
 	RUN_TEST(test_windows);
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_sigkill_writer);
@@ -4219,6 +4239,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);
-	RUN_TEST(test_netdev_down);
+	if (!use_verbs)
+		RUN_TEST(test_netdev_down);
 	return hkv_test_finish();
 }

@@ -74,6 +74,7 @@ static const char *const key_names[NKEYS] = {"r0", "r1", "r2", "c0"};
 struct params {
 	int rounds; /* of the mixed workload, each with fresh processes */
 	int reuse_rounds; /* of the mixed workload under reuse pressure */
+	int flow_rounds;  /* of it with threads stopping (segments go idle) */
 	int procs, threads;
 	int mix_ops;   /* ops per thread, mixed workload */
 	int count_ops; /* incr per thread, exact count */
@@ -81,13 +82,13 @@ struct params {
 
 /* The Soft-RoCE guest is slow (TCG); the ThreadSanitizer run is short. */
 static const struct params shm_params = {
-	.rounds = 20, .reuse_rounds = 12, .procs = 2, .threads = 3, .mix_ops = 300,
+	.rounds = 20, .reuse_rounds = 12, .flow_rounds = 4, .procs = 2, .threads = 3, .mix_ops = 300,
 	.count_ops = 2000};
 static const struct params quick_params = {
-	.rounds = 8, .reuse_rounds = 4, .procs = 2, .threads = 3, .mix_ops = 300,
+	.rounds = 8, .reuse_rounds = 4, .flow_rounds = 2, .procs = 2, .threads = 3, .mix_ops = 300,
 	.count_ops = 500};
 static const struct params verbs_params = {
-	.rounds = 30, .reuse_rounds = 10, .procs = 2, .threads = 3, .mix_ops = 300,
+	.rounds = 30, .reuse_rounds = 10, .flow_rounds = 3, .procs = 2, .threads = 3, .mix_ops = 300,
 	.count_ops = 1000};
 
 static struct params prm;
@@ -317,6 +318,10 @@ static int counter_op(struct wthread *t)
 	return run_op(t, COUNTER_KEY, &op, 0);
 }
 
+/* "flow" rounds: half the threads stop for this long halfway through, so
+ * their segments go IDLE and other clients adopt them mid-round */
+static int flow_pause_ms;
+
 static void *mix_thread(void *arg)
 {
 	struct wthread *t = arg;
@@ -324,6 +329,9 @@ static void *mix_thread(void *arg)
 	pthread_barrier_wait(&start_line);
 	for (int i = 0; i < t->nops; i++) {
 		int key = (int)((unsigned)rand_r(&t->seed) % NKEYS);
+
+		if (flow_pause_ms && i == t->nops / 2 && (t->proc + t->thread) % 2 == 0)
+			usleep((useconds_t)flow_pause_ms * 1000);
 
 		if (rand_r(&t->seed) % 8 == 0)
 			sched_yield(); /* more threads than CPUs: mix their ops up */
@@ -376,19 +384,68 @@ static int churn_valid(const struct churner *ch, int k, const char *buf, size_t 
 	return churn_value(ch, k, seq, scratch) == vlen && !memcmp(buf, scratch, vlen);
 }
 
+/*
+ * "flow" rounds: once half the mix threads have stopped long enough for
+ * their segments to go IDLE, a burst of 40 KB values (a class nobody else
+ * uses, one block per 64 KiB segment) needs more segments than are FREE or
+ * ORPHAN: it adopts idle ones, until it has (or 300 sets), then deletes
+ * what it wrote. Refusals (full) are fine here.
+ */
+#define CHURN_BURST 300
+#define BURST_LEN   (40u << 10)
+
+static void churn_burst(struct churner *ch)
+{
+	char *v = malloc(BURST_LEN), key[32];
+	struct hkv_client_stats st;
+
+	if (!v)
+		return;
+	memset(v, 'b', BURST_LEN);
+	for (int k = 0; k < CHURN_BURST; k++) {
+		int rc = hkv_set(ch->c, key, (size_t)snprintf(key, sizeof(key), "b%d.%d", ch->proc, k),
+				 v, BURST_LEN, NULL);
+
+		ch->full += rc == HKV_EFULL;
+		if (rc && rc != HKV_EFULL) {
+			fprintf(stderr, "churner %d: burst: %s\n", ch->proc, hkv_strerror(rc));
+			ch->errors++;
+			break;
+		}
+		hkv_client_stats(ch->c, &st);
+		if (st.segments_taken_idle)
+			break;
+	}
+	for (int k = 0; k < CHURN_BURST; k++) {
+		int rc = hkv_delete(ch->c, key,
+				    (size_t)snprintf(key, sizeof(key), "b%d.%d", ch->proc, k));
+
+		ch->errors += rc && rc != HKV_ENOTFOUND;
+	}
+	free(v);
+}
+
 static void *churn_thread(void *arg)
 {
 	struct churner *ch = arg;
 	char *scratch = malloc(CHURN_MAX + 1);
 	unsigned seq = 0;
+	int burst_done = 0;
+	int64_t t0;
 
 	pthread_barrier_wait(&start_line);
+	t0 = now_ns();
 	while (scratch && !atomic_load(ch->stop)) {
 		int k = (int)((unsigned)rand_r(&ch->seed) % CHURN_KEYS), r = rand_r(&ch->seed) % 10;
 		char key[32];
 		size_t kl = (size_t)snprintf(key, sizeof(key), "z%d.%d", ch->proc, k), vlen = 0;
 		int rc;
 
+		if (flow_pause_ms && !burst_done && now_ns() - t0 > 1500000000) {
+			churn_burst(ch);
+			burst_done = 1;
+			continue;
+		}
 		if (r < 6) {
 			rc = hkv_set(ch->c, key, kl, ch->wbuf,
 				     churn_value(ch, k, (unsigned)ch->round << 20 | ++seq, ch->wbuf),
@@ -417,6 +474,13 @@ static void *churn_thread(void *arg)
 		}
 	}
 	/* leave nothing: the next round's adopters find wholly free segments */
+	for (int k = 0; flow_pause_ms && k < CHURN_BURST; k++) {
+		char key[32];
+		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "b%d.%d",
+								 ch->proc, k));
+
+		ch->errors += rc && rc != HKV_ENOTFOUND;
+	}
 	for (int k = 0; k < CHURN_KEYS; k++) {
 		char key[32];
 		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "z%d.%d",
@@ -464,9 +528,10 @@ static void write_history(FILE *f, const struct wthread *t)
 	for (size_t i = 0; t->results && i < t->n; i++)
 		fprintf(f, "res %llu\n", (unsigned long long)t->results[i]);
 	hkv_client_stats(t->c, &st);
-	fprintf(f, "stats %llu %llu %llu %d\n", (unsigned long long)st.blocks_harvested,
+	fprintf(f, "stats %llu %llu %llu %d %llu %llu\n", (unsigned long long)st.blocks_harvested,
 		(unsigned long long)st.segments_claimed,
-		(unsigned long long)st.op[HKV_OP_INCR].retries, t->errors);
+		(unsigned long long)st.op[HKV_OP_INCR].retries, t->errors,
+		(unsigned long long)st.segments_taken_idle, (unsigned long long)st.segments_lost);
 }
 
 /* Open the handles, report ready, wait until the parent closes our stdin. */
@@ -503,6 +568,7 @@ static int worker_main(int argc, char **argv)
 	struct hkvserver s = {0};
 	int count_mode, reuse, round, proc, nthreads, nops, errors = 0;
 	struct churner ch = {0};
+	struct hkv_client_stats ch_st = {0};
 	atomic_int stop = 0;
 	struct wthread *ts;
 	FILE *f;
@@ -510,7 +576,9 @@ static int worker_main(int argc, char **argv)
 	if (argc != 10)
 		return 2;
 	count_mode = !strcmp(argv[2], "count");
-	reuse = !strcmp(argv[2], "reuse");
+	reuse = !strcmp(argv[2], "reuse") || !strcmp(argv[2], "flow");
+	if (!strcmp(argv[2], "flow"))
+		flow_pause_ms = 1800; /* > HKV_SEG_IDLE_MS + a sweep: idle for sure */
 	snprintf(s.uri, sizeof(s.uri), "%s", argv[3]);
 	snprintf(s.token_file, sizeof(s.token_file), "%s", argv[4]);
 	round = atoi(argv[5]);
@@ -543,6 +611,7 @@ static int worker_main(int argc, char **argv)
 		       (unsigned long long)ch.full, (unsigned long long)ch.deletes,
 		       (unsigned long long)ch.gets, (unsigned long long)ch.garbage);
 		errors += ch.errors + (int)ch.garbage;
+		hkv_client_stats(ch.c, &ch_st);
 		hkv_close(ch.c);
 		free(ch.wbuf);
 		free(ch.rbuf);
@@ -550,6 +619,10 @@ static int worker_main(int argc, char **argv)
 	f = fopen(argv[9], "w");
 	if (!f)
 		return 4;
+	if (reuse) /* the churner's segment counts (its ops are not in the history) */
+		fprintf(f, "stats 0 0 0 0 %llu %llu\n",
+			(unsigned long long)ch_st.segments_taken_idle,
+			(unsigned long long)ch_st.segments_lost);
 	for (int i = 0; i < nthreads; i++) {
 		write_history(f, &ts[i]);
 		errors += ts[i].errors;
@@ -570,6 +643,7 @@ struct history {
 	uint64_t *results;
 	size_t nres, capres;
 	uint64_t harvested, segments, incr_retries;
+	uint64_t taken_idle, lost; /* segments adopted while idle; found adopted */
 	int errors;
 };
 
@@ -715,7 +789,7 @@ static int add_result(struct history *h, uint64_t v)
 
 static int parse_line(struct history *h, const char *line)
 {
-	unsigned long long a, b, c;
+	unsigned long long a, b, c, d, e;
 	long long call, ret;
 	int key, kind, status, client, errors;
 	struct lc_op op;
@@ -730,7 +804,9 @@ static int parse_line(struct history *h, const char *line)
 	}
 	if (sscanf(line, "res %llu", &a) == 1)
 		return add_result(h, a);
-	if (sscanf(line, "stats %llu %llu %llu %d", &a, &b, &c, &errors) == 4) {
+	if (sscanf(line, "stats %llu %llu %llu %d %llu %llu", &a, &b, &c, &errors, &d, &e) == 6) {
+		h->taken_idle += d;
+		h->lost += e;
 		h->harvested += a;
 		h->segments += b;
 		h->incr_retries += c;
@@ -1148,6 +1224,8 @@ static void check_key(int key, struct lc_op *ops, size_t n)
 }
 
 /* One crew of workers on the hot keys; returns its blocks harvested. */
+static uint64_t flow_taken, flow_lost; /* over the rounds run so far */
+
 static uint64_t mixed_round_run(const char *mode)
 {
 	struct history h = {0};
@@ -1159,9 +1237,13 @@ static uint64_t mixed_round_run(const char *mode)
 		hkv_test_failures++;
 	for (int k = 0; k < NKEYS; k++)
 		total += h.n[k];
-	printf("# round %d: %zu ops in %.2f s, %llu blocks harvested for reuse, %d errors\n",
+	printf("# round %d: %zu ops in %.2f s, %llu blocks harvested for reuse, %d errors; "
+	       "segments adopted while idle %llu, found adopted %llu\n",
 	       mixed_round, total, (double)(now_ns() - t0) / 1e9,
-	       (unsigned long long)h.harvested, h.errors);
+	       (unsigned long long)h.harvested, h.errors, (unsigned long long)h.taken_idle,
+	       (unsigned long long)h.lost);
+	flow_taken += h.taken_idle;
+	flow_lost += h.lost;
 	for (int k = 0; k < NKEYS; k++)
 		check_key(k, h.ops[k], h.n[k]);
 	if (h.errors)
@@ -1207,6 +1289,43 @@ static void test_mixed_reuse(void)
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
 	CHECK(harvested > 0);
+	hkvserver_stop(&server);
+	server = main_server;
+}
+
+/*
+ * 5. Memory that flows (issue 13): the reuse workload, but half the threads
+ * of each process stop halfway for longer than a segment takes to go IDLE,
+ * so the others - short of memory in a 4 MB region - adopt their segments
+ * mid-round; the stopped ones then find them gone and take others. Every
+ * key's history must stay linearizable through it.
+ */
+static void test_flow_reuse(void)
+{
+	static const char *const tiny[] = {"--index-slots", "512", NULL};
+	struct hkvserver main_server = server;
+	uint64_t harvested = 0;
+	int up;
+
+	memset(tallies, 0, sizeof(tallies));
+	up = hkvserver_start(&server, race_verbs, "4M", "64K", tiny) == 0;
+	CHECK(up);
+	if (!up) {
+		server = main_server;
+		return;
+	}
+	flow_taken = flow_lost = 0;
+	printf("# segments that flow: %d rounds of %d processes x (%d threads x %d ops + a "
+	       "churner), half the threads stopped 1.8 s halfway\n", prm.flow_rounds, prm.procs,
+	       prm.threads, prm.mix_ops);
+	for (mixed_round = 0; mixed_round < prm.flow_rounds; mixed_round++)
+		harvested += mixed_round_run("flow");
+	for (int k = 0; k < NKEYS; k++)
+		print_tally(k, &tallies[k]);
+	printf("# segments adopted while idle: %llu; found adopted by their old owner: %llu\n",
+	       (unsigned long long)flow_taken, (unsigned long long)flow_lost);
+	CHECK(harvested > 0);
+	CHECK(flow_taken > 0);
 	hkvserver_stop(&server);
 	server = main_server;
 }
@@ -1485,6 +1604,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_mixed);
 	RUN_TEST(test_exact_count);
 	RUN_TEST(test_mixed_reuse);
+	RUN_TEST(test_flow_reuse);
 	race_rounds = verbs ? 300 : argc > 2 && !strcmp(argv[2], "--quick") ? 300 : 20000;
 	RUN_TEST(test_add_race);
 	RUN_TEST(test_add_race_cache);

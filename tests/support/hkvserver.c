@@ -101,6 +101,21 @@ static int ready_without_client(const struct hkvserver *s)
 	return ctl_accepts(s) && log_says_ready(s);
 }
 
+static struct timespec now_ts(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts;
+}
+
+static long elapsed_ms(const struct timespec *t0)
+{
+	struct timespec t = now_ts();
+
+	return (t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
+}
+
 static int start_once(struct hkvserver *s, int verbs, const char *memory, const char *segment,
 		      const char *const *extra, int attempt, int reuse, int no_client)
 {
@@ -164,8 +179,9 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 		_exit(127);
 	}
 	/* ready once a client can authenticate; allow a minute, since an
-	 * emulated guest under load can take seconds per connection */
-	for (int i = 0; i < 2400; i++) {
+	 * emulated guest under load can take seconds per connection (wall
+	 * time: a dead rdma_cm makes every try last the open's timeout) */
+	for (struct timespec t0 = now_ts(); elapsed_ms(&t0) < 60000;) {
 		struct hkv_config *cfg;
 		struct hkv_client *c;
 		int status;

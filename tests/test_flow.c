@@ -1,0 +1,338 @@
+/*
+ * test_flow.c - memory flows between clients (issue 13, item 1), against a
+ * real hatchkv-server:
+ *
+ *   test_flow shm     (unit tier)
+ *   test_flow verbs   (rdma tier, Soft-RoCE guest)
+ *
+ * A segment is its owner's only while the owner keeps allocating in it
+ * (its lease); one it stopped allocating in goes IDLE by the server's
+ * sweep and any client short of memory adopts it (docs/design.md, "Memory
+ * that flows"). What a user sees:
+ *
+ *   test_flush_then_fresh  one handle writes every size from 1 KB up until
+ *                          the cache has turned over twice, flush_all, then
+ *                          64 fresh handles each set a 4-byte value: every
+ *                          set succeeds and reads back (the issue's report:
+ *                          24 of 32 were refused, out of memory, by a store
+ *                          holding nothing);
+ *   test_many_sizes        64 handles take turns writing values of random
+ *                          sizes (64 B - 64 KB) into a cache that turns
+ *                          over several times: no write is refused, and
+ *                          every read returns the last value written or a
+ *                          miss, never another;
+ *   test_store_fill        store mode, 64 handles, random sizes, new keys
+ *                          until the first refusal: how full the value area
+ *                          is of live bytes then (goal >= 90 %), and every
+ *                          acknowledged item reads back.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_int.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/hkvserver.h"
+
+HKV_TEST_MAIN_DEFS;
+
+#define NHANDLES 64
+#define MAXV     (256u << 10)
+
+static int use_verbs;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t next_rand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A value of len bytes that names its key and seed. */
+static void fill_value(char *v, size_t len, const char *key, uint32_t seed)
+{
+	uint64_t x = seed * 0x100000001b3ull ^ strlen(key);
+
+	for (size_t i = 0; key[i]; i++)
+		x = (x ^ (uint8_t)key[i]) * 0x100000001b3ull;
+	for (size_t i = 0; i < len; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		v[i] = (char)('a' + x % 26);
+	}
+}
+
+struct fleet {
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *h[NHANDLES];
+	int n;
+};
+
+static void fleet_open(struct fleet *f, int n)
+{
+	f->cfg = hkvserver_config(&f->s);
+	CHECK(f->cfg != NULL);
+	for (f->n = 0; f->n < n; f->n++)
+		CHECK_RC(hkv_open(f->cfg, &f->h[f->n]), 0);
+}
+
+static void fleet_close(struct fleet *f)
+{
+	for (int i = 0; i < f->n; i++)
+		hkv_close(f->h[i]);
+	f->n = 0;
+	hkv_config_free(f->cfg);
+}
+
+static void sum_stats(struct fleet *f, struct hkv_client_stats *t)
+{
+	memset(t, 0, sizeof(*t));
+	for (int i = 0; i < f->n; i++) {
+		struct hkv_client_stats st;
+
+		hkv_client_stats(f->h[i], &st);
+		t->segments_claimed += st.segments_claimed;
+		t->segments_adopted += st.segments_adopted;
+		t->segments_taken_idle += st.segments_taken_idle;
+		t->segments_renewed += st.segments_renewed;
+		t->segments_lost += st.segments_lost;
+		t->evictions += st.evictions;
+	}
+}
+
+/* The issue's report, through the library: fill with every size, flush, fresh writers. */
+static void test_flush_then_fresh(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	struct hkv_client_stats t;
+	struct fleet f;
+	struct hkv_client *a;
+	char *v = malloc(MAXV), key[48];
+	uint64_t written = 0, slowest = 0, t0;
+	int fails = 0, bad = 0, n = 0;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&f.s, use_verbs, "32M", "256K", cache) == 0);
+	a = hkvserver_client(&f.s);
+	/* 1 KB, 2 KB, ... up to 200 KB, round and round, until 64 MB went in */
+	for (uint32_t len = 1024; written < (64u << 20); len = len >= (200u << 10) ? 1024 : len + 1024) {
+		int ret;
+
+		snprintf(key, sizeof(key), "fill-%d", n++);
+		fill_value(v, len, key, 1);
+		ret = hkv_set(a, key, strlen(key), v, len, NULL);
+		if (ret) {
+			fprintf(stderr, "fill: set of %u B: %s\n", len, hkv_strerror(ret));
+			fails++;
+		}
+		written += len;
+	}
+	CHECK_RC(hkv_flush_all(a), 0);
+	fleet_open(&f, NHANDLES);
+	for (int i = 0; i < f.n; i++) {
+		uint64_t ms;
+		int ret;
+
+		snprintf(key, sizeof(key), "fresh-%d", i);
+		t0 = now_ms();
+		ret = hkv_set(f.h[i], key, strlen(key), "four", 4, NULL);
+		ms = now_ms() - t0;
+		slowest = ms > slowest ? ms : slowest;
+		if (ret) {
+			fprintf(stderr, "fresh handle %d: set: %s\n", i, hkv_strerror(ret));
+			fails++;
+		}
+	}
+	for (int i = 0; i < f.n; i++) {
+		char got[16];
+
+		snprintf(key, sizeof(key), "fresh-%d", i);
+		bad += get_str(f.h[(i + 1) % f.n], key, got, sizeof(got), NULL) != 0 ||
+		       strcmp(got, "four") != 0;
+	}
+	sum_stats(&f, &t);
+	printf("# flush then fresh: %d sets of 1-200 KB (%llu MB) by one handle, flush_all, then "
+	       "%d fresh handles set 4 B: %d refused, %d not read back; slowest set %llu ms; the "
+	       "fresh handles took %llu idle segment(s), adopted %llu, claimed %llu\n",
+	       n, (unsigned long long)(written >> 20), f.n, fails, bad,
+	       (unsigned long long)slowest, (unsigned long long)t.segments_taken_idle,
+	       (unsigned long long)t.segments_adopted, (unsigned long long)t.segments_claimed);
+	CHECK(fails == 0);
+	CHECK(bad == 0);
+	CHECK(t.segments_taken_idle >= 1);
+	hkv_close(a);
+	fleet_close(&f);
+	hkvserver_stop(&f.s);
+	free(v);
+}
+
+#define SIZES_KEYS 512
+
+/* 64 handles take turns writing random sizes into a cache much smaller than what goes in. */
+static void test_many_sizes(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	static uint32_t seed[SIZES_KEYS], len_of[SIZES_KEYS];
+	struct hkv_client_stats t;
+	struct fleet f;
+	char *v = malloc(MAXV), *got = malloc(MAXV), key[48];
+	uint64_t written = 0, slowest = 0, t0, start = now_ms();
+	int fails = 0, wrong = 0, hits = 0, misses = 0, sets = 0;
+
+	CHECK(v != NULL && got != NULL);
+	memset(seed, 0, sizeof(seed));
+	CHECK(hkvserver_start(&f.s, use_verbs, "32M", "256K", cache) == 0);
+	fleet_open(&f, NHANDLES);
+	while (written < (160u << 20) && now_ms() - start < 240000) {
+		uint32_t k = (uint32_t)(next_rand() % SIZES_KEYS);
+		/* sizes spread over the classes: 64 B .. 64 KB, log-uniform */
+		uint32_t len = (uint32_t)(64u << (next_rand() % 11));
+		struct hkv_client *h = f.h[sets % f.n];
+		uint64_t ms;
+		int ret;
+
+		len += (uint32_t)(next_rand() % len);
+		snprintf(key, sizeof(key), "sz-%u", k);
+		fill_value(v, len, key, (uint32_t)sets + 1);
+		t0 = now_ms();
+		ret = hkv_set(h, key, strlen(key), v, len, NULL);
+		ms = now_ms() - t0;
+		slowest = ms > slowest ? ms : slowest;
+		if (ret) {
+			if (fails++ < 5)
+				fprintf(stderr, "many sizes: set of %u B by handle %d: %s\n", len,
+					sets % f.n, hkv_strerror(ret));
+			seed[k] = 0; /* unknown: not checked */
+		} else {
+			seed[k] = (uint32_t)sets + 1;
+			len_of[k] = len;
+		}
+		written += len;
+		sets++;
+		if (sets % 7 == 0) { /* a read by another handle */
+			uint32_t r = (uint32_t)(next_rand() % SIZES_KEYS);
+			size_t vlen = 0;
+
+			snprintf(key, sizeof(key), "sz-%u", r);
+			ret = hkv_get(f.h[(sets + 3) % f.n], key, strlen(key), got, MAXV, &vlen, NULL);
+			if (ret == HKV_ENOTFOUND) {
+				misses++;
+			} else if (ret == 0 && seed[r]) {
+				fill_value(v, len_of[r], key, seed[r]);
+				if (vlen != len_of[r] || memcmp(v, got, vlen)) {
+					if (wrong++ < 5)
+						fprintf(stderr, "many sizes: %s: not the last value set\n",
+							key);
+				} else {
+					hits++;
+				}
+			} else if (ret) {
+				fprintf(stderr, "many sizes: get: %s\n", hkv_strerror(ret));
+				wrong++;
+			}
+		}
+	}
+	sum_stats(&f, &t);
+	printf("# many sizes: %d handles, %d sets of 64 B-128 KB (%llu MB into a 32 MB cache) in "
+	       "%.1f s: %d refused; reads: %d hits, %d misses, %d wrong; slowest set %llu ms; "
+	       "segments: %llu claimed, %llu adopted (%llu idle ones), %llu renewals, %llu lost, "
+	       "%llu evictions\n", f.n, sets, (unsigned long long)(written >> 20),
+	       (double)(now_ms() - start) / 1000, fails, hits, misses, wrong,
+	       (unsigned long long)slowest, (unsigned long long)t.segments_claimed,
+	       (unsigned long long)t.segments_adopted, (unsigned long long)t.segments_taken_idle,
+	       (unsigned long long)t.segments_renewed, (unsigned long long)t.segments_lost,
+	       (unsigned long long)t.evictions);
+	CHECK(written >= (160u << 20)); /* it got through, not timed out */
+	CHECK(fails == 0);
+	CHECK(wrong == 0);
+	CHECK(hits > 0);
+	fleet_close(&f);
+	hkvserver_stop(&f.s);
+	free(v);
+	free(got);
+}
+
+#define FILL_MAX 40000
+
+/* Store mode: how full is the value area at the first refusal? */
+static void test_store_fill(void)
+{
+	static uint32_t len_of[FILL_MAX];
+	struct hkv_client_stats t;
+	struct fleet f;
+	struct hkv_geometry g;
+	struct hkv_client *probe;
+	char *v = malloc(MAXV), *got = malloc(MAXV), key[48];
+	uint64_t live = 0, area, start = now_ms();
+	int n = 0, first_err = 0, bad = 0;
+
+	CHECK(v != NULL && got != NULL);
+	CHECK(hkvserver_start(&f.s, use_verbs, "32M", "256K", NULL) == 0);
+	fleet_open(&f, NHANDLES);
+	probe = f.h[0];
+	g = probe->g; /* (a test may look inside the handle) */
+	area = (uint64_t)g.nsegs * g.seg_size;
+	for (; n < FILL_MAX; n++) {
+		uint32_t len = (uint32_t)(64u << (next_rand() % 9)); /* 64 B .. 32 KB */
+		int ret;
+
+		len += (uint32_t)(next_rand() % len);
+		snprintf(key, sizeof(key), "fill-%d", n);
+		fill_value(v, len, key, 7);
+		ret = hkv_set(f.h[n % f.n], key, strlen(key), v, len, NULL);
+		if (ret) {
+			first_err = ret;
+			break;
+		}
+		len_of[n] = len;
+		live += HKV_BLOCK_HDR + strlen(key) + len;
+	}
+	for (int i = 0; i < n; i++) {
+		size_t vlen = 0;
+
+		snprintf(key, sizeof(key), "fill-%d", i);
+		fill_value(v, len_of[i], key, 7);
+		bad += hkv_get(f.h[(i + 5) % f.n], key, strlen(key), got, MAXV, &vlen, NULL) != 0 ||
+		       vlen != len_of[i] || memcmp(v, got, vlen) != 0;
+	}
+	sum_stats(&f, &t);
+	printf("# store fill: %d handles, %d items of 64 B-64 KB in %.1f s, first refusal: %s; "
+	       "live bytes (header + key + value) %.1f MB of a %.1f MB value area: %.1f %%; "
+	       "%d not read back; segments: %llu claimed, %llu adopted (%llu idle ones)\n",
+	       f.n, n, (double)(now_ms() - start) / 1000, hkv_strerror(first_err),
+	       (double)live / (1 << 20), (double)area / (1 << 20), 100.0 * (double)live / (double)area,
+	       bad, (unsigned long long)t.segments_claimed, (unsigned long long)t.segments_adopted,
+	       (unsigned long long)t.segments_taken_idle);
+	CHECK(first_err == HKV_EFULL);
+	CHECK(bad == 0);
+	fleet_close(&f);
+	hkvserver_stop(&f.s);
+	free(v);
+	free(got);
+}
+
+int main(int argc, char **argv)
+{
+	use_verbs = hkvserver_want_verbs(argc, argv);
+	printf("# transport %s\n", use_verbs ? "verbs" : "shm");
+	RUN_TEST(test_flush_then_fresh);
+	RUN_TEST(test_many_sizes);
+	RUN_TEST(test_store_fill);
+	return hkv_test_finish();
+}
