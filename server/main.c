@@ -39,7 +39,7 @@ static void usage(FILE *f)
 		"                             $XDG_RUNTIME_DIR/hatchkv.sock or\n"
 		"                             /tmp/hatchkv-UID/hatchkv.sock)\n"
 		"  -m, --memory SIZE          region size, e.g. 512M, 4G (default 1G)\n"
-		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 4M);\n"
+		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 1M);\n"
 		"                             the largest item is one segment\n"
 		"  -i, --index-slots N        index slots (default memory/256)\n"
 		"  -k, --token-file PATH      shared secret; created if missing (hatchkv.token)\n"
@@ -227,7 +227,7 @@ int main(int argc, char **argv)
 		.port = "7700",
 		.socket_path = NULL, /* hkv_default_socket() */
 		.token_file = "hatchkv.token",
-		.store = {.memory = 1ull << 30, .seg_size = 4u << 20, .max_clients = 1024},
+		.store = {.memory = 1ull << 30, .seg_size = 1u << 20, .max_clients = 1024},
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};

@@ -15,9 +15,10 @@
  * the key as it is now (incr adds to the current number, cas fails on the
  * changed version), and the history must be linearizable.
  *
- * Values are 20 KB (a digit string padded with spaces, which incr accepts
- * as memcached does), so a 64 KiB segment holds three blocks and one address
- * comes back every few writes: the 2048 reuses take ~6000 sets.
+ * Values are 18 KB (a digit string padded with spaces, which incr accepts
+ * as memcached does): blocks of the 18560-byte class, so a 64 KiB segment
+ * holds three and one address comes back every few writes: the 2048 reuses
+ * take ~6000 sets.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -34,7 +35,7 @@
 
 HKV_TEST_MAIN_DEFS;
 
-#define VLEN      (20u << 10)
+#define VLEN      (18u << 10)
 #define MAX_CHURN 200000
 #define KEY       "stale-view"
 

@@ -68,10 +68,12 @@ class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 
     def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False,
-                 rekey=None, mc_extra=()):
+                 rekey=None, mc_extra=(), cache_segment="64K"):
         """rekey: path of hkv-rekey; the region (a file) gets the test secret first.
-        mc_extra: more hatchkv-memcached arguments."""
+        mc_extra: more hatchkv-memcached arguments. cache_segment: the segment size
+        in cache mode (None: the server's default, as scripts/memcached-demo runs it)."""
         self.procs = []
+        self.cache_segment = cache_segment
         self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
         self.rekey = rekey
         self.mc_extra = list(mc_extra)
@@ -90,7 +92,9 @@ class Daemons:
     def _start(self, mc_bin, srv_bin, item_max, threads, memory, cache):
         sock = os.path.join(self.tmp, "ctl.sock")
         token = os.path.join(self.tmp, "token")
-        extra = ["--cache", "--segment-size", "64K"] if cache else []
+        extra = ["--cache"] if cache else []
+        if cache and self.cache_segment:
+            extra += ["--segment-size", self.cache_segment]
         if self.rekey:
             extra += ["--memory-file", os.path.join(self.tmp, "region")]
         if os.environ.get("HKV_MC_TRANSPORT", "shm") == "verbs":
