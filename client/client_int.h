@@ -243,8 +243,13 @@ enum hkv_test_point {
 	HKV_TP_STORE_PUBLISH,      /* add/replace/cas/set between the cold find and the publish */
 	HKV_TP_ABORT_SLOT,         /* aborting a stale insert: meta aborted, slot not yet taken */
 	HKV_TP_FLUSH_METAS,        /* flush_all: a chunk of the index read, its metas not yet */
+	HKV_TP_UNDO_STALE,         /* a stale swing found: the slot is ours, not yet undone */
+	HKV_TP_RETRY,              /* an operation lost a race and is about to try again */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
+/* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a
+ * huge one models a stop after the age check, inside the post). */
+extern uint64_t hkv_test_view_max_ns;
 /* Memory windows: ask the server (control plane) for rights to segment seg
  * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */
 int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey);

@@ -18,6 +18,7 @@
  * slot away.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -130,9 +131,12 @@ struct view {
 
 /* May a write still act on what was seen at seen_ns? Checked right before
  * the post that acts on it (docs/design.md, "Views"). */
+uint64_t hkv_test_view_max_ns;
+
 static int view_fresh(struct hkv_client *c, uint64_t seen_ns)
 {
-	if (hkv_now_ns() - seen_ns <= HKV_VIEW_MAX_NS)
+	if (hkv_now_ns() - seen_ns <= (hkv_test_view_max_ns ? hkv_test_view_max_ns
+							    : HKV_VIEW_MAX_NS))
 		return 1;
 	c->stats.stale_views++;
 	return 0;
@@ -349,8 +353,15 @@ static void retry_begin(struct retry *r)
 /* Wait before the next attempt; 0 to go on, HKV_EAGAIN when time is up. */
 static int retry_wait(struct hkv_client *c, struct retry *r)
 {
-	uint64_t now = hkv_now_ns(), unit = now - r->last, until;
-	int shift = r->attempt < 8 ? r->attempt : 8;
+	uint64_t now, unit, until;
+	/* (growth capped at 32 units: an unbounded backoff starves the loser
+	 * while fresh winners come back at once - seen as HKV_EAGAIN under six
+	 * threads' incr on two emulated CPUs) */
+	int shift = r->attempt < 5 ? r->attempt : 5;
+
+	test_point(c, HKV_TP_RETRY);
+	now = hkv_now_ns();
+	unit = now - r->last;
 
 	if (now - r->start > (uint64_t)c->timeout_ms * 1000000ull || r->attempt >= HKV_MAX_RETRIES)
 		return HKV_EAGAIN;
@@ -358,7 +369,8 @@ static int retry_wait(struct hkv_client *c, struct retry *r)
 		unit = 1000;
 	until = now + hkv_rand(c) % (unit << shift);
 	while (hkv_now_ns() < until)
-		;
+		if (until - hkv_now_ns() > 20000)
+			sched_yield(); /* a long wait: let the contenders run */
 	r->attempt++;
 	r->last = hkv_now_ns();
 	return 0;
@@ -572,27 +584,98 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
  * had been reused (its meta holds another generation), and the slot had
  * come back to the very value we expected (ABA, after 2048 reuses of the
  * address: only when this thread stopped for longer than the horizon inside
- * the post, after view_fresh). We acted on an entry we never saw: put it
- * back (CAS slot new->old). If someone changed the slot meanwhile, the entry
- * we displaced is unnamed: retire it as its remover would have (mark, and
- * free on the won mark).
+ * the post, after view_fresh). We acted on an entry we never saw, and the
+ * incarnation g' the slot named (`seen`, what our mark found) is now LIVE
+ * and named by no slot. A blind CAS of the slot back (new -> old) is not
+ * safe: a writer with a current view of g' may have won g''s mark
+ * meanwhile, lost its slot CAS to ours and freed g', and the slot would
+ * name a freed block. So the undo holds g''s mark before it republishes:
+ *
+ *  1. CAS g''s meta seen -> OBSOLETE. Won: nobody else can retire or free
+ *     g'. CAS the slot new -> old; if that holds, CAS the meta back to
+ *     LIVE (readers meanwhile take g' as absent, within the window in
+ *     which they could already see our stale write); if the slot moved on
+ *     (a writer with a current view of our block replaced it), free g'.
+ *  2. Lost: that other writer holds g''s mark and frees it; its retry will
+ *     look again. The key gets a copy of g' instead, if g''s bytes are
+ *     still g''s (generation and CRC32C): [WRITE copy C (a new block of
+ *     ours, next generation, LIVE), CAS slot new -> C]; if the slot moved
+ *     on, C is withdrawn. If no copy can be made (g' already rewritten, no
+ *     block to be had) the key reads as absent once the caller withdraws
+ *     our block - never a slot naming a freed block.
  */
+static void undo_mark_lost(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+			   uint64_t seen);
+
 static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 		       uint64_t seen)
 {
-	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], old->slot_off, new_slot, old->slot);
+	uint64_t mark = (seen & ~3ull) | HKV_BLK_OBSOLETE;
+	struct hkv_wr wr;
 
 	c->stats.stale_undone++;
 	hkv_warn("client %u: a write acted on a view older than the ABA horizon (slot 0x%llx); "
 		 "undoing it", c->client_id, (unsigned long long)old->slot_off);
-	if (hkv_exec(c, &wr, 1) || c->atom[2] == new_slot)
-		return;
-	if (hkv_meta_state(seen) != HKV_BLK_LIVE ||
+	test_point(c, HKV_TP_UNDO_STALE);
+	if (hkv_meta_state(seen) != HKV_BLK_LIVE || hkv_meta_class(seen) >= c->g.nclasses ||
 	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
+		return; /* the slot named no live incarnation: nothing to put back */
+	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, mark);
+	if (hkv_exec(c, &wr, 1))
 		return;
-	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, (seen & ~3ull) | HKV_BLK_OBSOLETE);
-	if (!hkv_exec(c, &wr, 1) && c->atom[2] == seen)
+	if (c->atom[2] != seen) {
+		undo_mark_lost(c, old, new_slot, seen);
+		return;
+	}
+	wr = hkv_wr_cas(c, &c->atom[2], old->slot_off, new_slot, old->slot);
+	if (hkv_exec(c, &wr, 1))
+		return; /* (g' stays marked and unfreed: lost with the connection) */
+	if (c->atom[2] != new_slot) { /* the slot moved on: g' is unnamed and ours to free */
 		hkv_free_block(c, old->blk_off, hkv_meta_class(seen));
+		return;
+	}
+	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, mark, seen); /* named again: LIVE */
+	hkv_exec(c, &wr, 1);
+}
+
+static void undo_mark_lost(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+			   uint64_t seen)
+{
+	uint32_t cls = hkv_meta_class(seen), len = c->g.class_size[cls], gen = 0;
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
+	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
+	uint64_t ours = w->meta, copy, off = 0;
+	struct hkv_wr wrs[3];
+	int n = 0;
+
+	if (len > c->read_cap || len > c->max_block)
+		return;
+	/* (the block for C first: allocating may read into rblk) */
+	if (hkv_alloc_block(c, cls, &off, &gen))
+		return;
+	wrs[0] = hkv_wr_read(c, c->rblk, old->blk_off, len);
+	if (hkv_exec(c, wrs, 1) || hkv_meta_gen(h->meta) != hkv_meta_gen(seen) ||
+	    (h->meta & HKV_META_ABORTED) ||
+	    hkv_block_check(&c->g, c->rblk, len, c->rblk + HKV_BLOCK_HDR, h->klen)) {
+		hkv_unalloc_block(c, off, cls); /* g' rewritten already: no copy to make */
+		return;
+	}
+	memcpy(c->wblk, c->rblk, HKV_BLOCK_HDR + (size_t)h->klen + h->vlen);
+	w->meta = hkv_meta_make(HKV_BLK_LIVE, cls, gen);
+	w->crc = hkv_block_crc(w, c->wblk + HKV_BLOCK_HDR);
+	copy = hkv_slot_make(hkv_slot_fp(old->slot), cls, gen, off);
+	wrs[n++] = hkv_wr_write(c, c->wblk, off, HKV_BLOCK_HDR + h->klen + h->vlen);
+	n = hkv_wr_alloc_clear(c, wrs, n);
+	wrs[n++] = hkv_wr_cas(c, &c->atom[3], old->slot_off, new_slot, copy);
+	if (!hkv_exec(c, wrs, n) && c->atom[3] != new_slot) { /* not put back: C goes */
+		uint64_t live = w->meta;
+
+		wrs[0] = hkv_wr_cas(c, &c->atom[2], off, live, (live & ~3ull) | HKV_BLK_OBSOLETE |
+							     HKV_META_ABORTED);
+		if (!hkv_exec(c, wrs, 1) && c->atom[2] == live)
+			hkv_free_block(c, off, cls);
+	}
+	w->meta = ours; /* the caller withdraws its own block by this meta */
 }
 
 /*

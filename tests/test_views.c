@@ -21,11 +21,14 @@
  * take ~6000 sets.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client/client_int.h"
 #include "hatchkv.h"
@@ -355,6 +358,158 @@ static void test_stale_flush(void)
 	free(v);
 }
 
+/*
+ * The stale swing's undo (issue 11, item 2; found by a review after the
+ * fact). A cas's view is stale (the age check is lifted:
+ * hkv_test_view_max_ns models a stop after it, inside the post) and its
+ * slot CAS wins on the ABA value, displacing incarnation g' of the key.
+ *
+ *   with_w = 0: nobody else is there. The undo holds g''s mark, puts the
+ *               slot back, makes g' LIVE again.
+ *   with_w = 1: another client W, which read g' before the swing,
+ *               publishes a set over it: its mark of g' wins, its slot CAS
+ *               loses to ours, it frees g' and stops at its retry - and
+ *               only then does the cas undo its swing. Putting the old slot
+ *               value back would name the freed g' (the key then reads as
+ *               absent though nobody deleted it, and the slot dangles); the
+ *               undo gives the key a copy of g' instead.
+ *
+ * Either way the cas fails (the key changed since its version was read),
+ * the key reads as the churner's last value right after the undo, never
+ * "not found", and then W's set lands.
+ */
+static struct {
+	struct hkv_client *w;
+	pthread_t tid;
+	_Atomic int w_ready, w_go, w_retrying, writer_done, w_ret;
+	int with_w, seen_ret;
+	uint64_t seen_val;
+} un;
+
+static int wait_flag(_Atomic int *flag, int ms)
+{
+	for (int i = 0; i < ms && !atomic_load(flag); i++)
+		usleep(1000);
+	return atomic_load(flag);
+}
+
+static void *w_main(void *arg)
+{
+	(void)arg;
+	atomic_store(&un.w_ret, hkv_set(un.w, KEY, strlen(KEY), number_value(777), VLEN, NULL));
+	return NULL;
+}
+
+/* What a reader gets for the key now (into un.seen_*): after the undo. */
+static void look(void)
+{
+	static char v[VLEN];
+	size_t vlen = 0;
+
+	un.seen_ret = hkv_get(st.churner, KEY, strlen(KEY), v, VLEN, &vlen, NULL);
+	un.seen_val = un.seen_ret ? 0 : strtoull(v, NULL, 10);
+}
+
+static void undo_hook(struct hkv_client *c, enum hkv_test_point point)
+{
+	if (c == st.writer && point == HKV_TP_STORE_PUBLISH && !st.fired) {
+		churn_hook(c, point); /* the key turns over until the ABA value is back */
+		/* W reads g' now and stops before its publish */
+		if (st.aba && un.with_w && pthread_create(&un.tid, NULL, w_main, NULL) == 0)
+			wait_flag(&un.w_ready, 10000);
+	} else if (c == un.w && point == HKV_TP_STORE_PUBLISH && !atomic_load(&un.w_ready)) {
+		atomic_store(&un.w_ready, 1);
+		wait_flag(&un.w_go, 10000);
+	} else if (c == st.writer && point == HKV_TP_UNDO_STALE && un.with_w) {
+		atomic_store(&un.w_go, 1); /* W marks g', loses its slot CAS, frees g' */
+		wait_flag(&un.w_retrying, 10000);
+	} else if (c == un.w && point == HKV_TP_RETRY && !atomic_load(&un.w_retrying)) {
+		atomic_store(&un.w_retrying, 1);
+		wait_flag(&un.writer_done, 10000); /* the undo goes first */
+	}
+}
+
+static void stale_undo(int with_w)
+{
+	struct hkv_client_stats ws;
+	struct hkv_item_info info;
+	struct hkv_config *cfg[2], *wcfg;
+	struct hkvserver s;
+	char *v = malloc(VLEN), buf[64];
+	uint64_t now = 0;
+	size_t vlen = 0;
+	int ret, got;
+
+	CHECK(v != NULL);
+	memset(&un, 0, sizeof(un));
+	un.with_w = with_w;
+	setup(&s, cfg);
+	wcfg = hkvserver_config(&s);
+	CHECK(wcfg != NULL);
+	hkv_config_set_timeout_ms(wcfg, 30000);
+	CHECK_RC(hkv_open(wcfg, &un.w), 0);
+	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
+	st.at = HKV_TP_STORE_PUBLISH;
+	hkv_test_view_max_ns = UINT64_MAX;
+	hkv_test_hook = undo_hook;
+	ret = hkv_cas(st.writer, KEY, strlen(KEY), number_value(1), VLEN, info.version, NULL);
+	hkv_test_hook = NULL;
+	hkv_test_view_max_ns = 0;
+	/* the undo is done; W (if any) still waits at its retry. The churner
+	 * writes another key a few times: its freed blocks - g', if W freed it -
+	 * are reused, so a slot still naming g' would now name another key */
+	for (int i = 0; i < 6; i++) {
+		usleep(1000); /* past the free's quarantine */
+		CHECK_RC(hkv_set(st.churner, "undo-other", 10, number_value((uint64_t)i), VLEN,
+				 NULL), 0);
+	}
+	look();
+	atomic_store(&un.writer_done, 1);
+	if (atomic_load(&un.w_ready))
+		pthread_join(un.tid, NULL);
+	got = hkv_get(st.churner, KEY, strlen(KEY), v, VLEN, &vlen, NULL);
+	if (!got)
+		now = strtoull(v, NULL, 10);
+	hkv_client_stats(st.writer, &ws);
+	printf("# stale cas swung the key%s (ABA: %s%s): cas %s; right after the undo the key "
+	       "read %s %llu (the churner's last: %llu)%s%s, then %s %llu; stale swings undone "
+	       "%llu\n", with_w ? " while W's set over the displaced block won its mark and "
+	       "freed it" : ", nobody else there", st.aba ? "yes" : "no",
+	       with_w ? (atomic_load(&un.w_retrying) ? "; W stopped at its retry: yes"
+						      : "; W stopped at its retry: NO") : "",
+	       hkv_strerror(ret), hkv_strerror(un.seen_ret), (unsigned long long)un.seen_val,
+	       (unsigned long long)st.next - 1, with_w ? "; W's set " : "",
+	       with_w ? hkv_strerror(atomic_load(&un.w_ret)) : "", hkv_strerror(got),
+	       (unsigned long long)now, (unsigned long long)ws.stale_undone);
+	CHECK(st.aba);
+	CHECK(ws.stale_undone == 1);
+	CHECK_RC(ret, HKV_EVERSION);  /* the key changed after the version was read */
+	CHECK_RC(un.seen_ret, 0);     /* never absent: nobody deleted it */
+	CHECK(un.seen_val == st.next - 1);
+	CHECK_RC(got, 0);
+	if (with_w) {
+		CHECK(atomic_load(&un.w_retrying));
+		CHECK_RC(atomic_load(&un.w_ret), 0);
+		CHECK(now == 777); /* W's set came last */
+	} else {
+		CHECK(now == st.next - 1);
+	}
+	hkv_close(un.w);
+	hkv_config_free(wcfg);
+	teardown(&s, cfg);
+	free(v);
+}
+
+static void test_stale_undo(void)
+{
+	stale_undo(0);
+}
+
+static void test_stale_undo_raced(void)
+{
+	stale_undo(1);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -362,5 +517,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_stale_incr);
 	RUN_TEST(test_stale_cas);
 	RUN_TEST(test_stale_flush);
+	RUN_TEST(test_stale_undo);
+	RUN_TEST(test_stale_undo_raced);
 	return hkv_test_finish();
 }
