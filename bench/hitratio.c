@@ -11,11 +11,20 @@
  *
  *   hatchkv-hitratio [--keys N] [--requests N] [--value BYTES] [--fraction F]
  *                    [--theta T] [--verbs] [--seed S] [--max-gap POINTS]
+ *                    [--value-max BYTES]
+ *
+ * With --value-max each key has its own value size, drawn log-uniformly from
+ * [--value, --value-max] (fixed per key): the items fall in many size
+ * classes, and exact LRU gets the same memory in bytes (the value area),
+ * each item charged its block (its size rounded up to its class) - so the
+ * difference is what splitting memory by class and moving segments between
+ * classes costs.
  *
  * With --max-gap it exits 1 if hatchkv's hit ratio is more than POINTS below
  * exact LRU's (a check, not a timing: the ratios do not depend on speed).
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,22 +38,23 @@
 
 struct hr_opts {
 	uint64_t keys, requests, seed;
-	uint32_t value;
+	uint32_t value, value_max;
 	double fraction, theta, max_gap;
 	int verbs;
 };
 
 /* Exact LRU over key numbers: arrays as a doubly linked list, O(1) per request. */
 struct lru {
-	uint64_t cap, size;
+	uint64_t cap, size; /* in bytes */
+	const uint64_t *isz; /* per key: its item's bytes */
 	int64_t *prev, *next; /* -1 = none */
 	uint8_t *in;
 	int64_t head, tail;   /* head = most recent */
 };
 
-static int lru_init(struct lru *l, uint64_t keys, uint64_t cap)
+static int lru_init(struct lru *l, uint64_t keys, uint64_t cap, const uint64_t *isz)
 {
-	*l = (struct lru){.cap = cap, .head = -1, .tail = -1};
+	*l = (struct lru){.cap = cap, .isz = isz, .head = -1, .tail = -1};
 	l->prev = malloc(keys * sizeof(int64_t));
 	l->next = malloc(keys * sizeof(int64_t));
 	l->in = calloc(keys, 1);
@@ -82,16 +92,16 @@ static int lru_access(struct lru *l, int64_t k)
 		lru_push(l, k);
 		return 1;
 	}
-	if (l->size == l->cap) {
+	while (l->size + l->isz[k] > l->cap && l->tail >= 0) {
 		int64_t victim = l->tail;
 
 		lru_unlink(l, victim);
 		l->in[victim] = 0;
-		l->size--;
+		l->size -= l->isz[victim];
 	}
 	lru_push(l, k);
 	l->in[k] = 1;
-	l->size++;
+	l->size += l->isz[k];
 	return 0;
 }
 
@@ -114,6 +124,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: hatchkv-hitratio [--keys N] [--requests N] [--value BYTES] "
 		   "[--fraction F] [--theta T] [--seed S] [--verbs] [--max-gap POINTS]\n"
+		   "       [--value-max BYTES]\n"
 		   "  defaults: 100000 keys, 2000000 requests, 1000-byte values, cache = 0.10 of\n"
 		   "  the footprint, Zipfian theta 0.99, shm transport\n");
 }
@@ -125,13 +136,13 @@ static int parse(int argc, char **argv, struct hr_opts *o)
 		{"value", required_argument, NULL, 'v'},  {"fraction", required_argument, NULL, 'f'},
 		{"theta", required_argument, NULL, 't'},  {"seed", required_argument, NULL, 's'},
 		{"verbs", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
-		{"max-gap", required_argument, NULL, 'g'},
+		{"max-gap", required_argument, NULL, 'g'}, {"value-max", required_argument, NULL, 'x'},
 		{NULL, 0, NULL, 0}};
 	int ch;
 
 	*o = (struct hr_opts){.keys = 100000, .requests = 2000000, .value = 1000, .fraction = 0.10,
 			      .theta = 0.99, .seed = 42};
-	while ((ch = getopt_long(argc, argv, "k:r:v:f:t:s:Vhg:", lo, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "k:r:v:f:t:s:Vhg:x:", lo, NULL)) != -1) {
 		switch (ch) {
 		case 'k': o->keys = strtoull(optarg, NULL, 10); break;
 		case 'r': o->requests = strtoull(optarg, NULL, 10); break;
@@ -141,12 +152,14 @@ static int parse(int argc, char **argv, struct hr_opts *o)
 		case 's': o->seed = strtoull(optarg, NULL, 10); break;
 		case 'V': o->verbs = 1; break;
 		case 'g': o->max_gap = strtod(optarg, NULL); break;
+		case 'x': o->value_max = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
 	}
 	if (o->keys < 100 || !o->requests || o->fraction <= 0 || o->fraction >= 1 ||
-	    o->theta <= 0 || o->theta >= 1 || o->value == 0 || o->value > 60000) {
+	    o->theta <= 0 || o->theta >= 1 || o->value == 0 || o->value > 60000 ||
+	    (o->value_max && (o->value_max < o->value || o->value_max > 60000))) {
 		usage(stderr);
 		return -1;
 	}
@@ -180,7 +193,8 @@ int main(int argc, char **argv)
 	struct hkv_client *c;
 	struct lru lru;
 	uint64_t *trace, hits_lru = 0, hits_hkv = 0, warm_lru = 0, warm_hkv = 0, errors = 0;
-	uint64_t item, footprint, slots, cap, gets_rt = 0;
+	uint64_t item, footprint = 0, slots, cap, gets_rt = 0, *isz;
+	uint32_t *vsz, vmax;
 	char kib[32], slots_arg[32], key[64];
 	const char *extra[] = {"--cache", "--index-slots", slots_arg, NULL};
 	uint8_t *val, *buf;
@@ -195,11 +209,25 @@ int main(int argc, char **argv)
 	}
 	/* one item's block: header + "user..." key (<= 24 B) + value, rounded to its class */
 	hkv_geometry_init(&g, 64ull << 20, 64u << 10, 0, 0);
-	cls = hkv_class_for(&g, (uint32_t)(HKV_BLOCK_HDR + 24 + o.value));
-	if (cls < 0)
-		return fprintf(stderr, "hatchkv-hitratio: value too large\n"), 1;
-	item = g.class_size[cls];
-	footprint = o.keys * item;
+	vmax = o.value_max ? o.value_max : o.value;
+	vsz = malloc(o.keys * sizeof(*vsz));
+	isz = malloc(o.keys * sizeof(*isz));
+	if (!vsz || !isz)
+		return fprintf(stderr, "hatchkv-hitratio: out of memory\n"), 1;
+	for (uint64_t k = 0; k < o.keys; k++) {
+		/* fixed per key; log-uniform over [value, value_max] */
+		double u = (double)(ycsb_fnv64(k ^ 0x5bd1e995ull) % 1000000) / 1e6;
+
+		vsz[k] = o.value_max ? (uint32_t)((double)o.value *
+						  exp(u * log((double)vmax / (double)o.value)))
+				     : o.value;
+		cls = hkv_class_for(&g, (uint32_t)(HKV_BLOCK_HDR + 24 + vsz[k]));
+		if (cls < 0)
+			return fprintf(stderr, "hatchkv-hitratio: value too large\n"), 1;
+		isz[k] = g.class_size[cls];
+		footprint += isz[k];
+	}
+	item = isz[0];
 	slots = 1;
 	while (slots < 4 * (uint64_t)(o.fraction * (double)o.keys) + 64)
 		slots <<= 1; /* the index is never what evicts */
@@ -212,12 +240,15 @@ int main(int argc, char **argv)
 	}
 	c = hkvserver_client(&srv);
 	hkv_server_info(c, &si);
-	cap = si.value_bytes / si.segment_bytes * (si.segment_bytes / item);
+	/* exact LRU's memory: as many blocks as the server's segments hold (one
+	 * size), or the value area's bytes (many sizes) */
+	cap = o.value_max ? si.value_bytes
+			  : si.value_bytes / si.segment_bytes * (si.segment_bytes / item) * item;
 
 	trace = malloc(o.requests * sizeof(*trace));
-	val = malloc(o.value);
-	buf = malloc(o.value + 64);
-	if (!trace || !val || !buf || lru_init(&lru, o.keys, cap)) {
+	val = malloc(vmax);
+	buf = malloc(vmax + 64);
+	if (!trace || !val || !buf || lru_init(&lru, o.keys, cap, isz)) {
 		fprintf(stderr, "hatchkv-hitratio: out of memory\n");
 		return 1;
 	}
@@ -225,7 +256,7 @@ int main(int argc, char **argv)
 	ycsb_zipf_init(&z, o.keys, o.theta, 0);
 	for (uint64_t i = 0; i < o.requests; i++) /* rank r -> key number: a fixed shuffle */
 		trace[i] = ycsb_fnv64(ycsb_zipf_next(&z, &rng, o.keys)) % o.keys;
-	memset(val, 'v', o.value);
+	memset(val, 'v', vmax);
 
 	for (uint64_t i = 0; i < o.requests; i++) {
 		int hit = lru_access(&lru, (int64_t)trace[i]);
@@ -236,28 +267,34 @@ int main(int argc, char **argv)
 	t0 = now_s();
 	for (uint64_t i = 0; i < o.requests; i++) {
 		size_t klen = ycsb_key(trace[i], key, sizeof(key)), vlen;
-		int ret = hkv_get(c, key, klen, buf, o.value + 64, &vlen, NULL);
+		int ret = hkv_get(c, key, klen, buf, vmax + 64, &vlen, NULL);
 
 		if (ret == 0) {
 			hits_hkv++;
 			warm_hkv += i >= o.keys;
 			continue;
 		}
-		if (ret != HKV_ENOTFOUND || hkv_set(c, key, klen, val, o.value, NULL))
+		if (ret != HKV_ENOTFOUND || hkv_set(c, key, klen, val, vsz[trace[i]], NULL))
 			errors++;
 	}
 	secs = now_s() - t0;
 	hkv_client_stats(c, &st);
 	gets_rt = st.op[HKV_OP_GET].round_trips;
-	printf("hit ratio, Zipfian theta %.2f over %llu keys, %llu requests (get; set on a "
-	       "miss), %u-byte values (%llu-byte blocks)\n",
-	       o.theta,
-	       (unsigned long long)o.keys, (unsigned long long)o.requests, o.value,
-	       (unsigned long long)item);
-	printf("cache: %.1f%% of the %.1f MiB footprint = %llu items (hatchkv-server --cache "
-	       "--memory %s: %llu segments of 64 KiB)\n",
-	       100.0 * (double)(cap * item) / (double)footprint, (double)footprint / 1048576.0,
-	       (unsigned long long)cap, kib, (unsigned long long)(si.value_bytes / si.segment_bytes));
+	if (o.value_max)
+		printf("hit ratio, Zipfian theta %.2f over %llu keys, %llu requests (get; set on a "
+		       "miss), values of %u-%u bytes, log-uniform, fixed per key\n",
+		       o.theta, (unsigned long long)o.keys, (unsigned long long)o.requests, o.value,
+		       o.value_max);
+	else
+		printf("hit ratio, Zipfian theta %.2f over %llu keys, %llu requests (get; set on a "
+		       "miss), %u-byte values (%llu-byte blocks)\n",
+		       o.theta, (unsigned long long)o.keys, (unsigned long long)o.requests,
+		       o.value, (unsigned long long)item);
+	printf("cache: %.1f%% of the %.1f MiB footprint = %.1f MiB for exact LRU (hatchkv-server "
+	       "--cache --memory %s: %llu segments of 64 KiB)\n",
+	       100.0 * (double)cap / (double)footprint, (double)footprint / 1048576.0,
+	       (double)cap / 1048576.0, kib,
+	       (unsigned long long)(si.value_bytes / si.segment_bytes));
 	printf("%-24s %10s %16s\n", "", "all", "after 1st pass");
 	printf("%-24s %9.2f%% %15.2f%%\n", "exact LRU", 100.0 * (double)hits_lru / (double)o.requests,
 	       100.0 * (double)warm_lru / (double)(o.requests - o.keys));
@@ -270,9 +307,22 @@ int main(int argc, char **argv)
 	       100.0 * ((double)warm_lru - (double)warm_hkv) / (double)(o.requests - o.keys),
 	       (unsigned long long)st.evictions, (double)gets_rt / (double)o.requests,
 	       (double)o.requests / secs, (unsigned long long)errors);
+	/* what moving memory between classes costs (segments re-carved or
+	 * adopted happen inside the sets that needed them) */
+	printf("sets: %llu, %.3f round trips each; %llu segment(s) re-carved or adopted "
+	       "(one per %.0f sets), %llu renewals\n",
+	       (unsigned long long)st.op[HKV_OP_SET].count,
+	       st.op[HKV_OP_SET].count ? (double)st.op[HKV_OP_SET].round_trips /
+					 (double)st.op[HKV_OP_SET].count : 0.0,
+	       (unsigned long long)st.segments_adopted,
+	       st.segments_adopted ? (double)st.op[HKV_OP_SET].count /
+				     (double)st.segments_adopted : 0.0,
+	       (unsigned long long)st.segments_renewed);
 	hkv_close(c);
 	hkvserver_stop(&srv);
 	lru_free(&lru);
+	free(vsz);
+	free(isz);
 	free(trace);
 	free(val);
 	free(buf);

@@ -254,36 +254,69 @@ static int read_bitmap(struct hkv_client *c, uint32_t seg, uint32_t nblocks, uin
 	return hkv_exec(c, &wr, 1);
 }
 
-/* Blocks freed in our segments of class cls whose bits we have not taken yet. */
+static int harvest_words(struct hkv_class_alloc *ca, struct hkv_seg_own *so,
+			 const uint64_t *words, uint64_t ready);
+
+/* Blocks freed in our segments of class cls whose bits we have not taken
+ * yet: their bitmaps read in chains of up to 64 segments (one round trip
+ * each, not one per segment). */
 static int harvest(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
-	uint64_t *words = (uint64_t *)c->scr, ready = hkv_now_ns() + HKV_QUARANTINE_NS;
+	uint64_t ready = hkv_now_ns() + HKV_QUARANTINE_NS;
+	uint32_t per = (uint32_t)(c->scr_cap / c->g.bitmap_bytes);
+	struct hkv_seg_own *batch[64], *next = ca->segs;
 	int got = 0, ret;
 
 	ca->last_harvest_ns = hkv_now_ns();
 	ca->evict_pending = 0; /* their bits are set by now: this pass takes them */
-	for (struct hkv_seg_own *so = ca->segs; so; so = so->next) {
-		uint32_t nwords = (so->nblocks + 63) / 64;
+	if (per > 64)
+		per = 64;
+	while (next) {
+		struct hkv_wr wrs[64];
+		uint32_t n = 0;
 
-		ret = read_bitmap(c, so->idx, so->nblocks, words);
+		for (; next && n < per; next = next->next, n++) {
+			batch[n] = next;
+			wrs[n] = hkv_wr_read(c, c->scr + (size_t)n * c->g.bitmap_bytes,
+					     bitmap_word(c, next->idx, 0),
+					     (next->nblocks + 63) / 64 * 8);
+		}
+		ret = hkv_exec(c, wrs, (int)n);
 		if (ret)
 			return ret;
-		for (uint32_t w = 0; w < nwords; w++) {
-			uint64_t fresh = words[w] & ~so->held[w];
-
-			if (w == nwords - 1 && so->nblocks % 64)
-				fresh &= (1ull << (so->nblocks % 64)) - 1; /* garbage guard */
-			so->held[w] |= fresh;
-			for (; fresh; fresh &= fresh - 1) {
-				if (fifo_push(ca, so->idx, w * 64 + (uint32_t)__builtin_ctzll(fresh), 1,
-					      ready))
-					return -ENOMEM;
-				got++;
-			}
+		for (uint32_t i = 0; i < n; i++) {
+			ret = harvest_words(ca, batch[i],
+					    (const uint64_t *)(c->scr + (size_t)i * c->g.bitmap_bytes),
+					    ready);
+			if (ret < 0)
+				return ret;
+			got += ret;
 		}
 	}
 	c->stats.blocks_harvested += (uint64_t)got;
+	return got;
+}
+
+/* The free bits of one segment's bitmap (as read) not yet in our FIFO go there. */
+static int harvest_words(struct hkv_class_alloc *ca, struct hkv_seg_own *so,
+			 const uint64_t *words, uint64_t ready)
+{
+	uint32_t nwords = (so->nblocks + 63) / 64;
+	int got = 0;
+
+	for (uint32_t w = 0; w < nwords; w++) {
+		uint64_t fresh = words[w] & ~so->held[w];
+
+		if (w == nwords - 1 && so->nblocks % 64)
+			fresh &= (1ull << (so->nblocks % 64)) - 1; /* garbage guard */
+		so->held[w] |= fresh;
+		for (; fresh; fresh &= fresh - 1) {
+			if (fifo_push(ca, so->idx, w * 64 + (uint32_t)__builtin_ctzll(fresh), 1, ready))
+				return -ENOMEM;
+			got++;
+		}
+	}
 	return got;
 }
 
@@ -450,6 +483,8 @@ static int reclaim(struct hkv_client *c, const struct hkv_seg_own *so, const str
 	return ret < 0 ? ret : 0;
 }
 
+#define ADOPTED_OTHER 1 /* adopt(): a segment of another class, not re-carved */
+
 /* Adopt an orphan or idle segment we just took (entry: ours, set at
  * t_post): as it is, or re-carved when wholly free. An orphan's unpublished
  * blocks are taken back; an idle one's owner lives, and publishes or frees
@@ -471,6 +506,8 @@ static int adopt(struct hkv_client *c, uint32_t idx, uint64_t entry, uint64_t t_
 		if (so && !ret && orphan)
 			ret = reclaim(c, so, &sc);
 		c->stats.segments_adopted++;
+		if (!ret && cls != want_cls)
+			ret = ADOPTED_OTHER; /* kept in its own class: no use to this write yet */
 	}
 	scan_free(&sc);
 	hkv_debug("client %u: adopted segment %u (class %u, wanted %u): %s", c->client_id, idx,
@@ -648,7 +685,7 @@ int hkv_wr_alloc_clear(struct hkv_client *c, struct hkv_wr *wrs, int n)
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
-	int waited = 0, ret;
+	int waited = 0, others = 0, ret;
 
 	for (;;) {
 		uint64_t now = hkv_now_ns();
@@ -691,9 +728,13 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 		 * them rather than take memory other clients may need. */
 		if (ca->head != ca->tail)
 			continue;
-		ret = claim_segment(c, cls);
+		/* (at most two segments of other classes adopted per allocation: each
+		 * costs a scan and strands its owner; in cache mode they are what
+		 * reassign_segment re-carves next) */
+		ret = others < 2 ? claim_segment(c, cls) : HKV_EFULL;
+		others += ret == ADOPTED_OTHER;
 		if (ret != HKV_EFULL) {
-			if (ret)
+			if (ret < 0)
 				return ret;
 			continue;
 		}

@@ -334,7 +334,10 @@ static int setup_arena(struct hkv_client *c, size_t max_value)
 	if (c->max_value > max_value)
 		c->max_value = max_value;
 	c->read_cap = 2 * (size_t)c->max_block < (64u << 10) ? (64u << 10) : 2 * (size_t)c->max_block;
-	c->scr_cap = (size_t)g->nsegs * 8 > g->bitmap_bytes ? (size_t)g->nsegs * 8 : g->bitmap_bytes;
+	/* the segment table, or up to 64 segments' bitmaps (one harvest chain) */
+	c->scr_cap = (size_t)(g->nsegs < 64 ? g->nsegs : 64) * g->bitmap_bytes;
+	if (c->scr_cap < (size_t)g->nsegs * 8)
+		c->scr_cap = (size_t)g->nsegs * 8;
 	c->arena_len = 4 * HKV_BUCKET_SIZE + 64 * 8 + c->read_cap + c->max_block + c->scr_cap;
 	c->arena = hkv_aligned_alloc(4096, c->arena_len);
 	if (!c->arena)

@@ -593,8 +593,8 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
  *
  *  1. CAS g''s meta seen -> OBSOLETE. Won: nobody else can retire or free
  *     g'. CAS the slot new -> old; if that holds, CAS the meta back to
- *     LIVE (readers meanwhile take g' as absent, within the window in
- *     which they could already see our stale write); if the slot moved on
+ *     LIVE (a marked block a slot names still reads as the key's value;
+ *     writers meanwhile lose their marks on it and retry); if the slot moved on
  *     (a writer with a current view of our block replaced it), free g'.
  *  2. Lost: that other writer holds g''s mark and frees it; its retry will
  *     look again. The key gets a copy of g' instead, if g''s bytes are
@@ -1559,6 +1559,8 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 	if (ret && ret != HKV_ENOTFOUND)
 		return ret;
 	if (!ret && !item_expired(&it)) {
+		/* there again: a later absence is someone's delete, not our eviction */
+		c->op_key_evicted = 0;
 		if (mode == STORE_ADD)
 			return HKV_EEXISTS;
 		if (mode == STORE_CAS && item_version(&it) != version)
