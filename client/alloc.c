@@ -139,6 +139,39 @@ static void seg_own_free(struct hkv_seg_own *so)
 	hkv_free(so);
 }
 
+static void set_bit(struct hkv_client *c, uint32_t seg, uint32_t blk);
+
+/*
+ * Take so off its class's list (0, or -EINVAL if it was not on it) and its
+ * blocks out of the class's FIFO. Blocks held with their bit already
+ * cleared get it back when `give_back` (the segment is still ours), and are
+ * dropped otherwise.
+ */
+static int seg_unlist(struct hkv_client *c, struct hkv_seg_own *so, int give_back)
+{
+	struct hkv_class_alloc *ca = &c->classes[so->cls];
+	struct hkv_seg_own **pp = &ca->segs;
+	uint32_t keep = ca->head;
+	int found;
+
+	while (*pp && *pp != so)
+		pp = &(*pp)->next;
+	found = *pp != NULL;
+	if (found)
+		*pp = so->next;
+	so->next = NULL;
+	for (uint32_t i = ca->head; i != ca->tail; i++) {
+		struct hkv_free_block fb = ca->fifo[i & (ca->cap - 1)];
+
+		if (fb.seg != so->idx)
+			ca->fifo[keep++ & (ca->cap - 1)] = fb;
+		else if (!fb.bit_set && give_back)
+			set_bit(c, fb.seg, fb.blk);
+	}
+	ca->tail = keep;
+	return found ? 0 : -EINVAL;
+}
+
 /*
  * Stop tracking so, a segment that is no longer ours (adopted while idle):
  * off its class's list and FIFO, and forgotten. Blocks in our FIFO whose
@@ -148,21 +181,7 @@ static void seg_own_free(struct hkv_seg_own *so)
  */
 void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so)
 {
-	struct hkv_class_alloc *ca = &c->classes[so->cls];
-	struct hkv_seg_own **pp = &ca->segs;
-	uint32_t keep = ca->head;
-
-	while (*pp && *pp != so)
-		pp = &(*pp)->next;
-	if (*pp)
-		*pp = so->next;
-	for (uint32_t i = ca->head; i != ca->tail; i++) {
-		struct hkv_free_block fb = ca->fifo[i & (ca->cap - 1)];
-
-		if (fb.seg != so->idx)
-			ca->fifo[keep++ & (ca->cap - 1)] = fb;
-	}
-	ca->tail = keep;
+	seg_unlist(c, so, 0);
 	if (c->owned[so->idx] == so)
 		c->owned[so->idx] = NULL;
 	if (c->wkeys)
@@ -899,27 +918,8 @@ struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls)
  */
 int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so)
 {
-	struct hkv_class_alloc *ca = &c->classes[so->cls];
-	struct hkv_seg_own **pp = &ca->segs;
-	uint32_t keep = ca->head;
-
-	while (*pp && *pp != so)
-		pp = &(*pp)->next;
-	if (!*pp)
+	if (seg_unlist(c, so, 1))
 		return -EINVAL;
-	*pp = so->next;
-	so->next = NULL;
-	for (uint32_t i = ca->head; i != ca->tail; i++) {
-		struct hkv_free_block fb = ca->fifo[i & (ca->cap - 1)];
-
-		if (fb.seg != so->idx) {
-			ca->fifo[keep++ & (ca->cap - 1)] = fb;
-			continue;
-		}
-		if (!fb.bit_set)
-			set_bit(c, fb.seg, fb.blk);
-	}
-	ca->tail = keep;
 	memset(so->held, 0, (so->nblocks + 63) / 64 * 8);
 	return 0;
 }

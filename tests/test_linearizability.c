@@ -1267,8 +1267,9 @@ static void test_mixed(void)
 	CHECK(harvested > 0); /* the region is small: blocks were reused */
 }
 
-/* 4. The mixed workload under reuse pressure, on a server of its own. */
-static void test_mixed_reuse(void)
+/* The mixed workload in `mode` for `rounds` rounds on a tiny server of its
+ * own (4 MB, 64 KiB segments, 512 index slots); the blocks harvested. */
+static uint64_t own_server_rounds(const char *mode, int rounds)
 {
 	static const char *const tiny[] = {"--index-slots", "512", NULL};
 	struct hkvserver main_server = server;
@@ -1277,57 +1278,50 @@ static void test_mixed_reuse(void)
 
 	memset(tallies, 0, sizeof(tallies));
 	up = hkvserver_start(&server, race_verbs, "4M", "64K", tiny) == 0;
-	CHECK(up);
 	if (!up) {
+		fprintf(stderr, "%s:%d: the %s rounds' server did not start\n", __FILE__, __LINE__,
+			mode);
+		hkv_test_failures++;
 		server = main_server;
-		return;
+		return 0;
 	}
-	printf("# reuse pressure: %d rounds of %d processes x (%d threads x %d ops + a churner "
-	       "of 2-28 KiB values)\n", prm.reuse_rounds, prm.procs, prm.threads, prm.mix_ops);
-	for (mixed_round = 0; mixed_round < prm.reuse_rounds; mixed_round++)
-		harvested += mixed_round_run("reuse");
+	for (mixed_round = 0; mixed_round < rounds; mixed_round++)
+		harvested += mixed_round_run(mode);
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
-	CHECK(harvested > 0);
 	hkvserver_stop(&server);
 	server = main_server;
+	return harvested;
+}
+
+/* 4. The mixed workload under reuse pressure, on a server of its own. */
+static void test_mixed_reuse(void)
+{
+	printf("# reuse pressure: %d rounds of %d processes x (%d threads x %d ops + a churner "
+	       "of 2-28 KiB values)\n", prm.reuse_rounds, prm.procs, prm.threads, prm.mix_ops);
+	CHECK(own_server_rounds("reuse", prm.reuse_rounds) > 0);
 }
 
 /*
  * 5. Memory that flows (issue 13): the reuse workload, but half the threads
  * of each process stop halfway for longer than a segment takes to go IDLE,
- * so the others - short of memory in a 4 MB region - adopt their segments
- * mid-round; the stopped ones then find them gone and take others. Every
- * key's history must stay linearizable through it.
+ * and a burst of the churner's - short of memory in the 4 MB region -
+ * adopts their segments mid-round; the stopped ones then find them gone and
+ * take others. Every key's history must stay linearizable through it.
  */
 static void test_flow_reuse(void)
 {
-	static const char *const tiny[] = {"--index-slots", "512", NULL};
-	struct hkvserver main_server = server;
-	uint64_t harvested = 0;
-	int up;
+	uint64_t harvested;
 
-	memset(tallies, 0, sizeof(tallies));
-	up = hkvserver_start(&server, race_verbs, "4M", "64K", tiny) == 0;
-	CHECK(up);
-	if (!up) {
-		server = main_server;
-		return;
-	}
 	flow_taken = flow_lost = 0;
 	printf("# segments that flow: %d rounds of %d processes x (%d threads x %d ops + a "
 	       "churner), half the threads stopped 1.8 s halfway\n", prm.flow_rounds, prm.procs,
 	       prm.threads, prm.mix_ops);
-	for (mixed_round = 0; mixed_round < prm.flow_rounds; mixed_round++)
-		harvested += mixed_round_run("flow");
-	for (int k = 0; k < NKEYS; k++)
-		print_tally(k, &tallies[k]);
+	harvested = own_server_rounds("flow", prm.flow_rounds);
 	printf("# segments adopted while idle: %llu; found adopted by their old owner: %llu\n",
 	       (unsigned long long)flow_taken, (unsigned long long)flow_lost);
 	CHECK(harvested > 0);
 	CHECK(flow_taken > 0);
-	hkvserver_stop(&server);
-	server = main_server;
 }
 
 /* ---- 3. exact count --------------------------------------------------------------- */
