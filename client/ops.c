@@ -1627,7 +1627,8 @@ static int store(struct hkv_client *c, const struct key *k, enum store_mode mode
 	while (ret > 0) {
 		if (ret == CONFLICT || ret == YIELDED || ret == STALE) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
-			if (ret == STALE ? retry_stale(c, &rt) : retry_wait(c, &rt)) {
+			/* (YIELDED: a stale swing undone - a stall, like STALE) */
+			if (ret == STALE || ret == YIELDED ? retry_stale(c, &rt) : retry_wait(c, &rt)) {
 				if (ret == YIELDED)
 					return HKV_EAGAIN; /* our block is already withdrawn and freed */
 				ret = HKV_EAGAIN;
@@ -1696,7 +1697,7 @@ static int modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *ar
 			unbuild_block(c, slot);
 		hkv_cache_drop(c->cache, k->h);
 		c->stats.op[op].retries++;
-		if (ret == STALE ? retry_stale(c, &rt) : retry_wait(c, &rt))
+		if (ret == STALE || ret == YIELDED ? retry_stale(c, &rt) : retry_wait(c, &rt))
 			return HKV_EAGAIN;
 	}
 }
