@@ -217,6 +217,13 @@ int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so)
 			so->entry = next;
 			so->lease_ns = now; /* posted after now: the lease runs from before */
 			c->stats.segments_renewed++;
+			/* back from IDLE: an adopter's GRANT that came to nothing may
+			 * have cost us our window: ask again (rare) */
+			if (hkv_seg_state(want) == HKV_SEG_IDLE && c->wkeys) {
+				c->wkeys[so->idx] = 0;
+				if (grant_write(c, so->idx))
+					break;
+			}
 			return 0;
 		}
 		want = c->atom[0];
@@ -624,6 +631,9 @@ static int claim_segment(struct hkv_client *c, uint32_t cls)
 					return ret;
 				continue; /* somebody was faster */
 			}
+			/* ours once, lost, back: its old tracking and window key go */
+			if (c->owned[i])
+				hkv_alloc_forget(c, c->owned[i]);
 			ret = grant_write(c, i);
 			if (ret) { /* not ours to write after all: give it back */
 				give_back(c, i, e, pass ? ecls : cls);
@@ -881,6 +891,43 @@ void hkv_alloc_release(struct hkv_client *c)
 	hkv_exec(c, &wr, 1);
 }
 
+/*
+ * Store mode has nothing to evict: a class short of memory takes one of our
+ * segments of another class whose blocks are all free (deleted, flushed),
+ * re-carved. One scan per candidate; at most one pass a second, so a full
+ * store stays quick to say so. 0 (cls has it), HKV_EFULL, <0.
+ */
+int hkv_alloc_take_free_own(struct hkv_client *c, uint32_t cls)
+{
+	uint64_t now = hkv_now_ns(), keep = c->protect_off >= c->g.data_off
+						     ? (c->protect_off - c->g.data_off) / c->g.seg_size
+						     : UINT64_MAX;
+
+	if (now < c->free_own_until_ns)
+		return HKV_EFULL;
+	for (uint32_t k = 0; k < c->g.nclasses; k++) {
+		for (struct hkv_seg_own *so = c->classes[k].segs; k != cls && so; so = so->next) {
+			struct scan sc;
+			int ret, whole;
+
+			if (so->idx == keep)
+				continue;
+			ret = scan_segment(c, so->idx, so->cls, &sc);
+			whole = !ret && sc.nfree == sc.nblocks;
+			scan_free(&sc);
+			if (ret)
+				return ret;
+			if (!whole)
+				continue;
+			if ((ret = hkv_alloc_detach(c, so)))
+				return ret;
+			return hkv_alloc_recarve_own(c, so, cls);
+		}
+	}
+	c->free_own_until_ns = now + 1000000000ull;
+	return HKV_EFULL;
+}
+
 /* ---- moving a segment between classes (cache mode) -------------------------- */
 
 /* One of our segments of another class than cls: the oldest of the class we
@@ -931,23 +978,25 @@ int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so)
  * re-carved like a wholly free orphan. If it never gets there it goes back
  * to its class. 0 or HKV_EFULL (gave it back), <0.
  */
+/* A detached segment found no longer ours: forgetting it is freeing it. */
+static int recarve_lost(struct hkv_client *c, struct hkv_seg_own *so)
+{
+	if (c->owned[so->idx] == so)
+		c->owned[so->idx] = NULL;
+	if (c->wkeys)
+		c->wkeys[so->idx] = 0;
+	seg_own_free(so);
+	return HKV_EFULL;
+}
+
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls)
 {
 	struct scan sc;
 	uint64_t entry;
-	struct hkv_wr wr;
 	int ret = hkv_alloc_hold(c, so), tries;
 
-	if (ret) { /* not ours any more (it is detached: forgetting it is freeing it) */
-		if (ret == 1) {
-			if (c->owned[so->idx] == so)
-				c->owned[so->idx] = NULL;
-			if (c->wkeys)
-				c->wkeys[so->idx] = 0;
-			seg_own_free(so);
-		}
-		return ret == 1 ? HKV_EFULL : ret;
-	}
+	if (ret)
+		return ret == 1 ? recarve_lost(c, so) : ret;
 	for (tries = 0; tries < 50; tries++) {
 		uint64_t t0 = hkv_now_ns();
 
@@ -961,12 +1010,14 @@ int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t
 			;
 	}
 	if (!ret && tries < 50) { /* sc holds the scan of a wholly free segment */
-		wr = hkv_wr_read(c, &c->atom[0], c->g.seg_table_off + (uint64_t)so->idx * 8, 8);
-		ret = hkv_exec(c, &wr, 1);
-		entry = c->atom[0];
-		if (!ret && (hkv_seg_state(entry) != HKV_SEG_OWNED ||
-			     hkv_seg_owner(entry) != (c->client_id & 0xffff)))
-			ret = HKV_ECORRUPT;
+		/* (the scans may have outlasted the lease: hold again, and re-carve
+		 * from the entry as that left it) */
+		ret = hkv_alloc_hold(c, so);
+		if (ret == 1) {
+			scan_free(&sc);
+			return recarve_lost(c, so);
+		}
+		entry = so->entry;
 		if (!ret) {
 			c->owned[so->idx] = NULL;
 			ret = recarve(c, so->idx, entry, cls, &sc);

@@ -172,6 +172,7 @@ struct hkv_client {
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
 	uint64_t idle_wait_until_ns; /* no hkv_alloc_wait_idle() before then */
+	uint64_t free_own_until_ns;  /* no hkv_alloc_take_free_own() before then */
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write
 	 * read, which no eviction or segment move of its own may take. */
@@ -228,6 +229,7 @@ struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls);
 int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so);
 void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_wait_idle(struct hkv_client *c);
+int hkv_alloc_take_free_own(struct hkv_client *c, uint32_t cls);
 int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
 /* Adopting a dead client's segment: take back its blocks no slot names

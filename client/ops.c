@@ -584,81 +584,95 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
  * had been reused (its meta holds another generation), and the slot had
  * come back to the very value we expected (ABA, after 2048 reuses of the
  * address: only when this thread stopped for longer than the horizon inside
- * the post, after view_fresh). We acted on an entry we never saw, and the
- * incarnation g' the slot named (`seen`, what our mark found) is now LIVE
- * and named by no slot. A blind CAS of the slot back (new -> old) is not
- * safe: a writer with a current view of g' may have won g''s mark
- * meanwhile, lost its slot CAS to ours and freed g', and the slot would
- * name a freed block. So the undo holds g''s mark before it republishes:
+ * the post, after view_fresh). We acted on an entry we never saw: the
+ * incarnation g' the slot named (`seen`, what our mark found) is now named
+ * by no slot, and our block N is. Undo:
  *
- *  1. CAS g''s meta seen -> OBSOLETE. Won: nobody else can retire or free
- *     g'. CAS the slot new -> old; if that holds, CAS the meta back to
- *     LIVE (a marked block a slot names still reads as the key's value;
- *     writers meanwhile lose their marks on it and retry); if the slot moved on
- *     (a writer with a current view of our block replaced it), free g'.
- *  2. Lost: that other writer holds g''s mark and frees it; its retry will
- *     look again. The key gets a copy of g' instead, if g''s bytes are
- *     still g''s (generation and CRC32C): [WRITE copy C (a new block of
- *     ours, next generation, LIVE), CAS slot new -> C]; if the slot moved
- *     on, C is withdrawn. If no copy can be made (g' already rewritten, no
- *     block to be had) the key reads as absent once the caller withdraws
- *     our block - never a slot naming a freed block.
+ *  1. Take g' out of everyone's hands: LIVE g' -> CAS its mark (OBSOLETE);
+ *     PENDING g' (an insert not yet committed) -> CAS it aborted, so its
+ *     inserter's commit fails and it retries. Whoever wins frees g'.
+ *  2. A LIVE g' goes back as a copy, whether or not our mark won (its bytes
+ *     are g''s while the generation and CRC32C say so): [WRITE copy C, a new
+ *     block of ours; CAS slot N -> C]. Never g' itself: a writer with a
+ *     current view of g' may have marked it and be about to free it, or -
+ *     if we made it LIVE again after putting the slot back - may have swung
+ *     the slot on from it as an ordinary race, leaving it named by nobody.
+ *  3. No copy (g' not LIVE, rewritten already, no block to be had, or the
+ *     slot moved on): N is removed as a delete removes, [CAS N's meta LIVE
+ *     -> OBSOLETE|aborted, CAS slot N -> 0], N freed on a won mark. The
+ *     key then reads as absent (a spurious delete, never a slot naming a
+ *     freed block nor a wrong value).
+ *
+ * The caller then withdraws N: its CAS finds N already aborted (step 3) or
+ * frees N, which no slot names once C is in (step 2).
  */
-static void undo_mark_lost(struct hkv_client *c, const struct item *old, uint64_t new_slot,
-			   uint64_t seen);
+static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+		     uint64_t seen);
 
 static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 		       uint64_t seen)
 {
-	uint64_t mark = (seen & ~3ull) | HKV_BLK_OBSOLETE;
-	struct hkv_wr wr;
+	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
+	uint64_t ours = w->meta, gone = (seen & ~3ull) | HKV_BLK_OBSOLETE;
+	enum hkv_block_state st = hkv_meta_state(seen);
+	int ours_g = 0, restored = 0;
+	struct hkv_wr wrs[2];
 
 	c->stats.stale_undone++;
 	hkv_warn("client %u: a write acted on a view older than the ABA horizon (slot 0x%llx); "
 		 "undoing it", c->client_id, (unsigned long long)old->slot_off);
 	test_point(c, HKV_TP_UNDO_STALE);
-	if (hkv_meta_state(seen) != HKV_BLK_LIVE || hkv_meta_class(seen) >= c->g.nclasses ||
-	    (hkv_meta_gen(seen) & 0x7ff) != hkv_slot_ver(old->slot))
-		return; /* the slot named no live incarnation: nothing to put back */
-	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, mark);
-	if (hkv_exec(c, &wr, 1))
-		return;
-	if (c->atom[2] != seen) {
-		undo_mark_lost(c, old, new_slot, seen);
-		return;
+	if (hkv_meta_class(seen) < c->g.nclasses &&
+	    (hkv_meta_gen(seen) & 0x7ff) == hkv_slot_ver(old->slot) &&
+	    (st == HKV_BLK_LIVE || st == HKV_BLK_PENDING)) {
+		if (st == HKV_BLK_PENDING)
+			gone |= HKV_META_ABORTED;
+		wrs[0] = hkv_wr_cas(c, &c->atom[2], old->blk_off, seen, gone);
+		if (hkv_exec(c, wrs, 1))
+			return;
+		ours_g = c->atom[2] == seen;
+		if (st == HKV_BLK_LIVE)
+			restored = undo_copy(c, old, new_slot, seen);
+		if (ours_g)
+			hkv_free_block(c, old->blk_off, hkv_meta_class(seen));
 	}
-	wr = hkv_wr_cas(c, &c->atom[2], old->slot_off, new_slot, old->slot);
-	if (hkv_exec(c, &wr, 1))
-		return; /* (g' stays marked and unfreed: lost with the connection) */
-	if (c->atom[2] != new_slot) { /* the slot moved on: g' is unnamed and ours to free */
-		hkv_free_block(c, old->blk_off, hkv_meta_class(seen));
-		return;
+	if (!restored && new_slot) { /* step 3: the key goes (N is LIVE, or PENDING for an insert) */
+		uint64_t live = hkv_meta_make(HKV_BLK_LIVE, hkv_meta_class(ours), hkv_meta_gen(ours));
+		uint64_t pend = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(ours), hkv_meta_gen(ours));
+		uint64_t dead = (live & ~3ull) | HKV_BLK_OBSOLETE | HKV_META_ABORTED;
+		struct hkv_wr rm[3];
+
+		rm[0] = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(new_slot), live, dead);
+		rm[1] = hkv_wr_cas(c, &c->atom[3], hkv_slot_off(new_slot), pend, dead);
+		rm[2] = hkv_wr_cas(c, &c->atom[6], old->slot_off, new_slot, 0);
+		if (!hkv_exec(c, rm, 3) && (c->atom[2] == live || c->atom[3] == pend))
+			hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
 	}
-	wr = hkv_wr_cas(c, &c->atom[2], old->blk_off, mark, seen); /* named again: LIVE */
-	hkv_exec(c, &wr, 1);
+	w->meta = ours; /* the caller withdraws its own block by this meta */
 }
 
-static void undo_mark_lost(struct hkv_client *c, const struct item *old, uint64_t new_slot,
-			   uint64_t seen)
+/* Step 2 of undo_stale: 1 if the slot now names a copy of g'. */
+static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_slot,
+		     uint64_t seen)
 {
 	uint32_t cls = hkv_meta_class(seen), len = c->g.class_size[cls], gen = 0;
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
 	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
-	uint64_t ours = w->meta, copy, off = 0;
+	uint64_t copy, off = 0, live;
 	struct hkv_wr wrs[3];
 	int n = 0;
 
-	if (len > c->read_cap || len > c->max_block)
-		return;
+	if (!new_slot || len > c->read_cap || len > c->max_block)
+		return 0;
 	/* (the block for C first: allocating may read into rblk) */
 	if (hkv_alloc_block(c, cls, &off, &gen))
-		return;
+		return 0;
 	wrs[0] = hkv_wr_read(c, c->rblk, old->blk_off, len);
 	if (hkv_exec(c, wrs, 1) || hkv_meta_gen(h->meta) != hkv_meta_gen(seen) ||
 	    (h->meta & HKV_META_ABORTED) ||
 	    hkv_block_check(&c->g, c->rblk, len, c->rblk + HKV_BLOCK_HDR, h->klen)) {
 		hkv_unalloc_block(c, off, cls); /* g' rewritten already: no copy to make */
-		return;
+		return 0;
 	}
 	memcpy(c->wblk, c->rblk, HKV_BLOCK_HDR + (size_t)h->klen + h->vlen);
 	w->meta = hkv_meta_make(HKV_BLK_LIVE, cls, gen);
@@ -667,15 +681,16 @@ static void undo_mark_lost(struct hkv_client *c, const struct item *old, uint64_
 	wrs[n++] = hkv_wr_write(c, c->wblk, off, HKV_BLOCK_HDR + h->klen + h->vlen);
 	n = hkv_wr_alloc_clear(c, wrs, n);
 	wrs[n++] = hkv_wr_cas(c, &c->atom[3], old->slot_off, new_slot, copy);
-	if (!hkv_exec(c, wrs, n) && c->atom[3] != new_slot) { /* not put back: C goes */
-		uint64_t live = w->meta;
-
-		wrs[0] = hkv_wr_cas(c, &c->atom[2], off, live, (live & ~3ull) | HKV_BLK_OBSOLETE |
-							     HKV_META_ABORTED);
-		if (!hkv_exec(c, wrs, 1) && c->atom[2] == live)
-			hkv_free_block(c, off, cls);
-	}
-	w->meta = ours; /* the caller withdraws its own block by this meta */
+	if (hkv_exec(c, wrs, n))
+		return 0;
+	if (c->atom[3] == new_slot)
+		return 1;
+	live = w->meta; /* the slot moved on: C goes */
+	wrs[0] = hkv_wr_cas(c, &c->atom[2], off, live,
+			    (live & ~3ull) | HKV_BLK_OBSOLETE | HKV_META_ABORTED);
+	if (!hkv_exec(c, wrs, 1) && c->atom[2] == live)
+		hkv_free_block(c, off, cls);
+	return 0;
 }
 
 /*
@@ -1070,6 +1085,12 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		}
 		if (ret != HKV_EFULL || waits == 8)
 			break;
+		/* store mode: a wholly free segment of ours in another class */
+		if (!cache_mode(c) && (ret = hkv_alloc_take_free_own(c, (uint32_t)cls)) != HKV_EFULL) {
+			if (ret)
+				break;
+			continue;
+		}
 		/* nothing of ours to use: wait for other clients' segments to go idle */
 		if ((ret = hkv_alloc_wait_idle(c)))
 			break;

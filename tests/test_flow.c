@@ -330,6 +330,58 @@ static void test_store_fill(void)
 	free(got);
 }
 
+/*
+ * Store mode, one client, sizes over time: fill with 100 B items, delete
+ * them all, then fill with 10 KB items - the second fill must get the
+ * memory of the first (its segments are re-carved into the new class), and
+ * stop only when live 10 KB items fill the value area.
+ */
+static void test_sizes_over_time(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct hkv_client_stats st;
+	struct hkv_geometry g;
+	char *v = malloc(10240), key[48];
+	int small = 0, big = 0, ret = 0, gone = 0;
+	uint64_t live;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "256K", NULL) == 0);
+	c = hkvserver_client(&s);
+	g = c->g;
+	memset(v, 's', 10240);
+	for (; small < 1000000; small++) {
+		snprintf(key, sizeof(key), "small-%d", small);
+		if ((ret = hkv_set(c, key, strlen(key), v, 100, NULL)))
+			break;
+	}
+	CHECK_RC(ret, HKV_EFULL);
+	for (int i = 0; i < small; i++) {
+		snprintf(key, sizeof(key), "small-%d", i);
+		gone += hkv_delete(c, key, strlen(key)) == 0;
+	}
+	for (; big < 100000; big++) {
+		snprintf(key, sizeof(key), "big-%d", big);
+		if ((ret = hkv_set(c, key, strlen(key), v, 10240, NULL)))
+			break;
+	}
+	hkv_client_stats(c, &st);
+	live = (uint64_t)big * (HKV_BLOCK_HDR + 10 + 10240);
+	printf("# sizes over time (store mode, one client): %d items of 100 B until full, %d "
+	       "deleted, then %d items of 10 KB until %s: %.1f %% of the %.1f MB value area live; "
+	       "segments re-carved or adopted: %llu\n", small, gone, big, hkv_strerror(ret),
+	       100.0 * (double)live / ((double)g.nsegs * g.seg_size),
+	       (double)g.nsegs * g.seg_size / 1048576.0, (unsigned long long)st.segments_adopted);
+	CHECK(gone == small);
+	CHECK_RC(ret, HKV_EFULL);
+	/* 10 KB items take 12160-byte blocks: 21 per 256 KiB segment, 97 % of it */
+	CHECK(live * 100 >= (uint64_t)g.nsegs * g.seg_size * 75);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	free(v);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -337,5 +389,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_flush_then_fresh);
 	RUN_TEST(test_many_sizes);
 	RUN_TEST(test_store_fill);
+	RUN_TEST(test_sizes_over_time);
 	return hkv_test_finish();
 }
