@@ -123,7 +123,7 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 	char bin[4096], sock[160], log[160];
 	const char *argv[32];
 	const char *addr = getenv("HKV_RDMA_ADDR");
-	int argc = 0;
+	int argc = 0, last = 0;
 
 	if (!reuse) { /* a restart keeps directory, port, socket and token */
 		memset(s, 0, sizeof(*s));
@@ -178,10 +178,11 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
-	/* ready once a client can authenticate; allow a minute, since an
-	 * emulated guest under load can take seconds per connection (wall
-	 * time: a dead rdma_cm makes every try last the open's timeout) */
-	for (struct timespec t0 = now_ts(); elapsed_ms(&t0) < 60000;) {
+	/* ready once a client can authenticate; allow 30 s (wall time: an
+	 * emulated guest under load can take seconds per connection, and a dead
+	 * rdma_cm makes every try last the open's timeout), then try another
+	 * port (something else may answer on this one) */
+	for (struct timespec t0 = now_ts(); elapsed_ms(&t0) < 30000;) {
 		struct hkv_config *cfg;
 		struct hkv_client *c;
 		int status;
@@ -203,12 +204,14 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 				hkv_close(c);
 				return 0;
 			}
+			last = ret;
 		}
 		usleep(25000);
 	}
-	fprintf(stderr, "hkvserver: server on port %s never accepted a client\n", s->port);
+	fprintf(stderr, "hkvserver: server on port %s never accepted a client (last open: %s)%s\n",
+		s->port, hkv_strerror(last), attempt < 4 && !reuse ? "; trying another port" : "");
 	hkvserver_kill(s);
-	return -ETIMEDOUT;
+	return attempt < 4 && !reuse ? -ECHILD : -ETIMEDOUT;
 }
 
 int hkvserver_start(struct hkvserver *s, int verbs, const char *memory, const char *segment,
