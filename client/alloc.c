@@ -199,7 +199,7 @@ void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so)
  */
 int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so)
 {
-	uint32_t me = c->client_id & 0xffff;
+	uint32_t me = c->client_id & 0xffff, was = hkv_seg_epoch(so->entry);
 
 	for (int tries = 0; tries < 3; tries++) {
 		uint64_t now = hkv_now_ns(), want = so->entry, next;
@@ -217,9 +217,11 @@ int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so)
 			so->entry = next;
 			so->lease_ns = now; /* posted after now: the lease runs from before */
 			c->stats.segments_renewed++;
-			/* back from IDLE: an adopter's GRANT that came to nothing may
-			 * have cost us our window: ask again (rare) */
-			if (hkv_seg_state(want) == HKV_SEG_IDLE && c->wkeys) {
+			/* back from IDLE, which someone took and gave back (the sweep's
+			 * own bump is one epoch): that adopter's GRANT may have cost us
+			 * our window: ask again (rare) */
+			if (hkv_seg_state(want) == HKV_SEG_IDLE && hkv_seg_epoch(want) != was + 1 &&
+			    c->wkeys) {
 				c->wkeys[so->idx] = 0;
 				if (grant_write(c, so->idx))
 					break;
