@@ -29,7 +29,7 @@
  * there). A segment we stop allocating in goes IDLE by the server's tick,
  * and a client short of memory adopts it like an orphan (its unpublished
  * blocks stay: their writer lives). Taking it back, or finding it gone,
- * happens at our next renewal (seg_hold).
+ * happens at our next renewal (hkv_alloc_hold).
  */
 #include <errno.h>
 #include <string.h>
@@ -596,7 +596,7 @@ static int pass_wants(const struct hkv_client *c, int pass, uint64_t e, uint32_t
 		return 0;
 	if (pass == PASS_ORPHAN_CLS || pass == PASS_ORPHAN_ANY)
 		return st == HKV_SEG_ORPHAN;
-	return st == HKV_SEG_IDLE && !c->owned[idx]; /* our own: seg_hold takes it back */
+	return st == HKV_SEG_IDLE && !c->owned[idx]; /* our own: hkv_alloc_hold takes it back */
 }
 
 static int claim_segment(struct hkv_client *c, uint32_t cls)
@@ -883,7 +883,7 @@ void hkv_alloc_release(struct hkv_client *c)
 		while (ca->head != ca->tail) {
 			struct hkv_free_block fb = ca->fifo[ca->head++ & (ca->cap - 1)];
 
-			/* (only in a segment still ours: see seg_forget) */
+			/* (only in a segment still ours: see hkv_alloc_forget) */
 			if (!fb.bit_set && c->owned[fb.seg] && fb.blk < c->owned[fb.seg]->nblocks &&
 			    hkv_alloc_hold(c, c->owned[fb.seg]) == 0)
 				set_bit(c, fb.seg, fb.blk);
@@ -891,6 +891,14 @@ void hkv_alloc_release(struct hkv_client *c)
 	}
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
 	hkv_exec(c, &wr, 1);
+}
+
+/* The segment of the block the write in progress rewrites (c->protect_off),
+ * which making room never moves; UINT64_MAX when there is none. */
+static uint64_t protected_seg(const struct hkv_client *c)
+{
+	return c->protect_off >= c->g.data_off ? (c->protect_off - c->g.data_off) / c->g.seg_size
+					       : UINT64_MAX;
 }
 
 /*
@@ -901,9 +909,7 @@ void hkv_alloc_release(struct hkv_client *c)
  */
 int hkv_alloc_take_free_own(struct hkv_client *c, uint32_t cls)
 {
-	uint64_t now = hkv_now_ns(), keep = c->protect_off >= c->g.data_off
-						     ? (c->protect_off - c->g.data_off) / c->g.seg_size
-						     : UINT64_MAX;
+	uint64_t now = hkv_now_ns(), keep = protected_seg(c);
 
 	if (now < c->free_own_until_ns)
 		return HKV_EFULL;
@@ -938,8 +944,7 @@ struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_seg_own *best = NULL;
 	uint32_t best_n = 0;
-	uint64_t keep = c->protect_off >= c->g.data_off
-				? (c->protect_off - c->g.data_off) / c->g.seg_size : UINT64_MAX;
+	uint64_t keep = protected_seg(c);
 
 	for (uint32_t i = 0; i < c->g.nclasses; i++) {
 		struct hkv_seg_own *so = c->classes[i].segs, *last = NULL;
@@ -978,27 +983,18 @@ int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so)
  * once every block of it is free - bit set or never written; frees other
  * clients posted may still be landing, so it looks a few times - it is
  * re-carved like a wholly free orphan. If it never gets there it goes back
- * to its class. 0 or HKV_EFULL (gave it back), <0.
+ * to its class. 0 or HKV_EFULL (gave it back, or it is no longer ours), <0.
  */
-/* A detached segment found no longer ours: forgetting it is freeing it. */
-static int recarve_lost(struct hkv_client *c, struct hkv_seg_own *so)
-{
-	if (c->owned[so->idx] == so)
-		c->owned[so->idx] = NULL;
-	if (c->wkeys)
-		c->wkeys[so->idx] = 0;
-	seg_own_free(so);
-	return HKV_EFULL;
-}
-
 int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls)
 {
 	struct scan sc;
 	uint64_t entry;
 	int ret = hkv_alloc_hold(c, so), tries;
 
+	if (ret == 1)
+		hkv_alloc_forget(c, so); /* detached already: forgetting frees it */
 	if (ret)
-		return ret == 1 ? recarve_lost(c, so) : ret;
+		return ret == 1 ? HKV_EFULL : ret;
 	for (tries = 0; tries < 50; tries++) {
 		uint64_t t0 = hkv_now_ns();
 
@@ -1017,7 +1013,8 @@ int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t
 		ret = hkv_alloc_hold(c, so);
 		if (ret == 1) {
 			scan_free(&sc);
-			return recarve_lost(c, so);
+			hkv_alloc_forget(c, so);
+			return HKV_EFULL;
 		}
 		entry = so->entry;
 		if (!ret) {

@@ -608,6 +608,7 @@ static int append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const 
  */
 static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 		     uint64_t seen);
+static void withdraw_ours(struct hkv_client *c, uint64_t new_slot, enum hkv_block_state st);
 
 static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t new_slot,
 		       uint64_t seen)
@@ -658,7 +659,7 @@ static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_
 	uint32_t cls = hkv_meta_class(seen), len = c->g.class_size[cls], gen = 0;
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)c->rblk;
 	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
-	uint64_t copy, off = 0, live;
+	uint64_t copy, off = 0;
 	struct hkv_wr wrs[3];
 	int n = 0;
 
@@ -685,11 +686,7 @@ static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_
 		return 0;
 	if (c->atom[3] == new_slot)
 		return 1;
-	live = w->meta; /* the slot moved on: C goes */
-	wrs[0] = hkv_wr_cas(c, &c->atom[2], off, live,
-			    (live & ~3ull) | HKV_BLK_OBSOLETE | HKV_META_ABORTED);
-	if (!hkv_exec(c, wrs, 1) && c->atom[2] == live)
-		hkv_free_block(c, off, cls);
+	withdraw_ours(c, copy, HKV_BLK_LIVE); /* the slot moved on: C goes */
 	return 0;
 }
 
@@ -1421,7 +1418,7 @@ static int reassign_segment(struct hkv_client *c, uint32_t cls)
 	uint32_t ocls;
 	int ret;
 
-	while ((so = hkv_alloc_donor(c, cls))) { /* one still ours (seg_hold) */
+	while ((so = hkv_alloc_donor(c, cls))) { /* one still ours (hkv_alloc_hold) */
 		ret = hkv_alloc_hold(c, so);
 		if (ret <= 0)
 			break;

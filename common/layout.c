@@ -17,7 +17,7 @@
  * up to one block per segment; <= 25 % of a block lost to rounding (12.5 %
  * on average). Few classes matter more than tight fits: every class a
  * client writes needs a segment of its own, so a 1 MiB-segment region has
- * 38 of them where 8 per doubling had 96 (issue 13).
+ * 41 of them where 8 per doubling had 96 (issue 13).
  */
 static uint32_t build_classes(uint32_t *sizes, uint32_t max)
 {

@@ -285,6 +285,19 @@ static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
 	return hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff);
 }
 
+/* Client id no longer holds segment seg's window: off its grants, and no
+ * longer the segment's holder. */
+static void drop_grant(struct hkv_store *s, uint32_t id, uint32_t seg)
+{
+	struct hkv_client_rec *c = &s->clients[id];
+
+	for (uint32_t i = 0; i < c->ngrants; i++)
+		if (c->grants[i] == seg)
+			c->grants[i] = c->grants[--c->ngrants];
+	if (s->holder[seg] == id)
+		s->holder[seg] = 0;
+}
+
 /*
  * Segment seg was adopted while IDLE from client id, which holds its WRITE
  * window: the window goes (its rkey dies, so a late WRITE of id's fails
@@ -292,15 +305,10 @@ static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
  */
 static void revoke_transferred(struct hkv_store *s, uint32_t id, uint32_t seg)
 {
-	struct hkv_client_rec *c = &s->clients[id];
 	const struct hkv_geometry *geo = s->geom;
 
 	hkv_listener_revoke(s->data, id, geo->data_off + (uint64_t)seg * geo->seg_size);
-	for (uint32_t i = 0; i < c->ngrants; i++)
-		if (c->grants[i] == seg)
-			c->grants[i] = c->grants[--c->ngrants];
-	if (s->holder[seg] == id)
-		s->holder[seg] = 0;
+	drop_grant(s, id, seg);
 	s->transferred++;
 	hkv_debug("store: client %u's idle segment %u adopted by client %u; its window revoked",
 		  id, seg, hkv_seg_owner(__atomic_load_n(&seg_table(s)[seg], __ATOMIC_ACQUIRE)));
@@ -437,13 +445,8 @@ bind:
 	if (ret) {
 		*why = ret == -EAGAIN ? "the data connection is not established"
 				      : "binding the memory window failed";
-		if (g->seg != HKV_GRANT_BASE) { /* not granted after all */
-			for (uint32_t i = 0; i < c->ngrants; i++)
-				if (c->grants[i] == g->seg)
-					c->grants[i] = c->grants[--c->ngrants];
-			if (s->holder[g->seg] == g->client_id)
-				s->holder[g->seg] = 0;
-		}
+		if (g->seg != HKV_GRANT_BASE) /* not granted after all */
+			drop_grant(s, g->client_id, g->seg);
 		hkv_warn("store: client %u: window for %s %u: %s", g->client_id,
 			 g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg,
 			 hkv_strerror(ret));
