@@ -182,7 +182,49 @@ struct hkv_client {
 	uint64_t protect_off;
 
 	struct hkv_client_stats stats;
+	struct hkv_router *router; /* a cluster handle (router.c): the rest is unused */
 };
+
+/* ---- cluster routing (router.c) ---- */
+struct hkv_router;
+/* cfg->servers[0] is etcd://HOST:PORT/PREFIX. */
+int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out);
+void hkv_router_close(struct hkv_client *c);
+/*
+ * A per-key operation on a cluster handle c: HKV_ROUTE(c, key, klen, call)
+ * sets c to the key's server's handle and returns what `call` (the same
+ * operation, now on that handle) returns - trying again on a fresh route
+ * while the server could not be reached and nothing was posted.
+ */
+struct hkv_route_try {
+	uint64_t t0_ns;
+	const struct hkv_conn *conn;
+	uint64_t posts;
+};
+int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
+		    struct hkv_client **out);
+int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_client *h, int ret);
+#define HKV_ROUTE(c, key, klen, call)                                                      \
+	do {                                                                               \
+		if ((c)->router) {                                                         \
+			struct hkv_client *router_ = (c);                                  \
+			struct hkv_route_try try_ = {0};                                   \
+			int route_ret_;                                                    \
+			do {                                                               \
+				route_ret_ = hkv_route_begin(router_, &try_, (key), (klen), &(c)); \
+				if (route_ret_)                                            \
+					return route_ret_;                                 \
+				route_ret_ = (call);                                       \
+			} while (hkv_route_again(router_, &try_, (c), route_ret_));        \
+			return route_ret_;                                                 \
+		}                                                                          \
+	} while (0)
+int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n);
+int hkv_router_flush_all(struct hkv_client *c);
+int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes);
+void hkv_router_server_info(const struct hkv_client *c, struct hkv_server_info *out);
+void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
 
 static inline uint64_t hkv_raddr(const struct hkv_client *c, uint64_t off)
 {

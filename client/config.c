@@ -54,7 +54,8 @@ static int set_string(char **dst, const char *src)
 
 HKV_EXPORT int hkv_config_add_server(struct hkv_config *cfg, const char *uri)
 {
-	if (!uri || (strncmp(uri, "shm:", 4) && strncmp(uri, "verbs://", 8)))
+	if (!uri || (strncmp(uri, "shm:", 4) && strncmp(uri, "verbs://", 8) &&
+		     strncmp(uri, "etcd://", 7)))
 		return -EINVAL;
 	if (cfg->nservers == HKV_MAX_SERVERS)
 		return -ENOSPC;

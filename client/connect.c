@@ -438,7 +438,9 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 	if (cfg->nservers == 0)
 		return -EINVAL;
 	if (cfg->nservers > 1)
-		return -ENOTSUP; /* sharding across servers: not in this version */
+		return -ENOTSUP; /* a list of servers: use a cluster (etcd://) instead */
+	if (!strncmp(cfg->servers[0], "etcd://", 7))
+		return hkv_router_open(cfg, out);
 	o = hkv_calloc(1, sizeof(*o));
 	if (!o)
 		return -ENOMEM;
@@ -510,6 +512,11 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 {
 	if (!c)
 		return;
+	if (c->router) {
+		hkv_router_close(c);
+		hkv_free(c);
+		return;
+	}
 	if (c->conn && !c->conn->error && c->classes)
 		hkv_alloc_release(c);
 	hkv_alloc_fini(c);
@@ -525,12 +532,20 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 
 HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 {
+	if (c->router) {
+		hkv_router_stats(c, out);
+		return;
+	}
 	*out = c->stats;
 }
 
 HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
 				  uint64_t *bytes_read, uint64_t *bytes_written)
 {
+	if (c->router) {
+		hkv_router_totals(c, round_trips, bytes_read, bytes_written);
+		return;
+	}
 	*round_trips = c->conn->stats.round_trips;
 	*bytes_read = c->conn->stats.bytes_read;
 	*bytes_written = c->conn->stats.bytes_written;
@@ -538,6 +553,10 @@ HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_tr
 
 HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out)
 {
+	if (c->router) {
+		hkv_router_server_info(c, out);
+		return;
+	}
 	*out = (struct hkv_server_info){
 		.region_bytes = c->g.total_size,
 		.index_slots = c->g.nbuckets * HKV_BUCKET_SLOTS,

@@ -1843,6 +1843,7 @@ static void fill_info(const struct item *it, struct hkv_item_info *info)
 HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
 		       size_t *vlen, struct hkv_item_info *info)
 {
+	HKV_ROUTE(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
 	struct op_scope sc;
 	struct item it;
 	struct view view;
@@ -1887,6 +1888,7 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
 		    uint64_t version, enum hkv_op op)
 {
+	HKV_ROUTE(c, key, klen, store_op(c, key, klen, val, vlen, opts, mode, version, op));
 	struct value v = {.p1 = val, .l1 = vlen};
 	struct op_scope sc;
 	struct key k;
@@ -1931,6 +1933,7 @@ HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const
 static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn fn, void *arg,
 		     enum hkv_op op)
 {
+	HKV_ROUTE(c, key, klen, modify_op(c, key, klen, fn, arg, op));
 	struct op_scope sc;
 	struct key k;
 	int ret = write_key(c, &k, key, klen);
@@ -2013,6 +2016,7 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 
 HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 {
+	HKV_ROUTE(c, key, klen, hkv_delete(c, key, klen));
 	struct retry rt;
 	struct op_scope sc;
 	struct key k;
@@ -2058,7 +2062,10 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 {
 	struct op_scope sc;
 	size_t i = 0;
-	int rv = hkv_revive(c);
+	int rv = c->router ? 0 : hkv_revive(c);
+
+	if (c->router)
+		return hkv_router_mget(c, items, n);
 
 	if (rv)
 		return rv;
@@ -2182,7 +2189,10 @@ static int flush_all(struct hkv_client *c)
 
 HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 {
-	int ret = hkv_revive(c);
+	int ret = c->router ? hkv_router_flush_all(c) : hkv_revive(c);
+
+	if (c->router)
+		return ret;
 
 	if (ret)
 		return ret;
@@ -2192,7 +2202,11 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
 {
 	uint64_t nslots = 0, *slots;
-	int ret = hkv_revive(c);
+	int ret;
+
+	if (c->router)
+		return hkv_router_count_items(c, items, bytes);
+	ret = hkv_revive(c);
 
 	*items = *bytes = 0;
 	if (ret)

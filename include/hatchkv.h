@@ -60,9 +60,12 @@ HKV_EXPORT struct hkv_config *hkv_config_new(void);
 HKV_EXPORT void hkv_config_free(struct hkv_config *cfg);
 /*
  * Add a memory server: "shm:/path/to/control.sock" or "verbs://host:port"
- * (port = the server's control port). The list may grow to several servers
- * in later versions; this version uses exactly one (hkv_open fails with
- * -ENOTSUP for more). The string is copied.
+ * (port = the server's control port), or a cluster of them kept in etcd:
+ * "etcd://HOST:PORT/PREFIX" (the handle reads the partition map there,
+ * follows its changes, and opens a connection per server when a key first
+ * needs it; every per-key operation is the single-server protocol on the
+ * key's server). One entry per config (hkv_open fails with -ENOTSUP for
+ * more). The string is copied.
  */
 HKV_EXPORT int hkv_config_add_server(struct hkv_config *cfg, const char *uri);
 /* The shared secret, directly or from a file (read at hkv_open). Copied. */

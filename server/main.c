@@ -11,10 +11,13 @@
 
 #include <event2/event.h>
 
+#include "common/cluster_map.h"
+#include "common/hkv_alloc.h"
 #include "common/paths.h"
 #include "common/log.h"
 #include "common/token.h"
 #include "common/transport.h"
+#include "server/cluster.h"
 #include "server/ctl.h"
 #include "server/store.h"
 
@@ -25,6 +28,7 @@ struct server_opts {
 	int no_windows;
 	int keepalive_ms;
 	char data_port[16], data_path[128];
+	struct hkv_cluster_opts cluster; /* cluster.uri NULL: standalone */
 };
 
 static void usage(FILE *f)
@@ -65,6 +69,15 @@ static void usage(FILE *f)
 		"                             type-2B windows: writers may WRITE only into\n"
 		"                             segments they own, keys die with the connection)\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
+		"cluster (docs/design.md \"Cluster\"; this version: cache mode only):\n"
+		"  -E, --cluster URI          join the cluster kept in etcd at\n"
+		"                             etcd://HOST:PORT/PREFIX (needs --id, --cache)\n"
+		"  -I, --id NAME              this server's name in the cluster\n"
+		"  -A, --advertise URI        the URI clients connect to (default shm:SOCKET,\n"
+		"                             or verbs://LISTEN:PORT when --listen is an address)\n"
+		"  -L, --lease-ttl SECONDS    etcd lease; the server fences itself (drops every\n"
+		"                             client) 1 s before it could expire (default 5, >= 2)\n"
+		"  -P, --partitions N         partitions, if this server creates the map (default 64)\n"
 		"  -h, --help\n");
 }
 
@@ -99,11 +112,15 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"max-segments-per-client", required_argument, NULL, 'g'},
 		{"no-windows", no_argument, NULL, 'W'},
 		{"keepalive-ms", required_argument, NULL, 'K'},
+		{"cluster", required_argument, NULL, 'E'},   {"id", required_argument, NULL, 'I'},
+		{"advertise", required_argument, NULL, 'A'},
+		{"lease-ttl", required_argument, NULL, 'L'},
+		{"partitions", required_argument, NULL, 'P'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:WK:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -149,6 +166,19 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			o->keepalive_ms = (int)ka;
 			break;
 		}
+		case 'E': o->cluster.uri = optarg; break;
+		case 'I': o->cluster.id = optarg; break;
+		case 'A': o->cluster.endpoint = optarg; break;
+		case 'L':
+			o->cluster.ttl_s = atoi(optarg);
+			if (o->cluster.ttl_s < 2 || o->cluster.ttl_s > 3600)
+				return fprintf(stderr, "bad --lease-ttl '%s' (2..3600)\n", optarg), -1;
+			break;
+		case 'P':
+			o->cluster.partitions = (uint32_t)strtoul(optarg, NULL, 10);
+			if (!o->cluster.partitions || o->cluster.partitions > HKV_CLUSTER_MAX_PARTS)
+				return fprintf(stderr, "bad --partitions '%s'\n", optarg), -1;
+			break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -156,6 +186,17 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	}
 	if (optind != argc)
 		return usage(stderr), -1;
+	if (o->cluster.uri) {
+		if (!o->cluster.id || !hkv_cluster_id_valid(o->cluster.id))
+			return fprintf(stderr, "--cluster needs --id NAME ([A-Za-z0-9._-], < 64)\n"), -1;
+		/* Until partitions move with their items, a store-mode cluster
+		 * would hide acknowledged writes when membership changes. */
+		if (!o->store.cache_mode)
+			return fprintf(stderr, "--cluster needs --cache in this version\n"), -1;
+		if (o->store.memory_file)
+			return fprintf(stderr, "--cluster and --memory-file do not go together: "
+					       "a server that lost its lease comes back empty\n"), -1;
+	}
 	return 0;
 }
 
@@ -163,7 +204,12 @@ struct server {
 	struct event_base *base;
 	struct hkv_store store;
 	struct hkv_listener *data;
+	struct event *ev_data;
 	struct hkv_ctl *ctl;
+	struct server_opts *o;
+	struct hkv_cluster *cluster;
+	struct hkv_cmap repurge; /* shm: purge again before serving after a move */
+	int rc;
 };
 
 static void on_data_event(evutil_socket_t fd, short what, void *arg)
@@ -177,12 +223,15 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	event_base_loopbreak(((struct server *)arg)->base);
 }
 
+static int start_data_plane(struct server *sv, struct server_opts *o);
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct server *sv = arg;
 
 	hkv_store_tick(&sv->store);
-	hkv_listener_tick(sv->data);
+	if (sv->data) /* (none while fenced) */
+		hkv_listener_tick(sv->data);
 }
 
 static void on_idle_sweep(evutil_socket_t fd, short what, void *arg)
@@ -216,13 +265,120 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 		return -1;
 	}
 	sv->store.data = sv->data;
+	sv->ev_data = event_new(sv->base, hkv_listener_fd(sv->data), EV_READ | EV_PERSIST,
+				on_data_event, sv);
+	if (!sv->ev_data || event_add(sv->ev_data, NULL)) {
+		hkv_listener_destroy(sv->data);
+		sv->data = sv->store.data = NULL;
+		return -1;
+	}
 	return 0;
+}
+
+static void stop_data_plane(struct server *sv)
+{
+	if (sv->ev_data)
+		event_free(sv->ev_data);
+	sv->ev_data = NULL;
+	hkv_listener_destroy(sv->data); /* every client's connection closes here */
+	sv->data = sv->store.data = NULL;
+}
+
+struct keep_arg {
+	const struct hkv_cmap *map;
+	const char *id;
+};
+
+static int keep_key(void *arg, const void *key, size_t klen)
+{
+	const struct keep_arg *k = arg;
+
+	return !strcmp(hkv_cmap_server(k->map, hkv_cmap_partition(k->map, key, klen), 0), k->id);
+}
+
+/* Cluster: every 100 ms, fence or unfence as the lease says (cluster.h). */
+static void on_cluster(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *sv = arg;
+
+	if (hkv_cluster_removed(sv->cluster)) {
+		hkv_warn("server: removed from the cluster, shutting down");
+		event_base_loopbreak(sv->base);
+		return;
+	}
+	if (hkv_cluster_fenced(sv->cluster)) {
+		if (!sv->store.fenced) {
+			hkv_warn("server: fenced (%s): closing %d client connections",
+				 hkv_cluster_fence_reason(sv->cluster), hkv_listener_nconns(sv->data));
+			stop_data_plane(sv);
+			sv->store.fenced = 1;
+		}
+		if (hkv_cluster_rejoined(sv->cluster)) {
+			/* our partitions may have moved meanwhile: what we hold may be
+			 * stale, so come back empty (cache mode only, see parse_args) */
+			hkv_store_fini(&sv->store);
+			if (hkv_store_init(&sv->store, &sv->o->store)) {
+				hkv_err("server: cannot make the region again");
+				sv->rc = 1;
+				event_base_loopbreak(sv->base);
+				return;
+			}
+			sv->store.fenced = 1;
+			hkv_info("server: region emptied after the lost lease");
+		}
+		{
+			struct hkv_cmap *map = hkv_cluster_take_purge(sv->cluster);
+
+			if (map) {
+				struct keep_arg k = {map, hkv_cluster_id(sv->cluster)};
+				uint64_t n = hkv_store_purge(&sv->store, keep_key, &k);
+
+				hkv_info("server: purged %llu items of the partitions it gives up",
+					 (unsigned long long)n);
+				if (sv->o->kind == HKV_TRANSPORT_SHM) { /* again before serving */
+					hkv_cmap_free(&sv->repurge);
+					sv->repurge = *map;
+					sv->repurge.names = hkv_calloc(map->nnames,
+								       sizeof(*map->names));
+					sv->repurge.repl = hkv_calloc((size_t)map->partitions *
+								      map->replicas, 2);
+					if (sv->repurge.names && sv->repurge.repl) {
+						memcpy(sv->repurge.names, map->names,
+						       map->nnames * sizeof(*map->names));
+						memcpy(sv->repurge.repl, map->repl, (size_t)map->partitions *
+							map->replicas * 2);
+					} else {
+						hkv_cmap_free(&sv->repurge);
+					}
+				}
+				hkv_cluster_purged(sv->cluster, map);
+			}
+		}
+		return;
+	}
+	if (sv->store.fenced && sv->repurge.names) {
+		/* shm: a client maps the region and notices a closed socket only
+		 * at its next liveness check (1-4 ms); what such a late write put
+		 * into a partition we gave up goes now, before anyone is served */
+		struct keep_arg k = {&sv->repurge, hkv_cluster_id(sv->cluster)};
+		uint64_t n = hkv_store_purge(&sv->store, keep_key, &k);
+
+		if (n)
+			hkv_warn("server: purged %llu late items of the partitions it gave up",
+				 (unsigned long long)n);
+		hkv_cmap_free(&sv->repurge);
+	}
+	if (sv->store.fenced && !start_data_plane(sv, sv->o)) {
+		sv->store.fenced = 0;
+		hkv_info("server: serving again");
+	}
 }
 
 int main(int argc, char **argv)
 {
 	struct server_opts o = {
 		.keepalive_ms = HKV_PROBE_INTERVAL_MS,
+		.cluster = {.ttl_s = 5, .partitions = 64},
 		.host = "0.0.0.0",
 		.port = "7700",
 		.socket_path = NULL, /* hkv_default_socket() */
@@ -231,9 +387,11 @@ int main(int argc, char **argv)
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};
-	struct event *ev_data, *ev_int, *ev_term, *ev_tick, *ev_idle;
+	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_cluster = NULL;
 	struct timeval one_sec = {1, 0};
 	struct timeval sweep = {0, HKV_SEG_SWEEP_MS * 1000};
+	struct timeval cluster_poll = {0, 100 * 1000};
+	char endpoint[300];
 	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
 	int tlen, ro_len = 0, rc = 1;
 
@@ -261,6 +419,7 @@ int main(int argc, char **argv)
 	}
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;
+	sv.o = &o;
 	sv.base = event_base_new();
 	if (!sv.base || start_data_plane(&sv, &o))
 		goto out;
@@ -273,12 +432,35 @@ int main(int argc, char **argv)
 		hkv_err("server: cannot listen for control connections: %s", strerror(errno));
 		goto out;
 	}
-	ev_data = event_new(sv.base, hkv_listener_fd(sv.data), EV_READ | EV_PERSIST, on_data_event, &sv);
+	if (o.cluster.uri) {
+		if (!o.cluster.endpoint) {
+			if (o.kind == HKV_TRANSPORT_SHM)
+				snprintf(endpoint, sizeof(endpoint), "shm:%s", o.socket_path);
+			else if (strcmp(o.host, "0.0.0.0"))
+				snprintf(endpoint, sizeof(endpoint), "verbs://%s:%s", o.host, o.port);
+			else {
+				hkv_err("server: --cluster over verbs needs --advertise or --listen ADDR");
+				goto out;
+			}
+			o.cluster.endpoint = endpoint;
+		}
+		o.cluster.transport = o.kind == HKV_TRANSPORT_SHM ? "shm" : "verbs";
+		o.cluster.region_bytes = sv.store.region.length;
+		sv.cluster = hkv_cluster_start(&o.cluster);
+		if (!sv.cluster) {
+			hkv_err("server: cannot join the cluster at %s as %s: %s", o.cluster.uri,
+				o.cluster.id, errno == EEXIST ? "a live member has that name"
+					      : errno == EPERM ? "that name was removed by an operator"
+							       : hkv_strerror(-errno));
+			goto out;
+		}
+		ev_cluster = event_new(sv.base, -1, EV_PERSIST, on_cluster, &sv);
+		event_add(ev_cluster, &cluster_poll);
+	}
 	ev_int = evsignal_new(sv.base, SIGINT, on_signal, &sv);
 	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
 	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
 	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_idle_sweep, &sv);
-	event_add(ev_data, NULL);
 	event_add(ev_int, NULL);
 	event_add(ev_term, NULL);
 	event_add(ev_tick, &one_sec);
@@ -289,15 +471,18 @@ int main(int argc, char **argv)
 		hkv_info("server: ready, transport verbs, control %s:%s, rdma_cm port %s", o.host,
 			 o.port, o.data_port);
 	event_base_dispatch(sv.base);
+	if (ev_cluster)
+		event_free(ev_cluster);
 	event_free(ev_idle);
 	event_free(ev_tick);
 	event_free(ev_term);
 	event_free(ev_int);
-	event_free(ev_data);
-	rc = 0;
+	rc = sv.rc;
 out:
+	hkv_cluster_stop(sv.cluster);
+	hkv_cmap_free(&sv.repurge);
 	hkv_ctl_destroy(sv.ctl);
-	hkv_listener_destroy(sv.data);
+	stop_data_plane(&sv);
 	if (sv.base)
 		event_base_free(sv.base);
 	hkv_store_fini(&sv.store);

@@ -151,6 +151,8 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 {
 	uint64_t now = hkv_now_ns();
 
+	if (s->fenced)
+		return HKV_EDISCONNECTED;
 	/* admitted but not connected yet count too (expired tickets until the tick) */
 	if (s->max_clients && s->nconnected + s->npending >= s->max_clients)
 		return -EUSERS;
@@ -510,4 +512,61 @@ void hkv_store_tick(struct hkv_store *s)
 		if (s->clients[id].connected && s->clients[id].ngrants)
 			sweep_client(s, id);
 	}
+}
+
+/*
+ * Cluster: drop every item whose key keep() refuses (live ones as a delete
+ * does; pending ones - inserts the fence cut off - as an abort does)
+ * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
+ * so that an adopter of its segment reuses it). Called only while no client
+ * is connected (the server fenced itself first), so nothing races these
+ * stores; atomics anyway, for an shm client that has not noticed yet.
+ */
+uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
+			 void *arg)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint8_t *base = s->region.base;
+	uint64_t *slots = (uint64_t *)(base + g->index_off), dropped = 0;
+	uint64_t nslots = g->nbuckets * HKV_BUCKET_SLOTS;
+	uint64_t data_end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
+
+	for (uint64_t i = 0; i < nslots; i++) {
+		uint64_t sl = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE), off, rel, meta, *word;
+		uint32_t cls, len, blk;
+		struct hkv_block_hdr *h;
+		enum hkv_block_state st;
+
+		if (!sl)
+			continue;
+		off = hkv_slot_off(sl);
+		cls = hkv_slot_class(sl);
+		if (cls >= g->nclasses || off < g->data_off || off >= data_end)
+			continue; /* garbage: readers ignore it too */
+		len = g->class_size[cls];
+		rel = off - g->data_off;
+		if (rel % g->seg_size + len > g->seg_size || (rel % g->seg_size) % len)
+			continue;
+		h = (struct hkv_block_hdr *)(base + off);
+		meta = __atomic_load_n(&h->meta, __ATOMIC_ACQUIRE);
+		st = hkv_meta_state(meta);
+		if ((st != HKV_BLK_LIVE && st != HKV_BLK_PENDING) || hkv_meta_class(meta) != cls ||
+		    sizeof(*h) + h->klen > len || keep(arg, h + 1, h->klen))
+			continue;
+		if (!__atomic_compare_exchange_n(&slots[i], &sl, 0, 0, __ATOMIC_ACQ_REL,
+						 __ATOMIC_ACQUIRE))
+			continue;
+		/* a PENDING one (its writer cut off by the fence) never committed */
+		if (!__atomic_compare_exchange_n(&h->meta, &meta,
+						 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
+							 (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
+						 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			continue; /* someone else retired it: theirs to free */
+		blk = (uint32_t)((rel % g->seg_size) / len);
+		word = (uint64_t *)(base + g->bitmap_off + (rel / g->seg_size) * g->bitmap_bytes +
+				    (uint64_t)(blk / 64) * 8);
+		__atomic_fetch_or(word, 1ull << (blk % 64), __ATOMIC_ACQ_REL);
+		dropped++;
+	}
+	return dropped;
 }

@@ -59,12 +59,14 @@ struct hkv_store {
 	uint64_t *seen_entry, *seen_ns;
 	uint64_t idled;       /* entries the server marked IDLE */
 	uint64_t transferred; /* granted segments an adopter took while IDLE */
+	int fenced; /* cluster: lease in doubt, serve nobody (server/cluster.h) */
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
 void hkv_store_fini(struct hkv_store *s);
 
-/* Control plane: a client authenticated; fill its welcome (id + ticket). */
+/* Control plane: a client authenticated; fill its welcome (id + ticket).
+ * -EUSERS at the client limit, HKV_EDISCONNECTED while fenced. */
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly);
 
 /* Transport callbacks (arg = the store). */
@@ -93,5 +95,11 @@ void hkv_store_tick(struct hkv_store *s);
 /* Mark IDLE the OWNED segments of connected clients that stopped renewing
  * them (HKV_SEG_IDLE_MS); run every HKV_SEG_SWEEP_MS. */
 void hkv_store_idle_sweep(struct hkv_store *s);
+
+/* Cluster: remove every live item whose key keep() returns 0 for (the
+ * partitions this server gives up). Only while no client is connected.
+ * Returns how many were removed. */
+uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
+			 void *arg);
 
 #endif /* HKV_SERVER_STORE_H */

@@ -1,0 +1,558 @@
+/*
+ * router.c - a handle on a cluster (hkv_config_add_server("etcd://...")):
+ * routes each key to its partition's server and runs the single-server
+ * protocol there, on a handle of its own per server, opened lazily.
+ *
+ * The router knows the partition map and the members (common/cluster_map.h),
+ * never slots or blocks; the per-server handles know nothing of the cluster.
+ *
+ * Freshness. A watcher thread (its own etcd connection) waits on PREFIX/map
+ * and raises `dirty`; the next operation reloads the map (one etcd range, in
+ * the caller's thread) before it routes. A member whose connection failed is
+ * not reconnected before the map is read again: a server closes every
+ * connection before it gives up partitions (fencing, moves; docs/design.md
+ * "Cluster"), so a client that finds its server gone learns the new map
+ * before it can write to the old home again.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "client/client_int.h"
+#include "common/cluster_map.h"
+#include "common/etcd.h"
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+#include "common/transport_int.h"
+
+#define ROUTER_RETRY_NS  50000000ull /* a member that failed to open: try again after */
+#define ROUTER_WATCH_MS  500
+
+struct rmember {
+	char id[HKV_CLUSTER_ID_MAX];
+	char endpoint[256]; /* "" when the map names a server with no member record */
+	struct hkv_config *cfg; /* its own: its own location cache */
+	struct hkv_client *h;
+	uint64_t retry_ns;
+};
+
+struct hkv_router {
+	struct hkv_etcd *e; /* the operations' thread */
+	char map_key[300], servers_key[300];
+	struct hkv_cmap map;
+	struct rmember *m;
+	uint32_t nm;
+	uint32_t *part; /* partition -> member index */
+	uint64_t reload_ns; /* last reload after a failed member */
+	const struct hkv_config *tmpl; /* a private copy of the user's config */
+
+	pthread_t watcher;
+	int watching;
+	struct hkv_etcd *we; /* the watcher's */
+	atomic_int dirty, stop;
+	_Atomic int64_t seen_rev;
+};
+
+static int member_index(struct hkv_router *r, const char *id)
+{
+	for (uint32_t i = 0; i < r->nm; i++)
+		if (!strcmp(r->m[i].id, id))
+			return (int)i;
+	return -1;
+}
+
+static void member_close(struct rmember *m)
+{
+	hkv_close(m->h);
+	hkv_config_free(m->cfg);
+	m->h = NULL;
+	m->cfg = NULL;
+}
+
+/* Read the members and point each server the map names at its endpoint. */
+static int load_members(struct hkv_router *r, const struct hkv_cmap *map)
+{
+	struct hkv_etcd_kv *kvs;
+	struct rmember *nm;
+	int n, ret = hkv_etcd_range(r->e, r->servers_key, 1, &kvs, &n, NULL);
+
+	if (ret)
+		return ret;
+	nm = hkv_calloc(map->nnames ? map->nnames : 1, sizeof(*nm));
+	if (!nm) {
+		hkv_etcd_kvs_free(kvs, n);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < map->nnames; i++) {
+		struct rmember *m = &nm[i];
+		int old;
+
+		snprintf(m->id, sizeof(m->id), "%s", map->names[i]);
+		for (int k = 0; k < n; k++) {
+			struct hkv_cmember rec;
+
+			if (!hkv_cmember_parse(kvs[k].value, kvs[k].vlen, &rec) &&
+			    !strcmp(rec.id, m->id))
+				memcpy(m->endpoint, rec.endpoint, sizeof(m->endpoint));
+		}
+		old = member_index(r, m->id);
+		if (old >= 0 && !strcmp(r->m[old].endpoint, m->endpoint)) {
+			*m = r->m[old]; /* keep its handle */
+			r->m[old].h = NULL;
+			r->m[old].cfg = NULL;
+		}
+	}
+	for (uint32_t i = 0; i < r->nm; i++)
+		member_close(&r->m[i]);
+	hkv_free(r->m);
+	r->m = nm;
+	r->nm = map->nnames;
+	hkv_etcd_kvs_free(kvs, n);
+	return 0;
+}
+
+/* Read the map again; on any trouble keep the last good one. */
+static int reload(struct hkv_router *r)
+{
+	struct hkv_etcd_kv *kvs;
+	struct hkv_cmap map;
+	uint32_t *part;
+	int n, ret = hkv_etcd_range(r->e, r->map_key, 0, &kvs, &n, NULL);
+
+	if (ret)
+		return ret;
+	if (!n) {
+		hkv_etcd_kvs_free(kvs, n);
+		return HKV_EDISCONNECTED; /* no map: no server has joined */
+	}
+	if (kvs[0].mod_rev == r->map.epoch) {
+		hkv_etcd_kvs_free(kvs, n);
+		return load_members(r, &r->map); /* same map; endpoints may have changed */
+	}
+	ret = hkv_cmap_parse(kvs[0].value, kvs[0].vlen, &map);
+	if (ret) {
+		hkv_warn("client: %s is not a usable partition map; keeping epoch %lld",
+			 r->map_key, (long long)r->map.epoch);
+		hkv_etcd_kvs_free(kvs, n);
+		return r->map.names ? 0 : HKV_EPROTO;
+	}
+	map.epoch = kvs[0].mod_rev;
+	hkv_etcd_kvs_free(kvs, n);
+	part = hkv_calloc(map.partitions, sizeof(*part));
+	if (!part || (ret = load_members(r, &map))) {
+		hkv_free(part);
+		hkv_cmap_free(&map);
+		return part ? ret : -ENOMEM;
+	}
+	for (uint32_t p = 0; p < map.partitions; p++)
+		part[p] = map.repl[(size_t)p * map.replicas]; /* primaries; names == members */
+	hkv_free(r->part);
+	r->part = part;
+	hkv_cmap_free(&r->map);
+	r->map = map;
+	atomic_store(&r->seen_rev, map.epoch);
+	hkv_debug("client: map epoch %lld, %u partitions on %u servers", (long long)map.epoch,
+		  map.partitions, map.nnames);
+	return 0;
+}
+
+static void *watch_thread(void *arg)
+{
+	struct hkv_router *r = arg;
+	int64_t rev = atomic_load(&r->seen_rev);
+
+	while (!atomic_load(&r->stop)) {
+		int64_t got = 0;
+		int ret = hkv_etcd_watch_wait(r->we, r->map_key, 0, rev, ROUTER_WATCH_MS, &got);
+
+		if (!ret) {
+			rev = got;
+			atomic_store(&r->dirty, 1);
+		} else if (ret != -ETIMEDOUT) {
+			struct timespec ts = {0, 200000000L};
+
+			nanosleep(&ts, NULL); /* etcd away: the last map stays */
+		}
+		if (atomic_load(&r->seen_rev) > rev)
+			rev = atomic_load(&r->seen_rev);
+	}
+	return NULL;
+}
+
+static struct hkv_config *member_cfg(const struct hkv_config *t, const char *endpoint)
+{
+	struct hkv_config *cfg = hkv_config_new();
+
+	if (!cfg)
+		return NULL;
+	if (hkv_config_add_server(cfg, endpoint) || (t->token && hkv_config_set_token(cfg, t->token)) ||
+	    (t->token_file && hkv_config_set_token_file(cfg, t->token_file))) {
+		hkv_config_free(cfg);
+		errno = EINVAL;
+		return NULL;
+	}
+	cfg->timeout_ms = t->timeout_ms;
+	cfg->max_value = t->max_value;
+	cfg->cache_entries = t->cache_entries;
+	return cfg;
+}
+
+/* The handle of member i, opened if need be. */
+static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **out)
+{
+	struct rmember *m = &r->m[i];
+	uint64_t now = hkv_now_ns();
+	int ret;
+
+	if (m->h) {
+		*out = m->h;
+		return 0;
+	}
+	if (!m->endpoint[0] || now < m->retry_ns)
+		return HKV_EDISCONNECTED; /* not a member (yet), or it just failed */
+	if (!m->cfg && !(m->cfg = member_cfg(r->tmpl, m->endpoint)))
+		return -errno;
+	ret = hkv_open(m->cfg, &m->h);
+	if (ret) {
+		m->retry_ns = now + ROUTER_RETRY_NS;
+		hkv_debug("client: cannot open %s (%s): %s", m->id, m->endpoint, hkv_strerror(ret));
+		return ret == -ECONNREFUSED || ret == -ENOENT ? HKV_EDISCONNECTED : ret;
+	}
+	*out = m->h;
+	return 0;
+}
+
+/*
+ * Find key's server's handle, connected (hkv_route_begin). Nothing has been
+ * posted yet, so a server that cannot be reached (closed us, refuses while
+ * fenced for a move, not a member yet) is tried again for up to
+ * ROUTER_PATIENCE_MS: a move fences the old home for a few hundred
+ * milliseconds. After that, HKV_EDISCONNECTED.
+ *
+ * Every connection made here is followed by a read of the map before its
+ * first use: a server serves again after a move only once the move is
+ * committed, so a connection to it that exists is younger than the commit,
+ * and the map read after it names the partition's new home. (A read before
+ * connecting could predate the commit.) Without etcd that read fails, and
+ * so does the operation: no write on a map we cannot check.
+ */
+#define ROUTER_PATIENCE_MS 1000
+
+static void nap_10ms(void)
+{
+	struct timespec ts = {0, 10000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
+		    struct hkv_client **out)
+{
+	struct hkv_router *r = rc->router;
+	int ret;
+
+	if (!t->t0_ns)
+		t->t0_ns = hkv_now_ns();
+	if (!key)
+		return -EINVAL;
+	for (;;) {
+		struct hkv_client *h = NULL;
+		uint32_t i;
+		uint64_t now;
+		int fresh = 0;
+
+		if (atomic_exchange(&r->dirty, 0))
+			reload(r); /* failures keep the last good map */
+		if (!r->part)
+			return HKV_EDISCONNECTED;
+		i = r->part[hkv_cmap_partition(&r->map, key, klen)];
+		fresh = !r->m[i].h;
+		ret = member_handle(r, i, &h);
+		if (!ret && h->conn->error) {
+			fresh = 1;
+			ret = hkv_revive(h);
+		}
+		if (!ret && fresh) {
+			int64_t epoch = r->map.epoch;
+
+			ret = reload(r);
+			if (ret)
+				return ret < 0 ? HKV_EDISCONNECTED : ret;
+			if (r->map.epoch != epoch)
+				continue; /* route again on the map read after connecting */
+		}
+		if (!ret) {
+			t->conn = h->conn;
+			t->posts = h->conn->stats.posts;
+			*out = h;
+			return 0;
+		}
+		now = hkv_now_ns();
+		if (ret != HKV_EDISCONNECTED || now - t->t0_ns > ROUTER_PATIENCE_MS * 1000000ull ||
+		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
+			return ret;
+		if (now - r->reload_ns >= 50000000ull) { /* the map may have moved */
+			r->reload_ns = now;
+			atomic_store(&r->dirty, 1);
+		}
+		nap_10ms();
+	}
+}
+
+int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_client *h, int ret)
+{
+	uint64_t now = hkv_now_ns();
+
+	/* Only an operation that posted nothing - its connection was found
+	 * gone at its first post - is tried again: its outcome is known. */
+	if (ret != HKV_EDISCONNECTED || h->conn != t->conn || h->conn->stats.posts != t->posts ||
+	    now - t->t0_ns > ROUTER_PATIENCE_MS * 1000000ull ||
+	    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
+		return 0;
+	atomic_store(&rc->router->dirty, 1);
+	return 1;
+}
+
+int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
+{
+	struct hkv_client *c = hkv_calloc(1, sizeof(*c));
+	struct hkv_router *r = hkv_calloc(1, sizeof(*r));
+	struct hkv_config *tmpl = hkv_config_new();
+	const char *uri = cfg->servers[0];
+	int ret = -ENOMEM;
+
+	*out = NULL;
+	if (!c || !r || !tmpl)
+		goto fail;
+	if ((cfg->token && hkv_config_set_token(tmpl, cfg->token)) ||
+	    (cfg->token_file && hkv_config_set_token_file(tmpl, cfg->token_file)))
+		goto fail;
+	tmpl->timeout_ms = cfg->timeout_ms;
+	tmpl->max_value = cfg->max_value;
+	tmpl->cache_entries = cfg->cache_entries;
+	r->tmpl = tmpl;
+	r->e = hkv_etcd_open(uri, cfg->timeout_ms);
+	r->we = hkv_etcd_open(uri, cfg->timeout_ms + 2 * ROUTER_WATCH_MS);
+	if (!r->e || !r->we) {
+		ret = -EINVAL;
+		goto fail;
+	}
+	snprintf(r->map_key, sizeof(r->map_key), "%s/map", hkv_etcd_prefix(r->e));
+	snprintf(r->servers_key, sizeof(r->servers_key), "%s/servers/", hkv_etcd_prefix(r->e));
+	ret = reload(r);
+	if (ret) {
+		hkv_warn("client: cluster %s: no usable partition map: %s", uri, hkv_strerror(ret));
+		goto fail;
+	}
+	ret = -pthread_create(&r->watcher, NULL, watch_thread, r);
+	if (ret)
+		goto fail;
+	r->watching = 1;
+	c->router = r;
+	c->timeout_ms = cfg->timeout_ms;
+	c->max_value = cfg->max_value;
+	*out = c;
+	return 0;
+fail:
+	if (r && c) {
+		r->tmpl = tmpl;
+		c->router = r;
+		hkv_router_close(c);
+	} else {
+		hkv_free(r);
+		hkv_config_free(tmpl);
+	}
+	hkv_free(c);
+	return ret;
+}
+
+void hkv_router_close(struct hkv_client *c)
+{
+	struct hkv_router *r = c->router;
+
+	if (r->watching) {
+		atomic_store(&r->stop, 1);
+		pthread_join(r->watcher, NULL); /* within one watch timeout */
+	}
+	for (uint32_t i = 0; i < r->nm; i++)
+		member_close(&r->m[i]);
+	hkv_free(r->m);
+	hkv_free(r->part);
+	hkv_cmap_free(&r->map);
+	hkv_etcd_close(r->e);
+	hkv_etcd_close(r->we);
+	hkv_config_free((struct hkv_config *)r->tmpl);
+	hkv_free(r);
+	c->router = NULL;
+}
+
+/* Every member's handle, opened if need be (flush_all, counts): the first
+ * error, after trying them all. */
+static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, void *arg), void *arg)
+{
+	struct hkv_router *r = c->router;
+	int first = 0;
+
+	if (atomic_exchange(&r->dirty, 0))
+		reload(r);
+	for (uint32_t i = 0; i < r->nm; i++) {
+		struct hkv_client *h;
+		int ret = member_handle(r, i, &h);
+
+		if (!ret)
+			ret = fn(h, arg);
+		if (ret && !first)
+			first = ret;
+	}
+	return first;
+}
+
+static int flush_one(struct hkv_client *h, void *arg)
+{
+	return hkv_flush_all(h);
+}
+
+int hkv_router_flush_all(struct hkv_client *c)
+{
+	return each_member(c, flush_one, NULL);
+}
+
+struct counts {
+	uint64_t items, bytes;
+};
+
+static int count_one(struct hkv_client *h, void *arg)
+{
+	struct counts *t = arg;
+	uint64_t items, bytes;
+	int ret = hkv_count_items(h, &items, &bytes);
+
+	if (!ret) {
+		t->items += items;
+		t->bytes += bytes;
+	}
+	return ret;
+}
+
+int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
+{
+	struct counts t = {0};
+	int ret = each_member(c, count_one, &t);
+
+	*items = t.items;
+	*bytes = t.bytes;
+	return ret;
+}
+
+static int info_one(struct hkv_client *h, void *arg)
+{
+	struct hkv_server_info *t = arg, one;
+
+	hkv_server_info(h, &one);
+	t->region_bytes += one.region_bytes;
+	t->index_slots += one.index_slots;
+	t->value_bytes += one.value_bytes;
+	t->segment_bytes = one.segment_bytes;
+	t->max_value = one.max_value;
+	t->cache_mode = one.cache_mode;
+	return 0;
+}
+
+void hkv_router_server_info(const struct hkv_client *c, struct hkv_server_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	each_member((struct hkv_client *)c, info_one, out);
+}
+
+/* Sums over the members' handles (those opened so far). */
+void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out)
+{
+	const struct hkv_router *r = c->router;
+
+	memset(out, 0, sizeof(*out));
+	for (uint32_t i = 0; i < r->nm; i++) {
+		const uint64_t *src;
+		uint64_t *dst = (uint64_t *)out;
+
+		if (!r->m[i].h)
+			continue;
+		src = (const uint64_t *)&r->m[i].h->stats;
+		for (size_t k = 0; k < sizeof(*out) / sizeof(uint64_t); k++)
+			dst[k] += src[k];
+	}
+}
+
+void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr)
+{
+	const struct hkv_router *r = c->router;
+
+	*rt = *rd = *wr = 0;
+	for (uint32_t i = 0; i < r->nm; i++) {
+		uint64_t a, b, d;
+
+		if (!r->m[i].h)
+			continue;
+		hkv_client_totals(r->m[i].h, &a, &b, &d);
+		*rt += a;
+		*rd += b;
+		*wr += d;
+	}
+}
+
+/*
+ * Multi-get: the items grouped by server, each group one hkv_mget on its
+ * server's handle. (Posting every server's chains before waiting on any is
+ * the pipelined API's job; here the groups run one after another.)
+ */
+int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
+{
+	struct hkv_router *r = c->router;
+	struct hkv_mget_item *group;
+	size_t *idx;
+	int first = 0;
+
+	if (atomic_exchange(&r->dirty, 0))
+		reload(r);
+	if (!r->part)
+		return HKV_EDISCONNECTED;
+	group = hkv_malloc((n ? n : 1) * sizeof(*group));
+	idx = hkv_malloc((n ? n : 1) * sizeof(*idx));
+	if (!group || !idx) {
+		hkv_free(group);
+		hkv_free(idx);
+		return -ENOMEM;
+	}
+	for (uint32_t mi = 0; mi < r->nm; mi++) {
+		struct hkv_client *h;
+		size_t k = 0;
+		int ret;
+
+		for (size_t j = 0; j < n; j++) {
+			if (!items[j].key || r->part[hkv_cmap_partition(&r->map, items[j].key,
+									items[j].klen)] != mi)
+				continue;
+			idx[k] = j;
+			group[k++] = items[j];
+		}
+		if (!k)
+			continue;
+		ret = member_handle(r, mi, &h);
+		if (!ret)
+			ret = hkv_mget(h, group, k);
+		for (size_t j = 0; j < k; j++) {
+			items[idx[j]] = group[j];
+			if (ret)
+				items[idx[j]].status = ret;
+		}
+		if (ret && !first)
+			first = ret;
+	}
+	for (size_t j = 0; j < n; j++)
+		if (!items[j].key)
+			items[j].status = -EINVAL;
+	hkv_free(group);
+	hkv_free(idx);
+	return first;
+}

@@ -1,0 +1,321 @@
+/* cluster_map.c - the cluster's records in etcd and rendezvous placement. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <json-c/json.h>
+#include <sodium.h>
+
+#include "common/cluster_map.h"
+#include "common/hkv_alloc.h"
+
+int hkv_cluster_id_valid(const char *s)
+{
+	size_t n = 0;
+
+	if (!s)
+		return 0;
+	for (; s[n]; n++) {
+		char ch = s[n];
+
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+			return 0;
+	}
+	return n > 0 && n < HKV_CLUSTER_ID_MAX;
+}
+
+static int get_string(json_object *o, const char *name, char *dst, size_t cap)
+{
+	json_object *v;
+	const char *s;
+
+	if (!json_object_object_get_ex(o, name, &v) || !json_object_is_type(v, json_type_string))
+		return -EPROTO;
+	s = json_object_get_string(v);
+	if (strlen(s) >= cap)
+		return -EPROTO;
+	strcpy(dst, s);
+	return 0;
+}
+
+/* A non-negative integer, sent as a JSON number or (etcd style) a string. */
+static int get_u64(json_object *o, const char *name, uint64_t *out)
+{
+	json_object *v;
+	const char *s;
+	char *end;
+
+	if (!json_object_object_get_ex(o, name, &v))
+		return -EPROTO;
+	if (json_object_is_type(v, json_type_int)) {
+		int64_t x = json_object_get_int64(v);
+
+		if (x < 0)
+			return -EPROTO;
+		*out = (uint64_t)x;
+		return 0;
+	}
+	if (!json_object_is_type(v, json_type_string))
+		return -EPROTO;
+	s = json_object_get_string(v);
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	return end == s || *end || errno || *s == '-' ? -EPROTO : 0;
+}
+
+static json_object *parse(const char *json, size_t len)
+{
+	json_tokener *tok = json_tokener_new();
+	json_object *o;
+
+	if (!tok || len > (64u << 20))
+		return json_tokener_free(tok), NULL;
+	o = json_tokener_parse_ex(tok, json, (int)len);
+	if (o && tok->char_offset != (int)len) { /* trailing bytes: not ours */
+		json_object_put(o);
+		o = NULL;
+	}
+	json_tokener_free(tok);
+	if (o && !json_object_is_type(o, json_type_object)) {
+		json_object_put(o);
+		o = NULL;
+	}
+	return o;
+}
+
+static char *dup_json(json_object *o)
+{
+	char *s = o ? hkv_strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) : NULL;
+
+	json_object_put(o);
+	if (!s)
+		errno = ENOMEM;
+	return s;
+}
+
+int hkv_cmember_parse(const char *json, size_t len, struct hkv_cmember *m)
+{
+	json_object *o = parse(json, len);
+	int ret;
+
+	if (!o)
+		return -EPROTO;
+	memset(m, 0, sizeof(*m));
+	ret = get_string(o, "id", m->id, sizeof(m->id));
+	if (!ret)
+		ret = get_string(o, "endpoint", m->endpoint, sizeof(m->endpoint));
+	if (!ret)
+		ret = get_string(o, "transport", m->transport, sizeof(m->transport));
+	if (!ret)
+		ret = get_u64(o, "region_bytes", &m->region_bytes);
+	if (!ret && (!hkv_cluster_id_valid(m->id) ||
+		     (strncmp(m->endpoint, "shm:", 4) && strncmp(m->endpoint, "verbs://", 8))))
+		ret = -EPROTO;
+	json_object_put(o);
+	return ret;
+}
+
+char *hkv_cmember_format(const struct hkv_cmember *m)
+{
+	json_object *o = json_object_new_object();
+
+	if (!o)
+		return errno = ENOMEM, NULL;
+	json_object_object_add(o, "id", json_object_new_string(m->id));
+	json_object_object_add(o, "endpoint", json_object_new_string(m->endpoint));
+	json_object_object_add(o, "transport", json_object_new_string(m->transport));
+	json_object_object_add(o, "region_bytes", json_object_new_int64((int64_t)m->region_bytes));
+	return dup_json(o);
+}
+
+void hkv_cmap_free(struct hkv_cmap *map)
+{
+	hkv_free(map->names);
+	hkv_free(map->repl);
+	map->names = NULL;
+	map->repl = NULL;
+	map->nnames = 0;
+}
+
+static int name_index(struct hkv_cmap *map, const char *id, uint32_t cap)
+{
+	for (uint32_t i = 0; i < map->nnames; i++)
+		if (!strcmp(map->names[i], id))
+			return (int)i;
+	if (map->nnames == cap || !hkv_cluster_id_valid(id))
+		return -1;
+	strcpy(map->names[map->nnames], id);
+	return (int)map->nnames++;
+}
+
+static int hex_key(const char *hex, uint8_t key[16])
+{
+	size_t bin_len;
+
+	if (strlen(hex) != 32 || sodium_hex2bin(key, 16, hex, 32, NULL, &bin_len, NULL) ||
+	    bin_len != 16)
+		return -EPROTO;
+	return 0;
+}
+
+int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map)
+{
+	json_object *o = parse(json, len), *arr;
+	uint64_t parts = 0, repl = 0;
+	char hex[40];
+	int ret = -EPROTO;
+
+	memset(map, 0, sizeof(*map));
+	if (!o)
+		return -EPROTO;
+	if (get_u64(o, "partitions", &parts) || get_u64(o, "replicas", &repl) || !parts ||
+	    parts > HKV_CLUSTER_MAX_PARTS || !repl || repl > HKV_CLUSTER_MAX_REPLICAS ||
+	    get_string(o, "hash_key", hex, sizeof(hex)) || hex_key(hex, map->hash_key) ||
+	    !json_object_object_get_ex(o, "map", &arr) ||
+	    !json_object_is_type(arr, json_type_array) || json_object_array_length(arr) != parts)
+		goto out;
+	map->partitions = (uint32_t)parts;
+	map->replicas = (uint32_t)repl;
+	map->names = hkv_calloc(HKV_CLUSTER_MAX_SERVERS, sizeof(*map->names));
+	map->repl = hkv_calloc(parts * repl, sizeof(*map->repl));
+	if (!map->names || !map->repl) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t p = 0; p < parts; p++) {
+		json_object *list = json_object_array_get_idx(arr, p);
+
+		if (!json_object_is_type(list, json_type_array) ||
+		    json_object_array_length(list) != repl)
+			goto out;
+		for (uint32_t r = 0; r < repl; r++) {
+			json_object *s = json_object_array_get_idx(list, r);
+			int idx;
+
+			if (!json_object_is_type(s, json_type_string))
+				goto out;
+			idx = name_index(map, json_object_get_string(s), HKV_CLUSTER_MAX_SERVERS);
+			if (idx < 0)
+				goto out;
+			for (uint32_t q = 0; q < r; q++)
+				if (map->repl[p * repl + q] == idx)
+					goto out; /* one server twice in a list */
+			map->repl[p * repl + r] = (uint16_t)idx;
+		}
+	}
+	ret = 0;
+out:
+	json_object_put(o);
+	if (ret)
+		hkv_cmap_free(map);
+	return ret;
+}
+
+char *hkv_cmap_format(const struct hkv_cmap *map)
+{
+	json_object *o = json_object_new_object(), *arr = json_object_new_array();
+	char hex[33];
+
+	if (!o || !arr) {
+		json_object_put(o);
+		json_object_put(arr);
+		return errno = ENOMEM, NULL;
+	}
+	sodium_bin2hex(hex, sizeof(hex), map->hash_key, 16);
+	json_object_object_add(o, "partitions", json_object_new_int64(map->partitions));
+	json_object_object_add(o, "replicas", json_object_new_int64(map->replicas));
+	json_object_object_add(o, "hash_key", json_object_new_string(hex));
+	for (uint32_t p = 0; p < map->partitions; p++) {
+		json_object *list = json_object_new_array();
+
+		for (uint32_t r = 0; r < map->replicas; r++)
+			json_object_array_add(list, json_object_new_string(
+						map->names[map->repl[p * map->replicas + r]]));
+		json_object_array_add(arr, list);
+	}
+	json_object_object_add(o, "map", arr);
+	return dup_json(o);
+}
+
+static uint64_t weight(const struct hkv_cmap *map, uint32_t p, const char *id)
+{
+	unsigned char buf[4 + HKV_CLUSTER_ID_MAX];
+	uint64_t h;
+	size_t n = strlen(id);
+
+	memcpy(buf, &p, 4);
+	memcpy(buf + 4, id, n);
+	crypto_shorthash((unsigned char *)&h, buf, 4 + n, map->hash_key);
+	return h;
+}
+
+int hkv_cmap_place(struct hkv_cmap *map, const char (*ids)[HKV_CLUSTER_ID_MAX], uint32_t n)
+{
+	uint32_t r = map->replicas < n ? map->replicas : n;
+	char (*names)[HKV_CLUSTER_ID_MAX];
+	uint16_t *repl;
+
+	if (!n || n > HKV_CLUSTER_MAX_SERVERS || !map->partitions || !r)
+		return -EINVAL;
+	names = hkv_calloc(n, sizeof(*names));
+	repl = hkv_calloc((size_t)map->partitions * r, sizeof(*repl));
+	if (!names || !repl) {
+		hkv_free(names);
+		hkv_free(repl);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(names[i], ids[i], HKV_CLUSTER_ID_MAX);
+	for (uint32_t p = 0; p < map->partitions; p++) {
+		uint16_t *list = repl + (size_t)p * r;
+
+		/* the r highest weights, in descending order (r <= 3: selection) */
+		for (uint32_t k = 0; k < r; k++) {
+			uint64_t best = 0;
+			int bi = -1;
+
+			for (uint32_t i = 0; i < n; i++) {
+				uint64_t w = weight(map, p, names[i]);
+				int taken = 0;
+
+				for (uint32_t q = 0; q < k; q++)
+					taken |= list[q] == i;
+				if (!taken && (bi < 0 || w > best ||
+					       (w == best && strcmp(names[i], names[bi]) < 0))) {
+					best = w;
+					bi = (int)i;
+				}
+			}
+			list[k] = (uint16_t)bi;
+		}
+	}
+	hkv_cmap_free(map);
+	map->names = names;
+	map->nnames = n;
+	map->repl = repl;
+	map->replicas = r;
+	return 0;
+}
+
+const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r)
+{
+	return map->names[map->repl[(size_t)p * map->replicas + r]];
+}
+
+uint32_t hkv_cmap_moved(const struct hkv_cmap *a, const struct hkv_cmap *b)
+{
+	uint32_t moved = 0;
+
+	for (uint32_t p = 0; p < a->partitions && p < b->partitions; p++)
+		moved += strcmp(hkv_cmap_server(a, p, 0), hkv_cmap_server(b, p, 0)) != 0;
+	return moved;
+}
+
+uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t klen)
+{
+	uint64_t h;
+
+	crypto_shorthash((unsigned char *)&h, key, klen, map->hash_key);
+	return (uint32_t)(((h >> 32) * (uint64_t)map->partitions) >> 32);
+}

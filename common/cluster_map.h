@@ -1,0 +1,88 @@
+/*
+ * cluster_map.h - what a hatchkv cluster keeps in etcd, and how a key finds
+ * its memory server. Shared by the server (registration, the coordinator),
+ * hatchkv-admin and the client library.
+ *
+ * Keys under the cluster's PREFIX (etcd://HOST:PORT/PREFIX):
+ *
+ *   PREFIX/servers/NAME   a member, under the server's own etcd lease:
+ *                         {"id":"a","endpoint":"verbs://10.0.0.1:7700",
+ *                          "transport":"verbs","region_bytes":1073741824}
+ *   PREFIX/drain/NAME     an operator asked that NAME hold no partition
+ *   PREFIX/removed/NAME   an operator removed NAME: it must not come back
+ *   PREFIX/coordinator    NAME of the one server that recomputes the map,
+ *                         under that server's lease (leadership)
+ *   PREFIX/map            the partition map:
+ *                         {"partitions":64,"replicas":1,"hash_key":"<32 hex>",
+ *                          "map":[["a"],["b"],...]}
+ *
+ * The map's epoch is etcd's mod_revision of PREFIX/map; it changes only
+ * through a transaction that compares the revision the writer read. The
+ * number of partitions is fixed when the map is first written. Each
+ * partition has an ordered replica list (one server until replication;
+ * the first is the primary).
+ *
+ * Placement is rendezvous hashing (highest random weight): partition p goes
+ * to the eligible servers with the highest weights h(hash_key, p, name). A
+ * server that joins takes exactly the partitions where it now weighs most
+ * (about 1/(N+1) of them); a server that leaves gives up only its own.
+ *
+ * Routing: partition = hkv_cmap_partition(map, key) - SipHash-2-4 of the
+ * key under the cluster's hash_key (not the region's: every server has its
+ * own), reduced by multiply-shift.
+ */
+#ifndef HKV_CLUSTER_MAP_H
+#define HKV_CLUSTER_MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HKV_CLUSTER_ID_MAX     64   /* server names: [A-Za-z0-9._-], 1..63 bytes */
+#define HKV_CLUSTER_MAX_PARTS  65536
+#define HKV_CLUSTER_MAX_SERVERS 1024
+#define HKV_CLUSTER_MAX_REPLICAS 3
+
+struct hkv_cmember {
+	char id[HKV_CLUSTER_ID_MAX];
+	char endpoint[256]; /* the URI a client gives hkv_config_add_server() */
+	char transport[8];
+	uint64_t region_bytes;
+};
+
+struct hkv_cmap {
+	uint32_t partitions, replicas;
+	uint8_t hash_key[16];
+	uint32_t nnames;
+	char (*names)[HKV_CLUSTER_ID_MAX]; /* the servers the map names */
+	uint16_t *repl; /* partitions x replicas indexes into names */
+	int64_t epoch;  /* etcd mod_revision of PREFIX/map (0: not stored yet) */
+};
+
+/* 1 if s is a valid server name. */
+int hkv_cluster_id_valid(const char *s);
+
+int hkv_cmember_parse(const char *json, size_t len, struct hkv_cmember *m);
+/* hkv_malloc'd JSON text, or NULL (errno). */
+char *hkv_cmember_format(const struct hkv_cmember *m);
+
+/* Parse PREFIX/map; every check a client relies on is made here (counts in
+ * range, each list exactly `replicas` distinct known names). 0, -EPROTO
+ * (not a map), -ENOMEM. Free with hkv_cmap_free. */
+int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map);
+char *hkv_cmap_format(const struct hkv_cmap *map);
+void hkv_cmap_free(struct hkv_cmap *map);
+
+/* Place every partition on the servers ids[0..n) (rendezvous hashing) with
+ * map->partitions, ->replicas and ->hash_key already set; replaces names
+ * and repl. With fewer than `replicas` servers, lists are shorter: the
+ * map's replicas field is lowered to n. 0, -EINVAL (n == 0), -ENOMEM. */
+int hkv_cmap_place(struct hkv_cmap *map, const char (*ids)[HKV_CLUSTER_ID_MAX], uint32_t n);
+
+/* Partitions whose primary differs between a and b (same partition count). */
+uint32_t hkv_cmap_moved(const struct hkv_cmap *a, const struct hkv_cmap *b);
+
+uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t klen);
+/* The name of partition p's replica r. */
+const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r);
+
+#endif /* HKV_CLUSTER_MAP_H */

@@ -1,0 +1,98 @@
+/*
+ * etcd.h - a small blocking client for etcd v3's JSON gateway, for the
+ * cluster's control plane (membership, the partition map, leadership).
+ * Never on the data path.
+ *
+ * etcd 3.4 (Debian 12) serves gRPC and, on the same port, a JSON gateway:
+ * POST /v3/kv/range, /v3/kv/put, /v3/kv/deleterange, /v3/kv/txn,
+ * /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke, /v3/watch. Keys and
+ * values travel as standard base64 (libsodium's codec), 64-bit numbers
+ * (revisions, lease IDs) as JSON strings, and proto3 leaves out fields that
+ * hold their default value (0, "", false). Spoken over libevent's evhttp with
+ * a private event_base per handle; JSON by json-c.
+ *
+ * URIs: etcd://HOST:PORT/PREFIX (HOST may be [IPv6]; PREFIX keeps its
+ * leading '/' and loses trailing ones: etcd://h:2379/hkv/ gives "/hkv"; keys
+ * given to the calls below are full keys, callers build them from
+ * hkv_etcd_prefix()).
+ *
+ * Threads: a handle is used by one thread at a time; open one per thread.
+ * Every call blocks for at most the handle's timeout (hkv_etcd_watch_wait:
+ * for its own timeout_ms). Each call is one HTTP connection of its own.
+ *
+ * Errors (negative errno): -ECONNREFUSED (nothing listens) / -EIO (the
+ * connection failed or etcd says it is unavailable), -ETIMEDOUT, -EPROTO (a
+ * reply that is not what etcd sends: malformed JSON, bad base64, an HTTP
+ * status other than 200 without etcd's error object), -ECANCELED (a compare
+ * in hkv_etcd_put_if / delete_if failed), -ENOENT (lease gone: also from a
+ * put under it), -EINVAL (also etcd's InvalidArgument, e.g. a request over
+ * its size limit), -ENOMEM.
+ */
+#ifndef HKV_ETCD_H
+#define HKV_ETCD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hkv_etcd;
+
+/* One key of a range reply. value is NUL-terminated (vlen excludes it). */
+struct hkv_etcd_kv {
+	char *key;
+	char *value;
+	size_t vlen;
+	int64_t create_rev, mod_rev, version, lease;
+};
+
+/* Split etcd://HOST:PORT/PREFIX. 0 or -EINVAL (no scheme, no port, a
+ * component too long for its buffer). An absent prefix gives "". */
+int hkv_etcd_parse_uri(const char *uri, char *host, size_t hostlen, int *port,
+		       char *prefix, size_t prefixlen);
+
+/* NULL and errno on failure. Does not contact etcd yet. */
+struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms);
+void hkv_etcd_close(struct hkv_etcd *e);
+/* The PREFIX part of the URI ("" if none); valid while the handle is open. */
+const char *hkv_etcd_prefix(const struct hkv_etcd *e);
+
+/* Read key, or every key under key as a prefix (prefix != 0). *kvs is
+ * hkv_malloc'd (free with hkv_etcd_kvs_free; NULL when *n == 0); sorted by
+ * key as etcd sends them. *rev (may be NULL): the store's revision. */
+int hkv_etcd_range(struct hkv_etcd *e, const char *key, int prefix, struct hkv_etcd_kv **kvs,
+		   int *n, int64_t *rev);
+void hkv_etcd_kvs_free(struct hkv_etcd_kv *kvs, int n);
+
+/* Unconditional put; lease 0 = none. *rev (may be NULL): revision after. */
+int hkv_etcd_put(struct hkv_etcd *e, const char *key, const void *value, size_t vlen,
+		 int64_t lease, int64_t *rev);
+
+/* Delete key (or every key under it). *deleted (may be NULL): how many. */
+int hkv_etcd_delete(struct hkv_etcd *e, const char *key, int prefix, int64_t *deleted);
+
+/* One transaction: put key = value only if the key's mod_revision equals
+ * expect_rev (expect_rev 0: only if the key does not exist). 0 and *rev =
+ * the new revision, or -ECANCELED (and *rev = the key's current
+ * mod_revision, 0 if absent) when the compare failed. */
+int hkv_etcd_put_if(struct hkv_etcd *e, const char *key, const void *value, size_t vlen,
+		    int64_t expect_rev, int64_t lease, int64_t *rev);
+
+/* Delete key only if its mod_revision equals expect_rev: 0 or -ECANCELED. */
+int hkv_etcd_delete_if(struct hkv_etcd *e, const char *key, int64_t expect_rev);
+
+/* Leases. grant: *id of a new lease of ttl_s seconds (etcd may raise it to
+ * its minimum). keepalive: one POST; *ttl_s (may be NULL) = the TTL granted
+ * back; -ENOENT if the lease no longer exists (expired or revoked). */
+int hkv_etcd_lease_grant(struct hkv_etcd *e, int ttl_s, int64_t *id);
+int hkv_etcd_lease_keepalive(struct hkv_etcd *e, int64_t id, int *ttl_s);
+int hkv_etcd_lease_revoke(struct hkv_etcd *e, int64_t id);
+
+/* Wait until key (or a key under it, prefix != 0) changes at a revision
+ * after after_rev, for at most timeout_ms: 0 and *rev = the revision of the
+ * first such change, or -ETIMEDOUT. A change that happened between after_rev
+ * and the call is reported at once (the watch starts at after_rev + 1). If
+ * etcd has compacted revisions after after_rev away, 0 and *rev = the
+ * compaction revision at once: something may have changed, re-read. */
+int hkv_etcd_watch_wait(struct hkv_etcd *e, const char *key, int prefix, int64_t after_rev,
+			int timeout_ms, int64_t *rev);
+
+#endif /* HKV_ETCD_H */

@@ -1,0 +1,265 @@
+/*
+ * hatchkv-admin - look at and steer a hatchkv cluster kept in etcd
+ * (common/cluster_map.h). Talks to etcd only, never to the servers.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cluster_map.h"
+#include "common/etcd.h"
+#include "common/hkv_alloc.h"
+#include "hatchkv_err.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hatchkv-admin --cluster etcd://HOST:PORT/PREFIX COMMAND\n"
+		"  members            the servers, their endpoints, partitions and state\n"
+		"  map                the partition map: epoch, then each partition's replicas\n"
+		"  drain NAME         move NAME's partitions to the others (it stays a member);\n"
+		"                     waits up to --wait seconds (default 30) for the map\n"
+		"  undrain NAME       let NAME hold partitions again\n"
+		"  remove NAME        NAME leaves for good: its server shuts down, its\n"
+		"                     partitions move; the name cannot register again\n"
+		"  admit NAME         undo remove (and drain) for NAME\n"
+		"options: --wait SECONDS, -h/--help\n");
+}
+
+struct admin {
+	struct hkv_etcd *e;
+	const char *prefix;
+};
+
+static int load_map(struct admin *a, struct hkv_cmap *map)
+{
+	char key[512];
+	struct hkv_etcd_kv *kvs;
+	int n, ret;
+
+	snprintf(key, sizeof(key), "%s/map", a->prefix);
+	ret = hkv_etcd_range(a->e, key, 0, &kvs, &n, NULL);
+	if (ret)
+		return ret;
+	if (!n)
+		return -ENOENT;
+	ret = hkv_cmap_parse(kvs[0].value, kvs[0].vlen, map);
+	if (!ret)
+		map->epoch = kvs[0].mod_rev;
+	hkv_etcd_kvs_free(kvs, n);
+	return ret;
+}
+
+static uint32_t primaries_of(const struct hkv_cmap *map, const char *id)
+{
+	uint32_t n = 0;
+
+	for (uint32_t p = 0; map->names && p < map->partitions; p++)
+		n += !strcmp(hkv_cmap_server(map, p, 0), id);
+	return n;
+}
+
+static int has_key(struct admin *a, const char *dir, const char *id)
+{
+	char key[512];
+	struct hkv_etcd_kv *kvs;
+	int n;
+
+	snprintf(key, sizeof(key), "%s/%s/%s", a->prefix, dir, id);
+	if (hkv_etcd_range(a->e, key, 0, &kvs, &n, NULL))
+		return 0;
+	hkv_etcd_kvs_free(kvs, n);
+	return n > 0;
+}
+
+static void human(uint64_t b, char *out, size_t cap)
+{
+	if (b >= (1ull << 30) && !(b & ((1ull << 30) - 1)))
+		snprintf(out, cap, "%llu GiB", (unsigned long long)(b >> 30));
+	else
+		snprintf(out, cap, "%llu MiB", (unsigned long long)(b >> 20));
+}
+
+static int cmd_members(struct admin *a)
+{
+	char key[512], coord[HKV_CLUSTER_ID_MAX] = "";
+	struct hkv_etcd_kv *kvs, *ck;
+	struct hkv_cmap map = {0};
+	int n, nc, ret;
+
+	snprintf(key, sizeof(key), "%s/coordinator", a->prefix);
+	if (!hkv_etcd_range(a->e, key, 0, &ck, &nc, NULL)) {
+		if (nc)
+			snprintf(coord, sizeof(coord), "%s", ck[0].value);
+		hkv_etcd_kvs_free(ck, nc);
+	}
+	ret = load_map(a, &map);
+	if (ret && ret != -ENOENT)
+		return fprintf(stderr, "hatchkv-admin: map: %s\n", hkv_strerror(ret)), ret;
+	snprintf(key, sizeof(key), "%s/servers/", a->prefix);
+	ret = hkv_etcd_range(a->e, key, 1, &kvs, &n, NULL);
+	if (ret)
+		return fprintf(stderr, "hatchkv-admin: members: %s\n", hkv_strerror(ret)), ret;
+	printf("%-16s %-32s %-9s %-9s %-10s %s\n", "NAME", "ENDPOINT", "TRANSPORT", "REGION",
+	       "PARTITIONS", "STATE");
+	for (int i = 0; i < n; i++) {
+		struct hkv_cmember m;
+		char region[32];
+
+		if (hkv_cmember_parse(kvs[i].value, kvs[i].vlen, &m)) {
+			printf("%-16s (not a member record)\n", kvs[i].key + strlen(key));
+			continue;
+		}
+		human(m.region_bytes, region, sizeof(region));
+		printf("%-16s %-32s %-9s %-9s %-10u %s%s\n", m.id, m.endpoint, m.transport, region,
+		       primaries_of(&map, m.id), has_key(a, "drain", m.id) ? "draining" : "serving",
+		       strcmp(coord, m.id) ? "" : ", coordinator");
+	}
+	if (!n)
+		printf("(no members)\n");
+	printf("map epoch %lld, %u partitions\n", (long long)map.epoch, map.partitions);
+	hkv_etcd_kvs_free(kvs, n);
+	hkv_cmap_free(&map);
+	return 0;
+}
+
+static int cmd_map(struct admin *a)
+{
+	struct hkv_cmap map;
+	int ret = load_map(a, &map);
+
+	if (ret)
+		return fprintf(stderr, "hatchkv-admin: map: %s\n",
+			       ret == -ENOENT ? "no map yet (no server has joined)"
+					      : hkv_strerror(ret)), ret;
+	printf("map epoch %lld: %u partitions, %u replica%s each\n", (long long)map.epoch,
+	       map.partitions, map.replicas, map.replicas > 1 ? "s" : "");
+	printf("%-10s %s\n", "PARTITION", "REPLICAS (primary first)");
+	for (uint32_t p = 0; p < map.partitions; p++) {
+		printf("%-10u", p);
+		for (uint32_t r = 0; r < map.replicas; r++)
+			printf(" %s", hkv_cmap_server(&map, p, r));
+		printf("\n");
+	}
+	hkv_cmap_free(&map);
+	return 0;
+}
+
+static int put_flag(struct admin *a, const char *dir, const char *id)
+{
+	char key[512];
+
+	snprintf(key, sizeof(key), "%s/%s/%s", a->prefix, dir, id);
+	return hkv_etcd_put(a->e, key, "1", 1, 0, NULL);
+}
+
+static int del_key(struct admin *a, const char *dir, const char *id)
+{
+	char key[512];
+
+	snprintf(key, sizeof(key), "%s/%s/%s", a->prefix, dir, id);
+	return hkv_etcd_delete(a->e, key, 0, NULL);
+}
+
+/* Wait until the map places nothing on id. */
+static int wait_off(struct admin *a, const char *id, int wait_s)
+{
+	struct timespec t0, t;
+	struct hkv_cmap map;
+	uint32_t before = 0;
+	int first = 1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		uint32_t left = 0;
+		double ms;
+
+		if (!load_map(a, &map)) {
+			left = primaries_of(&map, id);
+			hkv_cmap_free(&map);
+		}
+		if (first)
+			before = left;
+		first = 0;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6;
+		if (!left) {
+			printf("%s holds no partition (%u moved off it, %.0f ms)\n", id, before, ms);
+			return 0;
+		}
+		if (ms > wait_s * 1000.0) {
+			fprintf(stderr, "hatchkv-admin: %s still holds %u partitions after %d s "
+					"(is a coordinator running?)\n", id, left, wait_s);
+			return -ETIMEDOUT;
+		}
+		usleep(100000);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
+					      {"wait", required_argument, NULL, 'w'},
+					      {"help", no_argument, NULL, 'h'},
+					      {NULL, 0, NULL, 0}};
+	const char *uri = getenv("HATCHKV_CLUSTER"), *cmd, *id = NULL;
+	struct admin a;
+	int wait_s = 30, c, ret;
+
+	while ((c = getopt_long(argc, argv, "c:w:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': uri = optarg; break;
+		case 'w': wait_s = atoi(optarg); break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!uri || optind >= argc)
+		return usage(stderr), 2;
+	cmd = argv[optind++];
+	if (optind < argc)
+		id = argv[optind++];
+	if (optind != argc || ((!strcmp(cmd, "members") || !strcmp(cmd, "map")) == !!id) ||
+	    (id && !hkv_cluster_id_valid(id)))
+		return usage(stderr), 2;
+	a.e = hkv_etcd_open(uri, 5000);
+	if (!a.e) {
+		fprintf(stderr, "hatchkv-admin: bad cluster URI '%s' (etcd://HOST:PORT/PREFIX)\n", uri);
+		return 2;
+	}
+	a.prefix = hkv_etcd_prefix(a.e);
+	if (!strcmp(cmd, "members")) {
+		ret = cmd_members(&a);
+	} else if (!strcmp(cmd, "map")) {
+		ret = cmd_map(&a);
+	} else if (!strcmp(cmd, "drain")) {
+		ret = put_flag(&a, "drain", id);
+		if (!ret)
+			ret = wait_off(&a, id, wait_s);
+	} else if (!strcmp(cmd, "undrain")) {
+		ret = del_key(&a, "drain", id);
+	} else if (!strcmp(cmd, "remove")) {
+		ret = put_flag(&a, "removed", id);
+		if (!ret)
+			ret = put_flag(&a, "drain", id);
+		if (!ret)
+			ret = del_key(&a, "servers", id);
+		if (!ret)
+			ret = wait_off(&a, id, wait_s);
+	} else if (!strcmp(cmd, "admit")) {
+		ret = del_key(&a, "removed", id);
+		if (!ret)
+			ret = del_key(&a, "drain", id);
+	} else {
+		usage(stderr);
+		ret = -EINVAL;
+	}
+	if (ret && ret != -ETIMEDOUT && ret != -EINVAL && ret != -ENOENT)
+		fprintf(stderr, "hatchkv-admin: %s: %s\n", cmd, hkv_strerror(ret));
+	hkv_etcd_close(a.e);
+	return ret ? 1 : 0;
+}

@@ -1,0 +1,80 @@
+/*
+ * cluster.h - a memory server's membership in a cluster kept in etcd
+ * (common/cluster_map.h says what lives where).
+ *
+ * A thread of its own talks to etcd (blocking calls, never in the server's
+ * event loop):
+ *
+ *  - Membership: an etcd lease of ttl seconds, PREFIX/servers/ID under it,
+ *    one keepalive POST every ttl/3. Deleted (lease revoked) on clean stop.
+ *  - Fencing: hkv_cluster_fenced() turns true as soon as the lease may be
+ *    near its end - ttl minus HKV_CLUSTER_GUARD_MS after the *sending* of
+ *    the last keepalive that etcd answered (etcd restarted the TTL no
+ *    earlier than that), or at once when etcd says the lease is gone. The
+ *    server's event loop polls it every 100 ms and then stops serving: it
+ *    closes every client's data connection (their rkeys and windows die
+ *    with the queue pairs) and refuses new ones. So by the time etcd can
+ *    expire the lease, and anyone can give this server's partitions away,
+ *    no client can reach its memory. A fenced server whose lease is gone
+ *    registers again with a new lease (hkv_cluster_rejoined() tells the
+ *    loop to empty the region first: its partitions may have moved).
+ *  - Coordination: every member tries to hold PREFIX/coordinator under its
+ *    lease; the holder recomputes PREFIX/map (rendezvous placement over the
+ *    members not draining) whenever membership changes, by a transaction
+ *    that compares the map's revision. Creates the map on first run with
+ *    opts->partitions partitions and a random hash key.
+ *  - Moves: a map change that takes partitions from a live server is
+ *    two-phase. The coordinator writes the new map to PREFIX/next; each
+ *    live server that gives partitions up fences itself (closes every
+ *    client connection), purges the items of those partitions, and writes
+ *    PREFIX/ack/ID; once all have, the coordinator commits PREFIX/map
+ *    (compare on its revision) and deletes PREFIX/next, and they serve
+ *    again. A client can thus never write into a partition's old home
+ *    after its new home took writes: it must reconnect, and the router
+ *    reads the map before it reconnects (client/router.c).
+ *  - An operator's `hatchkv-admin remove ID` (PREFIX/removed/ID) makes the
+ *    server fence for good and hkv_cluster_removed() turn true.
+ */
+#ifndef HKV_SERVER_CLUSTER_H
+#define HKV_SERVER_CLUSTER_H
+
+#include <stdint.h>
+
+struct hkv_cmap;
+
+#define HKV_CLUSTER_GUARD_MS 1000 /* fence this long before the lease can end */
+
+struct hkv_cluster_opts {
+	const char *uri;      /* etcd://HOST:PORT/PREFIX */
+	const char *id;       /* this server's name */
+	const char *endpoint; /* what clients connect to (verbs://... or shm:...) */
+	const char *transport;
+	uint64_t region_bytes;
+	int ttl_s;            /* lease TTL (>= 2: etcd's minimum) */
+	uint32_t partitions;  /* used if this server creates the map */
+};
+
+struct hkv_cluster;
+
+/* Registers (blocking, up to a few seconds) and starts the thread. NULL
+ * and errno when etcd cannot be reached or the ID is taken by a live
+ * member or was removed. */
+struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o);
+/* Deregisters (revokes the lease) and joins the thread. */
+void hkv_cluster_stop(struct hkv_cluster *cl);
+
+/* Event-loop side, thread-safe. */
+int hkv_cluster_fenced(struct hkv_cluster *cl);
+/* Why hkv_cluster_fenced() is true, for the log. */
+const char *hkv_cluster_fence_reason(struct hkv_cluster *cl);
+/* 1 once after each re-registration that followed a lost lease. */
+int hkv_cluster_rejoined(struct hkv_cluster *cl);
+int hkv_cluster_removed(struct hkv_cluster *cl);
+const char *hkv_cluster_id(const struct hkv_cluster *cl);
+/* A move takes partitions from us (we are fenced): the map to keep the
+ * partitions of (take it; NULL if none). Purge what it does not place on
+ * us, then hand it back to hkv_cluster_purged(), which frees it. */
+struct hkv_cmap *hkv_cluster_take_purge(struct hkv_cluster *cl);
+void hkv_cluster_purged(struct hkv_cluster *cl, struct hkv_cmap *map);
+
+#endif /* HKV_SERVER_CLUSTER_H */

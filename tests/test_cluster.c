@@ -1,0 +1,691 @@
+/*
+ * test_cluster.c - a cluster of real hatchkv-server processes whose
+ * membership and partition map live in a real etcd started by the test
+ * (issue 14; docs/design.md "Cluster"), used through the library's router:
+ *
+ *   test_cluster shm     (unit tier)
+ *   test_cluster verbs   (rdma tier: etcd and the servers in the guest)
+ *
+ * Cache mode (this version's cluster). What a user checks:
+ *   test_join_and_route  3 servers join; the map places every partition;
+ *                        `hatchkv-admin members` / `map` show them; 3000
+ *                        keys set through the cluster read back, spread
+ *                        over all 3, each on the server the map names; a
+ *                        warm GET is one round trip, a warm update the
+ *                        same as on a plain server; mget and flush_all
+ *                        span the servers.
+ *   test_add_and_drain   a 4th server joins under a read-your-writes load:
+ *                        about 1/4 of the partitions move (within 5
+ *                        points), the old homes purged them; then it is
+ *                        drained with hatchkv-admin: it holds nothing; no
+ *                        reader ever saw a value older than one it wrote.
+ *   test_kill            a server SIGKILLed under load: its keys fail
+ *                        fast, then (lease TTL + margin) are misses that
+ *                        refill on the survivors; never a wrong value.
+ *   test_fence           etcd frozen (SIGSTOP) past the lease: every server
+ *                        drops its clients before the lease can end, and
+ *                        serves again (empty) once etcd is back.
+ *   test_bad_map         garbage in PREFIX/map: a running handle keeps the
+ *                        last good map; a new one fails with a clear error;
+ *                        an unreachable etcd fails hkv_open promptly.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cluster_map.h"
+#include "common/etcd.h"
+#include "hatchkv.h"
+#include "tests/hkv_test.h"
+#include "tests/support/etcdserve.h"
+#include "tests/support/hkvserver.h"
+
+HKV_TEST_MAIN_DEFS;
+
+#define PARTS   1024
+#define TTL     "2"
+#define NSERV   4
+
+static int use_verbs;
+static struct hkv_test_etcd etcd;
+static char token_file[128];
+static char bindir[256];
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+static int start_member(struct hkvserver *s, const char *id)
+{
+	const char *extra[] = {"--cache", "--cluster", etcd.uri, "--id", id, "--lease-ttl", TTL,
+			       "--partitions", "1024", "--token-file", token_file, NULL};
+
+	return hkvserver_start_noclient(s, use_verbs, "32M", "256K", extra);
+}
+
+/* The map as etcd has it now (0 and *map filled, or an error). */
+static int read_map(struct hkv_cmap *map)
+{
+	struct hkv_etcd *e = hkv_etcd_open(etcd.uri, 3000);
+	struct hkv_etcd_kv *kvs;
+	char key[300];
+	int n, ret;
+
+	if (!e)
+		return -errno;
+	snprintf(key, sizeof(key), "%s/map", hkv_etcd_prefix(e));
+	ret = hkv_etcd_range(e, key, 0, &kvs, &n, NULL);
+	if (!ret && !n)
+		ret = -ENOENT;
+	if (!ret) {
+		ret = hkv_cmap_parse(kvs[0].value, kvs[0].vlen, map);
+		map->epoch = kvs[0].mod_rev;
+	}
+	if (n)
+		hkv_etcd_kvs_free(kvs, n);
+	hkv_etcd_close(e);
+	return ret;
+}
+
+static uint32_t parts_of(const struct hkv_cmap *m, const char *id)
+{
+	uint32_t n = 0;
+
+	for (uint32_t p = 0; p < m->partitions; p++)
+		n += !strcmp(hkv_cmap_server(m, p, 0), id);
+	return n;
+}
+
+/* Wait until the map names exactly `want` servers, each with a partition
+ * (ids NULL-terminated). 0, or -ETIMEDOUT after ms. */
+static int wait_map(const char *const *ids, int ms, struct hkv_cmap *out)
+{
+	uint64_t t0 = now_ms();
+
+	do {
+		struct hkv_cmap m;
+
+		if (!read_map(&m)) {
+			int ok = 1, k = 0;
+
+			for (; ids[k]; k++)
+				ok &= parts_of(&m, ids[k]) > 0;
+			ok &= m.nnames == (uint32_t)k;
+			if (ok) {
+				if (out)
+					*out = m;
+				else
+					hkv_cmap_free(&m);
+				return 0;
+			}
+			hkv_cmap_free(&m);
+		}
+		sleep_ms(100);
+	} while (now_ms() - t0 < (uint64_t)ms);
+	return -ETIMEDOUT;
+}
+
+static struct hkv_client *cluster_client(void)
+{
+	struct hkv_config *cfg = hkv_config_new();
+	struct hkv_client *c = NULL;
+	int ret;
+
+	hkv_config_add_server(cfg, etcd.uri);
+	hkv_config_set_token_file(cfg, token_file);
+	hkv_config_set_timeout_ms(cfg, 3000);
+	ret = hkv_open(cfg, &c);
+	hkv_config_free(cfg);
+	if (ret)
+		fprintf(stderr, "cluster hkv_open: %s\n", hkv_strerror(ret));
+	return c;
+}
+
+static struct hkv_client *direct_client(const struct hkvserver *s)
+{
+	struct hkv_config *cfg = hkv_config_new();
+	struct hkv_client *c = NULL;
+
+	hkv_config_add_server(cfg, s->uri);
+	hkv_config_set_token_file(cfg, token_file);
+	if (hkv_open(cfg, &c))
+		c = NULL;
+	hkv_config_free(cfg);
+	return c;
+}
+
+/* Run hatchkv-admin; its stdout into out. Returns its exit status. */
+static int admin(char *out, size_t cap, const char *args)
+{
+	char cmd[1024];
+	FILE *p;
+	size_t n = 0;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s %s", bindir, etcd.uri, args);
+	p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	while (n + 1 < cap && !feof(p)) {
+		size_t got = fread(out + n, 1, cap - 1 - n, p);
+
+		if (!got)
+			break;
+		n += got;
+	}
+	out[n] = 0;
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static struct hkvserver srv[NSERV];
+static const char *ids[NSERV] = {"a", "b", "c", "d"};
+
+static void key_of(char *k, size_t cap, int i)
+{
+	snprintf(k, cap, "key:%06d", i);
+}
+
+static void test_join_and_route(void)
+{
+	const char *three[] = {"a", "b", "c", NULL};
+	struct hkv_client *c, *direct[3];
+	struct hkv_cmap map;
+	struct hkv_mget_item items[32];
+	char k[32], v[64], buf[64], out[1 << 16];
+	uint64_t rt0, rt1, rd, wr, items_n, bytes, total = 0, rt_plain[2];
+	size_t vlen;
+
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(start_member(&srv[i], ids[i]), 0);
+	CHECK_RC(wait_map(three, 15000, &map), 0);
+	CHECK(map.partitions == PARTS && map.replicas == 1);
+	printf("# 3 servers: %u / %u / %u partitions\n", parts_of(&map, "a"), parts_of(&map, "b"),
+	       parts_of(&map, "c"));
+	CHECK_RC(admin(out, sizeof(out), "members"), 0);
+	CHECK(strstr(out, "coordinator") && strstr(out, "serving"));
+	for (int i = 0; i < 3; i++) {
+		char line[320];
+
+		snprintf(line, sizeof(line), "\n%-16s %s", ids[i], srv[i].uri);
+		CHECK(strstr(out, line));
+	}
+	CHECK_RC(admin(out, sizeof(out), "map"), 0);
+	CHECK(strstr(out, "1024 partitions"));
+
+	c = cluster_client();
+	CHECK(c);
+	for (int i = 0; i < 3000; i++) {
+		key_of(k, sizeof(k), i);
+		snprintf(v, sizeof(v), "value-%d", i);
+		CHECK_RC(set_str(c, k, v), 0);
+	}
+	for (int i = 0; i < 3000; i++) {
+		key_of(k, sizeof(k), i);
+		snprintf(v, sizeof(v), "value-%d", i);
+		CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
+		CHECK(!strcmp(buf, v));
+	}
+	CHECK_RC(hkv_count_items(c, &items_n, &bytes), 0);
+	CHECK(items_n == 3000);
+	/* each key on the server the map names, and only there */
+	for (int i = 0; i < 3; i++) {
+		direct[i] = direct_client(&srv[i]);
+		CHECK(direct[i]);
+		CHECK_RC(hkv_count_items(direct[i], &items_n, &bytes), 0);
+		printf("# server %s holds %llu items\n", ids[i], (unsigned long long)items_n);
+		CHECK(items_n > 500);
+		total += items_n;
+	}
+	CHECK(total == 3000);
+	for (int i = 0; i < 3000; i += 7) {
+		const char *home;
+
+		key_of(k, sizeof(k), i);
+		home = hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0);
+		for (int s = 0; s < 3; s++)
+			CHECK_RC(hkv_get(direct[s], k, strlen(k), buf, sizeof(buf), &vlen, NULL),
+				 !strcmp(home, ids[s]) ? 0 : HKV_ENOTFOUND);
+	}
+	/* round trips: a warm GET is one READ; an update costs what it does on
+	 * the key's server used directly */
+	key_of(k, sizeof(k), 42);
+	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
+	hkv_client_totals(c, &rt0, &rd, &wr);
+	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
+	hkv_client_totals(c, &rt1, &rd, &wr);
+	printf("# warm GET through the cluster: %llu round trip(s)\n",
+	       (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 1);
+	CHECK_RC(set_str(c, k, "value-42"), 0);
+	hkv_client_totals(c, &rt0, &rd, &wr);
+	CHECK_RC(set_str(c, k, "value-42"), 0);
+	hkv_client_totals(c, &rt1, &rd, &wr);
+	{
+		const char *home = hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0);
+		struct hkv_client *d = direct[home[0] - 'a'];
+
+		CHECK_RC(set_str(d, k, "value-42"), 0);
+		hkv_client_totals(d, &rt_plain[0], &rd, &wr);
+		CHECK_RC(set_str(d, k, "value-42"), 0);
+		hkv_client_totals(d, &rt_plain[1], &rd, &wr);
+	}
+	printf("# warm update: %llu round trip(s) through the cluster, %llu direct\n",
+	       (unsigned long long)(rt1 - rt0), (unsigned long long)(rt_plain[1] - rt_plain[0]));
+	CHECK(rt1 - rt0 == rt_plain[1] - rt_plain[0]);
+	/* mget across the servers, with misses among them */
+	char bufs[32][64];
+	char keys[32][32];
+
+	for (int i = 0; i < 32; i++) {
+		key_of(keys[i], sizeof(keys[i]), i % 2 ? i * 13 : 100000 + i);
+		items[i] = (struct hkv_mget_item){.key = keys[i], .klen = strlen(keys[i]),
+						  .buf = bufs[i], .cap = sizeof(bufs[i])};
+	}
+	CHECK_RC(hkv_mget(c, items, 32), 0);
+	for (int i = 0; i < 32; i++) {
+		if (i % 2) {
+			snprintf(v, sizeof(v), "value-%d", i * 13);
+			CHECK(items[i].status == 0 && items[i].vlen == strlen(v) &&
+			      !memcmp(bufs[i], v, items[i].vlen));
+		} else {
+			CHECK(items[i].status == HKV_ENOTFOUND);
+		}
+	}
+	CHECK_RC(hkv_flush_all(c), 0);
+	CHECK_RC(hkv_count_items(c, &items_n, &bytes), 0);
+	CHECK(items_n == 0);
+	for (int i = 0; i < 3; i++)
+		hkv_close(direct[i]);
+	hkv_close(c);
+	hkv_cmap_free(&map);
+}
+
+/* Read-your-writes load: each thread owns keys, sets them to increasing
+ * values, and reads each right back: the value it just wrote or (cache
+ * mode, its partition just moved) a miss; never an older value. */
+#define LOAD_THREADS 2
+#define LOAD_KEYS    200
+
+struct load {
+	pthread_t thr;
+	int id;
+	atomic_int stop;
+	uint64_t sets, gets, hits, misses, errors, wrong;
+	uint64_t last[LOAD_KEYS];
+};
+
+static void *load_thread(void *arg)
+{
+	struct load *l = arg;
+	struct hkv_client *c = cluster_client();
+	uint64_t n = 1;
+
+	if (!c) {
+		l->errors++;
+		return NULL;
+	}
+	while (!atomic_load(&l->stop)) {
+		for (int i = 0; i < LOAD_KEYS && !atomic_load(&l->stop); i++, n++) {
+			char k[32], v[32], buf[32];
+			int ret;
+
+			snprintf(k, sizeof(k), "load:%d:%d", l->id, i);
+			snprintf(v, sizeof(v), "%llu", (unsigned long long)n);
+			ret = set_str(c, k, v);
+			l->sets++;
+			if (ret) {
+				l->errors++; /* unknown outcome: what is stored may be older */
+				l->last[i] = 0;
+				continue;
+			}
+			l->last[i] = n;
+			ret = get_str(c, k, buf, sizeof(buf), NULL);
+			l->gets++;
+			if (ret == HKV_ENOTFOUND) {
+				l->misses++;
+			} else if (ret) {
+				l->errors++;
+			} else {
+				l->hits++;
+				if (strtoull(buf, NULL, 10) != n) {
+					l->wrong++;
+					fprintf(stderr, "%s: read %s after writing %s\n", k, buf, v);
+				}
+			}
+		}
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+static void load_start(struct load *ls)
+{
+	for (int t = 0; t < LOAD_THREADS; t++) {
+		memset(&ls[t], 0, sizeof(ls[t]));
+		ls[t].id = t;
+		pthread_create(&ls[t].thr, NULL, load_thread, &ls[t]);
+	}
+}
+
+static void load_stop(struct load *ls, struct load *sum)
+{
+	memset(sum, 0, sizeof(*sum));
+	for (int t = 0; t < LOAD_THREADS; t++) {
+		atomic_store(&ls[t].stop, 1);
+		pthread_join(ls[t].thr, NULL);
+		sum->sets += ls[t].sets;
+		sum->gets += ls[t].gets;
+		sum->hits += ls[t].hits;
+		sum->misses += ls[t].misses;
+		sum->errors += ls[t].errors;
+		sum->wrong += ls[t].wrong;
+	}
+	printf("# load: %llu sets, %llu gets: %llu hits, %llu misses, %llu errors, %llu wrong\n",
+	       (unsigned long long)sum->sets, (unsigned long long)sum->gets,
+	       (unsigned long long)sum->hits, (unsigned long long)sum->misses,
+	       (unsigned long long)sum->errors, (unsigned long long)sum->wrong);
+}
+
+static void test_add_and_drain(void)
+{
+	const char *three[] = {"a", "b", "c", NULL}, *four[] = {"a", "b", "c", "d", NULL};
+	struct hkv_cmap before, after, drained;
+	struct load ls[LOAD_THREADS], sum;
+	struct hkv_client *c = cluster_client(), *direct;
+	char k[32], v[32], buf[32], out[1 << 16];
+	uint32_t moved, stray = 0;
+	uint64_t t0, items_n, bytes;
+
+	CHECK(c);
+	CHECK_RC(wait_map(three, 5000, &before), 0);
+	for (int i = 0; i < 2000; i++) {
+		key_of(k, sizeof(k), i);
+		snprintf(v, sizeof(v), "v%d", i);
+		CHECK_RC(set_str(c, k, v), 0);
+	}
+	load_start(ls);
+	sleep_ms(500);
+	t0 = now_ms();
+	CHECK_RC(start_member(&srv[3], "d"), 0);
+	CHECK_RC(wait_map(four, 20000, &after), 0);
+	moved = hkv_cmap_moved(&before, &after);
+	printf("# d joined: %u of %u partitions moved (%.1f %%, 1/(N+1) = 25 %%) in %llu ms; "
+	       "d holds %u\n", moved, PARTS, 100.0 * moved / PARTS,
+	       (unsigned long long)(now_ms() - t0), parts_of(&after, "d"));
+	CHECK(moved == parts_of(&after, "d")); /* nothing moved between old members */
+	CHECK(moved * 100 <= PARTS * 30 && moved * 100 >= PARTS * 20);
+	sleep_ms(1000);
+	load_stop(ls, &sum);
+	CHECK(sum.wrong == 0);
+	CHECK(sum.hits > sum.gets / 2);
+	/* keys of unmoved partitions still hit; moved ones are misses, never wrong */
+	for (int i = 0; i < 2000; i++) {
+		uint32_t p;
+		int ret;
+
+		key_of(k, sizeof(k), i);
+		snprintf(v, sizeof(v), "v%d", i);
+		p = hkv_cmap_partition(&after, k, strlen(k));
+		ret = get_str(c, k, buf, sizeof(buf), NULL);
+		if (!strcmp(hkv_cmap_server(&after, p, 0), "d")) {
+			CHECK_RC(ret, HKV_ENOTFOUND);
+		} else {
+			CHECK_RC(ret, 0);
+			CHECK(!strcmp(buf, v));
+		}
+	}
+	/* the old homes purged what they gave up */
+	for (int s = 0; s < 3; s++) {
+		direct = direct_client(&srv[s]);
+		CHECK(direct);
+		for (int i = 0; i < 2000; i++) {
+			size_t vlen;
+
+			key_of(k, sizeof(k), i);
+			if (strcmp(hkv_cmap_server(&after, hkv_cmap_partition(&after, k, strlen(k)), 0),
+				   "d"))
+				continue;
+			stray += hkv_get(direct, k, strlen(k), buf, sizeof(buf), &vlen, NULL) == 0;
+		}
+		hkv_close(direct);
+	}
+	CHECK(stray == 0);
+
+	/* drain d under load */
+	load_start(ls);
+	sleep_ms(300);
+	t0 = now_ms();
+	CHECK_RC(admin(out, sizeof(out), "drain d"), 0);
+	printf("# %s", out);
+	CHECK(strstr(out, "d holds no partition"));
+	CHECK_RC(read_map(&drained), 0);
+	CHECK(parts_of(&drained, "d") == 0);
+	printf("# drained d in %llu ms\n", (unsigned long long)(now_ms() - t0));
+	sleep_ms(500);
+	load_stop(ls, &sum);
+	CHECK(sum.wrong == 0);
+	CHECK_RC(admin(out, sizeof(out), "members"), 0);
+	CHECK(strstr(out, "draining"));
+	direct = direct_client(&srv[3]);
+	CHECK(direct);
+	CHECK_RC(hkv_count_items(direct, &items_n, &bytes), 0);
+	printf("# d after the drain: %llu index entries\n", (unsigned long long)items_n);
+	for (int t = 0; t < LOAD_THREADS; t++)
+		for (int i = 0; i < LOAD_KEYS; i++) {
+			size_t vlen;
+
+			snprintf(k, sizeof(k), "load:%d:%d", t, i);
+			stray += hkv_get(direct, k, strlen(k), buf, sizeof(buf), &vlen, NULL) == 0;
+		}
+	CHECK(stray == 0); /* nothing written to it after it gave everything up */
+	CHECK(items_n == 0); /* and it purged everything it gave up */
+	hkv_close(direct);
+	CHECK_RC(admin(out, sizeof(out), "undrain d"), 0);
+	CHECK_RC(wait_map(four, 20000, NULL), 0);
+	hkv_cmap_free(&before);
+	hkv_cmap_free(&after);
+	hkv_cmap_free(&drained);
+	hkv_close(c);
+}
+
+static void test_kill(void)
+{
+	const char *four[] = {"a", "b", "c", "d", NULL}, *three[] = {"a", "c", "d", NULL};
+	struct hkv_client *c = cluster_client();
+	struct hkv_cmap map;
+	char k[32], buf[32];
+	uint64_t t0, t_ok = 0;
+	int victim_key = -1, fast_fail = 0;
+
+	CHECK(c);
+	CHECK_RC(wait_map(four, 5000, &map), 0);
+	for (int i = 0; i < 1000; i++) {
+		key_of(k, sizeof(k), i);
+		CHECK_RC(set_str(c, k, "before"), 0);
+		if (victim_key < 0 &&
+		    !strcmp(hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0), "b"))
+			victim_key = i;
+	}
+	CHECK(victim_key >= 0);
+	key_of(k, sizeof(k), victim_key);
+	hkvserver_kill(&srv[1]);
+	t0 = now_ms();
+	/* b's keys: errors at first (fast), then misses, then writable again */
+	while (now_ms() - t0 < 15000) {
+		uint64_t t1 = now_ms();
+		int ret = get_str(c, k, buf, sizeof(buf), NULL);
+
+		CHECK(ret != 0 || !strcmp(buf, "before")); /* never a wrong value */
+		if (ret == HKV_EDISCONNECTED && now_ms() - t1 < 1000)
+			fast_fail++;
+		if (ret == HKV_ENOTFOUND && set_str(c, k, "after") == 0) {
+			t_ok = now_ms();
+			break;
+		}
+		sleep_ms(20);
+	}
+	printf("# b SIGKILLed: %d fast failures, then its key writable on a survivor after "
+	       "%llu ms (lease TTL %s s)\n", fast_fail, (unsigned long long)(t_ok - t0), TTL);
+	CHECK(t_ok && t_ok - t0 <= (uint64_t)atoi(TTL) * 1000 + 3000);
+	CHECK_RC(wait_map(three, 5000, NULL), 0);
+	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "after"));
+	hkv_cmap_free(&map);
+	hkv_close(c);
+}
+
+static void test_fence(void)
+{
+	struct hkv_client *d = direct_client(&srv[0]);
+	char buf[32];
+	uint64_t t0, t_fenced = 0, t_back = 0;
+	int ret;
+
+	CHECK(d);
+	CHECK_RC(set_str(d, "fence:k", "v"), 0);
+	CHECK_RC(hkv_test_etcd_kill(&etcd, SIGSTOP), 0);
+	t0 = now_ms();
+	while (now_ms() - t0 < 10000) {
+		ret = get_str(d, "fence:k", buf, sizeof(buf), NULL);
+		if (ret == HKV_EDISCONNECTED || ret == HKV_ETIMEDOUT) {
+			t_fenced = now_ms();
+			break;
+		}
+		CHECK_RC(ret, 0);
+		sleep_ms(20);
+	}
+	printf("# etcd frozen: server a fenced after %llu ms (lease %s s)\n",
+	       (unsigned long long)(t_fenced - t0), TTL);
+	CHECK(t_fenced && t_fenced - t0 < (uint64_t)atoi(TTL) * 1000);
+	sleep_ms(atoi(TTL) * 1000 + 500); /* the lease has run out by now */
+	CHECK_RC(hkv_test_etcd_kill(&etcd, SIGCONT), 0);
+	t0 = now_ms();
+	while (now_ms() - t0 < 20000) {
+		ret = get_str(d, "fence:k", buf, sizeof(buf), NULL);
+		if (ret == 0 || ret == HKV_ENOTFOUND) {
+			t_back = now_ms();
+			break;
+		}
+		sleep_ms(100);
+	}
+	printf("# etcd back: server a serves again after %llu ms; the old item: %s\n",
+	       (unsigned long long)(t_back - t0), ret == HKV_ENOTFOUND ? "gone" : "still there");
+	CHECK(t_back);
+	/* empty if its lease was lost (its partitions may have moved), else as it was */
+	CHECK(ret == HKV_ENOTFOUND || (ret == 0 && !strcmp(buf, "v")));
+	hkv_close(d);
+}
+
+static void test_bad_map(void)
+{
+	struct hkv_etcd *e = hkv_etcd_open(etcd.uri, 3000);
+	struct hkv_client *c = cluster_client(), *c2 = NULL;
+	struct hkv_config *cfg;
+	struct hkv_etcd_kv *kvs = NULL;
+	char key[300], buf[32], out[4096];
+	int n = 0;
+	uint64_t t0;
+
+	CHECK(e && c);
+	CHECK_RC(set_str(c, "bad:k", "v"), 0);
+	snprintf(key, sizeof(key), "%s/map", hkv_etcd_prefix(e));
+	CHECK_RC(hkv_etcd_range(e, key, 0, &kvs, &n, NULL), 0);
+	CHECK(n == 1);
+	CHECK_RC(hkv_etcd_put(e, key, "{\"partitions\":3,\"map\":[", 23, 0, NULL), 0);
+	sleep_ms(300); /* the running handle's watch fires */
+	CHECK_RC(get_str(c, "bad:k", buf, sizeof(buf), NULL), 0); /* last good map */
+	CHECK(!strcmp(buf, "v"));
+	cfg = hkv_config_new();
+	hkv_config_add_server(cfg, etcd.uri);
+	hkv_config_set_token_file(cfg, token_file);
+	CHECK_RC(hkv_open(cfg, &c2), HKV_EPROTO);
+	CHECK(admin(out, sizeof(out), "map") != 0);
+	CHECK_RC(hkv_etcd_put(e, key, kvs[0].value, kvs[0].vlen, 0, NULL), 0);
+	CHECK_RC(hkv_open(cfg, &c2), 0);
+	CHECK_RC(get_str(c2, "bad:k", buf, sizeof(buf), NULL), 0);
+	hkv_close(c2);
+	hkv_config_free(cfg);
+	/* an etcd nobody listens on: a prompt, clear failure */
+	cfg = hkv_config_new();
+	hkv_config_add_server(cfg, "etcd://127.0.0.1:1/nothing");
+	hkv_config_set_token_file(cfg, token_file);
+	t0 = now_ms();
+	c2 = NULL;
+	CHECK(hkv_open(cfg, &c2) != 0 && !c2);
+	CHECK(now_ms() - t0 < 2000);
+	hkv_config_free(cfg);
+	hkv_etcd_kvs_free(kvs, n);
+	hkv_etcd_close(e);
+	hkv_close(c);
+}
+
+int main(int argc, char **argv)
+{
+	FILE *f;
+	int ret;
+	char *slash;
+	ssize_t nb;
+
+	use_verbs = hkvserver_want_verbs(argc, argv);
+	printf("# transport %s\n", use_verbs ? "verbs" : "shm");
+	nb = readlink("/proc/self/exe", bindir, sizeof(bindir) - 1);
+	if (nb <= 0)
+		return 1;
+	bindir[nb] = 0;
+	slash = strrchr(bindir, '/');
+	*slash = 0;
+	ret = hkv_test_etcd_start(&etcd);
+	if (ret) {
+		fprintf(stderr, "FAIL: cannot start etcd: %s%s\n", hkv_strerror(ret),
+			ret == HKV_TEST_ETCD_MISSING ? " (no etcd binary: scripts/install-deps "
+						       "installs etcd-server)" : "");
+		return 1;
+	}
+	snprintf(token_file, sizeof(token_file), "%s/cluster.token", etcd.dir);
+	f = fopen(token_file, "w");
+	if (!f)
+		return 1;
+	{
+		unsigned char rnd[16];
+
+		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+			return 1;
+		for (int i = 0; i < 16; i++)
+			fprintf(f, "%02x", rnd[i]);
+		fprintf(f, "\n");
+	}
+	fclose(f);
+	chmod(token_file, 0600);
+	RUN_TEST(test_join_and_route);
+	RUN_TEST(test_add_and_drain);
+	RUN_TEST(test_kill);
+	RUN_TEST(test_fence);
+	RUN_TEST(test_bad_map);
+	for (int i = 0; i < NSERV; i++)
+		if (srv[i].pid)
+			hkvserver_stop(&srv[i]);
+	hkv_test_etcd_stop(&etcd);
+	return hkv_test_finish();
+}
