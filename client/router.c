@@ -31,6 +31,7 @@
 #define ROUTER_WATCH_MS  500
 
 struct rmember {
+	int refused; /* its last open found nobody there (not: refused while fenced) */
 	char id[HKV_CLUSTER_ID_MAX];
 	char endpoint[256]; /* "" when the map names a server with no member record */
 	struct hkv_config *cfg; /* its own: its own location cache */
@@ -215,6 +216,7 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 	if (!m->cfg && !(m->cfg = member_cfg(r->tmpl, m->endpoint)))
 		return -errno;
 	ret = hkv_open(m->cfg, &m->h);
+	m->refused = ret == -ECONNREFUSED || ret == -ENOENT || ret == -EHOSTUNREACH;
 	if (ret) {
 		m->retry_ns = now + ROUTER_RETRY_NS;
 		hkv_debug("client: cannot open %s (%s): %s", m->id, m->endpoint, hkv_strerror(ret));
@@ -226,10 +228,11 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 
 /*
  * Find key's server's handle, connected (hkv_route_begin). Nothing has been
- * posted yet, so a server that cannot be reached (closed us, refuses while
- * fenced for a move, not a member yet) is tried again for up to
- * ROUTER_PATIENCE_MS: a move fences the old home for a few hundred
- * milliseconds. After that, HKV_EDISCONNECTED.
+ * posted yet, so a server that cannot be reached is tried again, the map
+ * read first: for up to the handle's timeout while it answers but refuses
+ * (fenced for a move: a few hundred milliseconds, seconds on a slow host),
+ * for up to ROUTER_GONE_MS when nobody answers (a dead server: its keys
+ * fail fast until the map re-homes them). Then HKV_EDISCONNECTED.
  *
  * Every connection made here is followed by a read of the map before its
  * first use: a server serves again after a move only once the move is
@@ -238,7 +241,7 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
  * connecting could predate the commit.) Without etcd that read fails, and
  * so does the operation: no write on a map we cannot check.
  */
-#define ROUTER_PATIENCE_MS 1000
+#define ROUTER_GONE_MS 1000
 
 static void nap_10ms(void)
 {
@@ -273,6 +276,10 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		if (!ret && h->conn->error) {
 			fresh = 1;
 			ret = hkv_revive(h);
+			if (ret) { /* open it anew next time: its error says more */
+				hkv_close(h);
+				r->m[i].h = NULL;
+			}
 		}
 		if (!ret && fresh) {
 			int64_t epoch = r->map.epoch;
@@ -290,8 +297,9 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 			return 0;
 		}
 		now = hkv_now_ns();
-		if (ret != HKV_EDISCONNECTED || now - t->t0_ns > ROUTER_PATIENCE_MS * 1000000ull ||
-		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
+		if (ret != HKV_EDISCONNECTED ||
+		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull ||
+		    (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull))
 			return ret;
 		if (now - r->reload_ns >= 50000000ull) { /* the map may have moved */
 			r->reload_ns = now;
@@ -308,7 +316,6 @@ int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_c
 	/* Only an operation that posted nothing - its connection was found
 	 * gone at its first post - is tried again: its outcome is known. */
 	if (ret != HKV_EDISCONNECTED || h->conn != t->conn || h->conn->stats.posts != t->posts ||
-	    now - t->t0_ns > ROUTER_PATIENCE_MS * 1000000ull ||
 	    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
 		return 0;
 	atomic_store(&rc->router->dirty, 1);

@@ -89,7 +89,7 @@ static int cmd_members(struct admin *a)
 	char key[512], coord[HKV_CLUSTER_ID_MAX] = "";
 	struct hkv_etcd_kv *kvs, *ck;
 	struct hkv_cmap map = {0};
-	int n, nc, ret;
+	int n, nc, ret, w = 8;
 
 	snprintf(key, sizeof(key), "%s/coordinator", a->prefix);
 	if (!hkv_etcd_range(a->e, key, 0, &ck, &nc, NULL)) {
@@ -104,7 +104,13 @@ static int cmd_members(struct admin *a)
 	ret = hkv_etcd_range(a->e, key, 1, &kvs, &n, NULL);
 	if (ret)
 		return fprintf(stderr, "hatchkv-admin: members: %s\n", hkv_strerror(ret)), ret;
-	printf("%-16s %-32s %-9s %-9s %-10s %s\n", "NAME", "ENDPOINT", "TRANSPORT", "REGION",
+	for (int i = 0; i < n; i++) { /* the endpoint column as wide as its longest */
+		struct hkv_cmember m;
+
+		if (!hkv_cmember_parse(kvs[i].value, kvs[i].vlen, &m) && (int)strlen(m.endpoint) > w)
+			w = (int)strlen(m.endpoint);
+	}
+	printf("%-16s %-*s %-9s %-9s %-10s %s\n", "NAME", w, "ENDPOINT", "TRANSPORT", "REGION",
 	       "PARTITIONS", "STATE");
 	for (int i = 0; i < n; i++) {
 		struct hkv_cmember m;
@@ -115,7 +121,7 @@ static int cmd_members(struct admin *a)
 			continue;
 		}
 		human(m.region_bytes, region, sizeof(region));
-		printf("%-16s %-32s %-9s %-9s %-10u %s%s\n", m.id, m.endpoint, m.transport, region,
+		printf("%-16s %-*s %-9s %-9s %-10u %s%s\n", m.id, w, m.endpoint, m.transport, region,
 		       primaries_of(&map, m.id), has_key(a, "drain", m.id) ? "draining" : "serving",
 		       strcmp(coord, m.id) ? "" : ", coordinator");
 	}

@@ -115,6 +115,47 @@ static int loses(const struct hkv_cmap *a, const struct hkv_cmap *b, const char 
 	return 0;
 }
 
+/*
+ * One round's view of the cluster: a single range over PREFIX/ (members,
+ * drains, removals, the map, a pending move, acks, the coordinator), so a
+ * round costs etcd one request however many questions it answers.
+ */
+struct snap {
+	struct hkv_etcd_kv *kvs;
+	int n;
+};
+
+static int snap_read(struct hkv_cluster *cl, struct snap *sn)
+{
+	char key[300];
+
+	snprintf(key, sizeof(key), "%s/", cl->prefix);
+	return hkv_etcd_range(cl->e, key, 1, &sn->kvs, &sn->n, NULL);
+}
+
+static void snap_free(struct snap *sn)
+{
+	hkv_etcd_kvs_free(sn->kvs, sn->n);
+	sn->kvs = NULL;
+	sn->n = 0;
+}
+
+/* PREFIX/dir/id (id NULL: PREFIX/dir), or NULL. */
+static const struct hkv_etcd_kv *snap_get(const struct hkv_cluster *cl, const struct snap *sn,
+					  const char *dir, const char *id)
+{
+	char key[512];
+
+	if (id)
+		snprintf(key, sizeof(key), "%s/%s/%s", cl->prefix, dir, id);
+	else
+		snprintf(key, sizeof(key), "%s/%s", cl->prefix, dir);
+	for (int i = 0; i < sn->n; i++)
+		if (!strcmp(sn->kvs[i].key, key))
+			return &sn->kvs[i];
+	return NULL;
+}
+
 static int is_removed(struct hkv_cluster *cl)
 {
 	struct hkv_etcd_kv *kvs;
@@ -162,39 +203,29 @@ static void etcd_trouble(struct hkv_cluster *cl, const char *what, int err)
 	hkv_warn("cluster: %s: %s", what, hkv_strerror(err));
 }
 
-static int read_members(struct hkv_cluster *cl, char (**ids)[HKV_CLUSTER_ID_MAX], uint32_t *n)
+/* The members not draining, in key order. */
+static int read_members(struct hkv_cluster *cl, const struct snap *sn,
+			char (**ids)[HKV_CLUSTER_ID_MAX], uint32_t *n)
 {
-	char key[512];
-	struct hkv_etcd_kv *kvs = NULL, *dr = NULL;
-	int nk = 0, nd = 0, ret;
+	char dir[300];
+	size_t dl;
 
-	snprintf(key, sizeof(key), "%s/servers/", cl->prefix);
-	ret = hkv_etcd_range(cl->e, key, 1, &kvs, &nk, NULL);
-	if (!ret) {
-		snprintf(key, sizeof(key), "%s/drain/", cl->prefix);
-		ret = hkv_etcd_range(cl->e, key, 1, &dr, &nd, NULL);
-	}
+	snprintf(dir, sizeof(dir), "%s/servers/", cl->prefix);
+	dl = strlen(dir);
 	*n = 0;
-	*ids = ret ? NULL : hkv_calloc((size_t)nk + 1, sizeof(**ids));
-	if (!ret && !*ids)
-		ret = -ENOMEM;
-	for (int i = 0; !ret && i < nk; i++) {
+	*ids = hkv_calloc((size_t)sn->n + 1, sizeof(**ids));
+	if (!*ids)
+		return -ENOMEM;
+	for (int i = 0; i < sn->n; i++) {
 		struct hkv_cmember m;
-		int drained = 0;
 
-		if (hkv_cmember_parse(kvs[i].value, kvs[i].vlen, &m))
+		if (strncmp(sn->kvs[i].key, dir, dl) ||
+		    hkv_cmember_parse(sn->kvs[i].value, sn->kvs[i].vlen, &m))
 			continue; /* not a member record: never placed */
-		for (int j = 0; j < nd; j++) {
-			const char *slash = strrchr(dr[j].key, '/');
-
-			drained |= slash && !strcmp(slash + 1, m.id);
-		}
-		if (!drained)
+		if (!snap_get(cl, sn, "drain", m.id))
 			memcpy((*ids)[(*n)++], m.id, HKV_CLUSTER_ID_MAX);
 	}
-	hkv_etcd_kvs_free(kvs, nk);
-	hkv_etcd_kvs_free(dr, nd);
-	return ret;
+	return 0;
 }
 
 static int same_placement(const struct hkv_cmap *a, const struct hkv_cmap *b)
@@ -242,36 +273,21 @@ static int next_parse(const struct hkv_etcd_kv *kv, struct hkv_cmap *map, int64_
 	return 0;
 }
 
-static int is_member(struct hkv_cluster *cl, const char *id)
+static int is_member(struct hkv_cluster *cl, const struct snap *sn, const char *id)
 {
-	char key[512];
-	struct hkv_etcd_kv *kvs;
-	int n;
-
-	snprintf(key, sizeof(key), "%s/servers/%s", cl->prefix, id);
-	if (hkv_etcd_range(cl->e, key, 0, &kvs, &n, NULL))
-		return 1; /* in doubt: wait for it */
-	hkv_etcd_kvs_free(kvs, n);
-	return n > 0;
+	return snap_get(cl, sn, "servers", id) != NULL;
 }
 
-static int has_acked(struct hkv_cluster *cl, const char *id, int64_t rev)
+static int has_acked(struct hkv_cluster *cl, const struct snap *sn, const char *id, int64_t rev)
 {
-	char key[512];
-	struct hkv_etcd_kv *kvs;
-	int n, yes;
+	const struct hkv_etcd_kv *kv = snap_get(cl, sn, "ack", id);
 
-	snprintf(key, sizeof(key), "%s/ack/%s", cl->prefix, id);
-	if (hkv_etcd_range(cl->e, key, 0, &kvs, &n, NULL))
-		return 0;
-	yes = n && strtoll(kvs[0].value, NULL, 10) == rev;
-	hkv_etcd_kvs_free(kvs, n);
-	return yes;
+	return kv && strtoll(kv->value, NULL, 10) == rev;
 }
 
 /* Leader, a move under way: commit PREFIX/next once every live server
  * that gives up partitions has purged them and acked. */
-static int drive_move(struct hkv_cluster *cl, const struct hkv_etcd_kv *nk,
+static int drive_move(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_etcd_kv *nk,
 		      const struct hkv_cmap *cur, int64_t cur_rev)
 {
 	char key[512], *json;
@@ -287,7 +303,8 @@ static int drive_move(struct hkv_cluster *cl, const struct hkv_etcd_kv *nk,
 	for (uint32_t i = 0; i < cur->nnames; i++) {
 		const char *id = cur->names[i];
 
-		if (loses(cur, &next, id) && is_member(cl, id) && !has_acked(cl, id, nk->mod_rev)) {
+		if (loses(cur, &next, id) && is_member(cl, sn, id) &&
+		    !has_acked(cl, sn, id, nk->mod_rev)) {
 			if (cl->next_seen_rev != nk->mod_rev) {
 				cl->next_seen_rev = nk->mod_rev;
 				cl->next_seen_ns = mono_ns();
@@ -317,38 +334,31 @@ static int drive_move(struct hkv_cluster *cl, const struct hkv_etcd_kv *nk,
 }
 
 /* Leader: make PREFIX/map place every partition on the members. */
-static int recompute_map(struct hkv_cluster *cl)
+static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 {
 	char key[512], *json;
 	char (*ids)[HKV_CLUSTER_ID_MAX] = NULL;
-	struct hkv_etcd_kv *kvs = NULL, *next_kv = NULL;
+	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
+	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
 	struct hkv_cmap cur = {0}, want = {0};
 	uint32_t n;
-	int nk = 0, nn = 0, ret, two_phase = 0;
+	int ret, two_phase = 0;
 	int64_t rev = 0;
 
-	ret = read_members(cl, &ids, &n);
+	ret = read_members(cl, sn, &ids, &n);
 	if (ret || !n)
 		goto out;
 	snprintf(key, sizeof(key), "%s/map", cl->prefix);
-	ret = hkv_etcd_range(cl->e, key, 0, &kvs, &nk, NULL);
-	if (ret)
-		goto out;
-	snprintf(key, sizeof(key), "%s/next", cl->prefix);
-	ret = hkv_etcd_range(cl->e, key, 0, &next_kv, &nn, NULL);
-	if (ret)
-		goto out;
-	snprintf(key, sizeof(key), "%s/map", cl->prefix);
-	if (nk) {
-		ret = hkv_cmap_parse(kvs[0].value, kvs[0].vlen, &cur);
+	if (mk) {
+		ret = hkv_cmap_parse(mk->value, mk->vlen, &cur);
 		if (ret) {
 			hkv_err("cluster: %s is not a partition map; leaving it alone", key);
 			goto out;
 		}
-		rev = kvs[0].mod_rev;
+		rev = mk->mod_rev;
 		cur.epoch = rev;
-		if (nn) {
-			ret = drive_move(cl, &next_kv[0], &cur, rev);
+		if (nk) {
+			ret = drive_move(cl, sn, nk, &cur, rev);
 			goto out;
 		}
 		want.partitions = cur.partitions;
@@ -360,12 +370,12 @@ static int recompute_map(struct hkv_cluster *cl)
 		randombytes_buf(want.hash_key, sizeof(want.hash_key));
 	}
 	ret = hkv_cmap_place(&want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
-	if (ret || (nk && same_placement(&cur, &want)))
+	if (ret || (mk && same_placement(&cur, &want)))
 		goto out;
 	/* A live server that gives up partitions must purge them first: the
 	 * map waits in PREFIX/next until it acks (drive_move). */
-	for (uint32_t i = 0; nk && i < cur.nnames && !two_phase; i++)
-		two_phase = loses(&cur, &want, cur.names[i]) && is_member(cl, cur.names[i]);
+	for (uint32_t i = 0; mk && i < cur.nnames && !two_phase; i++)
+		two_phase = loses(&cur, &want, cur.names[i]) && is_member(cl, sn, cur.names[i]);
 	if (two_phase) {
 		json = next_format(&want, rev);
 		snprintf(key, sizeof(key), "%s/next", cl->prefix);
@@ -388,60 +398,55 @@ static int recompute_map(struct hkv_cluster *cl)
 	if (!ret)
 		hkv_info("cluster: map epoch %lld: %u partitions on %u servers, %u moved",
 			 (long long)want.epoch, want.partitions, n,
-			 nk ? hkv_cmap_moved(&cur, &want) : want.partitions);
+			 mk ? hkv_cmap_moved(&cur, &want) : want.partitions);
 	else if (ret == -ECANCELED)
 		ret = 0; /* someone else wrote it: look again next round */
 out:
 	hkv_cmap_free(&cur);
 	hkv_cmap_free(&want);
-	hkv_etcd_kvs_free(kvs, nk);
-	hkv_etcd_kvs_free(next_kv, nn);
 	hkv_free(ids);
 	return ret;
 }
 
 /* Every member: does a pending move take partitions from us? Then fence,
  * have the loop purge them, ack; unfence once the move is over. */
-static int follow_move(struct hkv_cluster *cl)
+static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 {
 	char key[512], val[32];
-	struct hkv_etcd_kv *kvs = NULL, *mk = NULL;
+	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
+	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
 	struct hkv_cmap cur = {0}, *next = NULL;
 	int64_t base;
-	int n = 0, nm = 0, ret;
+	int ret = 0;
 
-	snprintf(key, sizeof(key), "%s/next", cl->prefix);
-	ret = hkv_etcd_range(cl->e, key, 0, &kvs, &n, NULL);
-	if (ret)
-		return ret;
-	if (!n) { /* no move (any more): committed or dropped */
+	if (!nk) { /* no move (any more): committed or dropped */
 		if (atomic_load(&cl->move_fence)) {
 			hkv_info("cluster: move over, %s serves again", cl->id);
 			atomic_store(&cl->move_fence, 0);
 		}
 		goto out;
 	}
-	if (cl->acked_rev == kvs[0].mod_rev || cl->fence_rev == kvs[0].mod_rev) {
-		if (cl->acked_rev != kvs[0].mod_rev &&
-		    atomic_load(&cl->purged_rev) == kvs[0].mod_rev) {
+	if (cl->acked_rev == nk->mod_rev || cl->fence_rev == nk->mod_rev) {
+		if (cl->acked_rev != nk->mod_rev &&
+		    atomic_load(&cl->purged_rev) == nk->mod_rev) {
 			snprintf(key, sizeof(key), "%s/ack/%s", cl->prefix, cl->id);
-			snprintf(val, sizeof(val), "%lld", (long long)kvs[0].mod_rev);
+			snprintf(val, sizeof(val), "%lld", (long long)nk->mod_rev);
 			ret = hkv_etcd_put(cl->e, key, val, strlen(val), cl->lease, NULL);
 			if (!ret)
-				cl->acked_rev = kvs[0].mod_rev;
+				cl->acked_rev = nk->mod_rev;
 		}
 		goto out;
 	}
 	next = hkv_calloc(1, sizeof(*next));
-	snprintf(key, sizeof(key), "%s/map", cl->prefix);
-	ret = next ? hkv_etcd_range(cl->e, key, 0, &mk, &nm, NULL) : -ENOMEM;
-	if (ret || !nm || hkv_cmap_parse(mk[0].value, mk[0].vlen, &cur) ||
-	    next_parse(&kvs[0], next, &base) || base != mk[0].mod_rev)
+	if (!next)
+		return -ENOMEM;
+	if (!mk || hkv_cmap_parse(mk->value, mk->vlen, &cur) || next_parse(nk, next, &base) ||
+	    base != mk->mod_rev)
 		goto out; /* nothing we can act on: the coordinator cleans up */
 	if (loses(&cur, next, cl->id)) {
 		hkv_info("cluster: %s gives up %u partitions: fenced to purge them", cl->id,
 			 hkv_cmap_moved(&cur, next));
-		cl->fence_rev = kvs[0].mod_rev;
+		cl->fence_rev = nk->mod_rev;
 		atomic_store(&cl->move_fence, 1);
 		pthread_mutex_lock(&cl->lock);
 		if (cl->purge_map) {
@@ -458,34 +463,25 @@ out:
 		hkv_free(next);
 	}
 	hkv_cmap_free(&cur);
-	hkv_etcd_kvs_free(mk, nm);
-	hkv_etcd_kvs_free(kvs, n);
 	return ret;
 }
 
-static int coordinate(struct hkv_cluster *cl)
+static int coordinate(struct hkv_cluster *cl, const struct snap *sn)
 {
+	const struct hkv_etcd_kv *ck = snap_get(cl, sn, "coordinator", NULL);
 	char key[512];
-	struct hkv_etcd_kv *kvs;
-	int n, ret;
 	int64_t rev;
+	int ret, was = cl->leader;
 
-	snprintf(key, sizeof(key), "%s/coordinator", cl->prefix);
-	ret = hkv_etcd_range(cl->e, key, 0, &kvs, &n, NULL);
-	if (ret)
-		return ret;
-	if (!n) {
+	if (!ck) {
+		snprintf(key, sizeof(key), "%s/coordinator", cl->prefix);
 		ret = hkv_etcd_put_if(cl->e, key, cl->id, strlen(cl->id), 0, cl->lease, &rev);
-		if (ret && ret != -ECANCELED)
-			return ret;
-		cl->leader = !ret;
-	} else {
-		cl->leader = kvs[0].lease == cl->lease;
+		return ret == -ECANCELED ? 0 : ret; /* the next round's view says who won */
 	}
-	hkv_etcd_kvs_free(kvs, n);
-	if (cl->leader && !n)
+	cl->leader = ck->lease == cl->lease;
+	if (cl->leader && !was)
 		hkv_info("cluster: %s coordinates", cl->id);
-	return cl->leader ? recompute_map(cl) : 0;
+	return cl->leader ? recompute_map(cl, sn) : 0;
 }
 
 static void *cluster_thread(void *arg)
@@ -533,15 +529,20 @@ static void *cluster_thread(void *arg)
 			}
 		}
 		if (!atomic_load(&cl->lease_gone)) {
-			ret = is_removed(cl);
-			if (ret > 0) {
+			struct snap sn = {0};
+
+			ret = snap_read(cl, &sn);
+			if (ret) {
+				etcd_trouble(cl, "reading the cluster", ret);
+			} else if (snap_get(cl, &sn, "removed", cl->id)) {
 				hkv_warn("cluster: %s was removed by an operator", cl->id);
 				atomic_store(&cl->removed, 1);
-			} else if (!ret && (ret = follow_move(cl))) {
+			} else if ((ret = follow_move(cl, &sn))) {
 				etcd_trouble(cl, "following a move", ret);
-			} else if (!ret && (ret = coordinate(cl))) {
+			} else if ((ret = coordinate(cl, &sn))) {
 				etcd_trouble(cl, "coordination", ret);
 			}
+			snap_free(&sn);
 		}
 		clock_gettime(CLOCK_REALTIME, &until);
 		until.tv_nsec += (long)(period_ms % 1000) * 1000000L;

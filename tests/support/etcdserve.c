@@ -178,7 +178,7 @@ static int start_once(struct hkv_test_etcd *t, const char *bin)
 {
 	int rc;
 
-	snprintf(t->dir, sizeof(t->dir), "/var/tmp/hkv-etcd-XXXXXX");
+	snprintf(t->dir, sizeof(t->dir), "/tmp/hkv-etcd-XXXXXX");
 	if (!mkdtemp(t->dir)) {
 		t->dir[0] = 0;
 		return -errno;

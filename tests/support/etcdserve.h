@@ -1,7 +1,8 @@
 /*
  * etcdserve.h - run a throwaway real etcd for a test: a private data
- * directory under /var/tmp, free client and peer ports on 127.0.0.1, the
- * process a child of the test (it dies with it: PR_SET_PDEATHSIG), its
+ * directory under /tmp (a tmpfs in the Soft-RoCE guest, where etcd's
+ * fsyncs would be slow over 9p), free client and peer ports on 127.0.0.1,
+ * the process a child of the test (it dies with it: PR_SET_PDEATHSIG), its
  * output in DIR/etcd.log. Ready once hkv_etcd_range answers through the
  * v3 JSON gateway.
  *
@@ -21,7 +22,7 @@ struct hkv_test_etcd {
 	char prefix[128]; /* set before start; "" gives "/hkvtest" */
 	pid_t pid;        /* 0 once it has exited and been reaped */
 	int client_port, peer_port;
-	char dir[64];      /* /var/tmp/hkv-etcd-XXXXXX: data/, etcd.log */
+	char dir[64];      /* /tmp/hkv-etcd-XXXXXX: data/, etcd.log */
 	char endpoint[64]; /* http://127.0.0.1:P, e.g. for etcdctl --endpoints */
 	char uri[256];     /* etcd://127.0.0.1:P/PREFIX, for hkv_etcd_open */
 };
