@@ -197,6 +197,7 @@ void hkv_router_close(struct hkv_client *c);
  * while the server could not be reached and nothing was posted.
  */
 struct hkv_route_try {
+	int read_only; /* changes nothing: may be tried again whatever it posted */
 	uint64_t t0_ns;
 	const struct hkv_conn *conn;
 	uint64_t posts;
@@ -204,11 +205,13 @@ struct hkv_route_try {
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out);
 int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_client *h, int ret);
-#define HKV_ROUTE(c, key, klen, call)                                                      \
+#define HKV_ROUTE(c, key, klen, call) HKV_ROUTE_(c, key, klen, call, 0)
+#define HKV_ROUTE_READ(c, key, klen, call) HKV_ROUTE_(c, key, klen, call, 1)
+#define HKV_ROUTE_(c, key, klen, call, ro)                                                 \
 	do {                                                                               \
 		if ((c)->router) {                                                         \
 			struct hkv_client *router_ = (c);                                  \
-			struct hkv_route_try try_ = {0};                                   \
+			struct hkv_route_try try_ = {.read_only = (ro)};                   \
 			int route_ret_;                                                    \
 			do {                                                               \
 				route_ret_ = hkv_route_begin(router_, &try_, (key), (klen), &(c)); \

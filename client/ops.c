@@ -1843,7 +1843,7 @@ static void fill_info(const struct item *it, struct hkv_item_info *info)
 HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
 		       size_t *vlen, struct hkv_item_info *info)
 {
-	HKV_ROUTE(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
+	HKV_ROUTE_READ(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
 	struct op_scope sc;
 	struct item it;
 	struct view view;

@@ -32,6 +32,7 @@
 
 struct rmember {
 	int refused; /* its last open found nobody there (not: refused while fenced) */
+	uint64_t used_ns; /* when an operation was last routed to it */
 	char id[HKV_CLUSTER_ID_MAX];
 	char endpoint[256]; /* "" when the map names a server with no member record */
 	struct hkv_config *cfg; /* its own: its own location cache */
@@ -55,6 +56,13 @@ struct hkv_router {
 	atomic_int dirty, stop;
 	_Atomic int64_t seen_rev;
 };
+
+static void nap_10ms(void)
+{
+	struct timespec ts = {0, 10000000L};
+
+	nanosleep(&ts, NULL);
+}
 
 static int member_index(struct hkv_router *r, const char *id)
 {
@@ -242,13 +250,8 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
  * so does the operation: no write on a map we cannot check.
  */
 #define ROUTER_GONE_MS 1000
+#define ROUTER_IDLE_CHECK_NS 1000000ull
 
-static void nap_10ms(void)
-{
-	struct timespec ts = {0, 10000000L};
-
-	nanosleep(&ts, NULL);
-}
 
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out)
@@ -273,6 +276,12 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		i = r->part[hkv_cmap_partition(&r->map, key, klen)];
 		fresh = !r->m[i].h;
 		ret = member_handle(r, i, &h);
+		now = hkv_now_ns();
+		/* idle a while: ask whether its server closed us (a move's fence)
+		 * before posting; a busy handle finds out from its completions */
+		if (!ret && !h->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
+			hkv_conn_check(h->conn);
+		r->m[i].used_ns = now;
 		if (!ret && h->conn->error) {
 			fresh = 1;
 			ret = hkv_revive(h);
@@ -313,9 +322,11 @@ int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_c
 {
 	uint64_t now = hkv_now_ns();
 
-	/* Only an operation that posted nothing - its connection was found
-	 * gone at its first post - is tried again: its outcome is known. */
-	if (ret != HKV_EDISCONNECTED || h->conn != t->conn || h->conn->stats.posts != t->posts ||
+	/* A read is tried again whatever it posted; any other operation only
+	 * if it posted nothing (its connection found gone at its first post):
+	 * then its outcome is known. */
+	if (ret != HKV_EDISCONNECTED || h->conn != t->conn ||
+	    (!t->read_only && h->conn->stats.posts != t->posts) ||
 	    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
 		return 0;
 	atomic_store(&rc->router->dirty, 1);
@@ -511,55 +522,85 @@ void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, u
 /*
  * Multi-get: the items grouped by server, each group one hkv_mget on its
  * server's handle. (Posting every server's chains before waiting on any is
- * the pipelined API's job; here the groups run one after another.)
+ * the pipelined API's job; here the groups run one after another.) A group
+ * whose server closed us is read again on a fresh route (reads are safe to
+ * repeat), up to 3 rounds.
  */
 int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 {
 	struct hkv_router *r = c->router;
 	struct hkv_mget_item *group;
 	size_t *idx;
+	uint8_t *pending;
 	int first = 0;
 
-	if (atomic_exchange(&r->dirty, 0))
-		reload(r);
-	if (!r->part)
-		return HKV_EDISCONNECTED;
 	group = hkv_malloc((n ? n : 1) * sizeof(*group));
 	idx = hkv_malloc((n ? n : 1) * sizeof(*idx));
-	if (!group || !idx) {
+	pending = hkv_malloc(n ? n : 1);
+	if (!group || !idx || !pending) {
 		hkv_free(group);
 		hkv_free(idx);
+		hkv_free(pending);
 		return -ENOMEM;
 	}
-	for (uint32_t mi = 0; mi < r->nm; mi++) {
-		struct hkv_client *h;
-		size_t k = 0;
-		int ret;
-
-		for (size_t j = 0; j < n; j++) {
-			if (!items[j].key || r->part[hkv_cmap_partition(&r->map, items[j].key,
-									items[j].klen)] != mi)
-				continue;
-			idx[k] = j;
-			group[k++] = items[j];
-		}
-		if (!k)
-			continue;
-		ret = member_handle(r, mi, &h);
-		if (!ret)
-			ret = hkv_mget(h, group, k);
-		for (size_t j = 0; j < k; j++) {
-			items[idx[j]] = group[j];
-			if (ret)
-				items[idx[j]].status = ret;
-		}
-		if (ret && !first)
-			first = ret;
-	}
-	for (size_t j = 0; j < n; j++)
+	for (size_t j = 0; j < n; j++) {
+		pending[j] = items[j].key != NULL;
 		if (!items[j].key)
 			items[j].status = -EINVAL;
+	}
+	for (int round = 0; round < 3; round++) {
+		int again = 0;
+
+		if (round)
+			nap_10ms();
+		if (atomic_exchange(&r->dirty, 0))
+			reload(r);
+		if (!r->part)
+			break;
+		for (uint32_t mi = 0; mi < r->nm; mi++) {
+			struct hkv_client *h;
+			size_t k = 0;
+			int ret;
+
+			for (size_t j = 0; j < n; j++) {
+				if (!pending[j] || r->part[hkv_cmap_partition(&r->map, items[j].key,
+									      items[j].klen)] != mi)
+					continue;
+				idx[k] = j;
+				group[k++] = items[j];
+			}
+			if (!k)
+				continue;
+			ret = member_handle(r, mi, &h);
+			if (!ret && h->conn->error)
+				ret = hkv_revive(h);
+			if (!ret)
+				ret = hkv_mget(h, group, k);
+			if (ret == HKV_EDISCONNECTED) {
+				again = 1;
+				atomic_store(&r->dirty, 1);
+				continue;
+			}
+			for (size_t j = 0; j < k; j++) {
+				items[idx[j]] = group[j];
+				pending[idx[j]] = 0;
+				if (ret)
+					items[idx[j]].status = ret;
+			}
+			if (ret && !first)
+				first = ret;
+		}
+		if (!again)
+			break;
+	}
+	for (size_t j = 0; j < n; j++)
+		if (pending[j]) {
+			items[j].status = HKV_EDISCONNECTED;
+			if (!first)
+				first = HKV_EDISCONNECTED;
+		}
 	hkv_free(group);
 	hkv_free(idx);
+	hkv_free(pending);
 	return first;
 }

@@ -267,6 +267,16 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 	return 0;
 }
 
+int hkv_conn_check(struct hkv_conn *c)
+{
+	int ret;
+
+	if (c->error)
+		return c->error;
+	ret = c->ops->check ? c->ops->check(c) : 0;
+	return ret ? (c->error = ret) : 0;
+}
+
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 {
 	uint64_t start = 0, now, last_check = 0;

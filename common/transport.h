@@ -213,6 +213,10 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n);
  * completion error, or HKV_ETIMEDOUT / HKV_EDISCONNECTED.
  */
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want);
+/* Has the peer gone? Asks the backend (a system call: shm polls its
+ * socket, verbs reads its connection manager's events) without posting.
+ * 0, or the error the connection is now in. */
+int hkv_conn_check(struct hkv_conn *c);
 
 /* Post a chain and wait for it: one round trip. Only the last WR is signaled. */
 int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n);

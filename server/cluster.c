@@ -125,12 +125,12 @@ struct snap {
 	int n;
 };
 
-static int snap_read(struct hkv_cluster *cl, struct snap *sn)
+static int snap_read(struct hkv_cluster *cl, struct snap *sn, int64_t *rev)
 {
 	char key[300];
 
 	snprintf(key, sizeof(key), "%s/", cl->prefix);
-	return hkv_etcd_range(cl->e, key, 1, &sn->kvs, &sn->n, NULL);
+	return hkv_etcd_range(cl->e, key, 1, &sn->kvs, &sn->n, rev);
 }
 
 static void snap_free(struct snap *sn)
@@ -484,16 +484,40 @@ static int coordinate(struct hkv_cluster *cl, const struct snap *sn)
 	return cl->leader ? recompute_map(cl, sn) : 0;
 }
 
+/* Sleep up to ms, or until hkv_cluster_stop / hkv_cluster_purged wake us. */
+static void nap(struct hkv_cluster *cl, int ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	pthread_mutex_lock(&cl->lock);
+	if (!cl->stop)
+		pthread_cond_timedwait(&cl->wake, &cl->lock, &until);
+	pthread_mutex_unlock(&cl->lock);
+}
+
+/*
+ * Each round: the keepalive when due, registration if the lease is gone,
+ * then one read of PREFIX/ that every decision of the round works from.
+ * Between rounds it waits on an etcd watch of PREFIX/ (a member joining or
+ * leaving, an ack, a map) until the next keepalive is due, so it reacts at
+ * once and costs etcd nothing while nothing changes; while a purge of ours
+ * is to be acked it looks every 20 ms instead.
+ */
 static void *cluster_thread(void *arg)
 {
 	struct hkv_cluster *cl = arg;
 	uint64_t keepalive_ns = (uint64_t)cl->ttl_s * 1000000000ull / 3;
-	int period_ms = 200;
+	char dir[300];
 
+	snprintf(dir, sizeof(dir), "%s/", cl->prefix);
 	for (;;) {
-		struct timespec until;
-		uint64_t t_sent = mono_ns();
-		int ret, ttl = 0;
+		uint64_t t_sent = mono_ns(), due;
+		int64_t rev = 0, got;
+		int ret, ttl = 0, wait_ms;
 
 		pthread_mutex_lock(&cl->lock);
 		if (cl->stop) {
@@ -531,9 +555,10 @@ static void *cluster_thread(void *arg)
 		if (!atomic_load(&cl->lease_gone)) {
 			struct snap sn = {0};
 
-			ret = snap_read(cl, &sn);
+			ret = snap_read(cl, &sn, &rev);
 			if (ret) {
 				etcd_trouble(cl, "reading the cluster", ret);
+				rev = 0;
 			} else if (snap_get(cl, &sn, "removed", cl->id)) {
 				hkv_warn("cluster: %s was removed by an operator", cl->id);
 				atomic_store(&cl->removed, 1);
@@ -544,14 +569,17 @@ static void *cluster_thread(void *arg)
 			}
 			snap_free(&sn);
 		}
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += (long)(period_ms % 1000) * 1000000L;
-		until.tv_sec += period_ms / 1000 + until.tv_nsec / 1000000000L;
-		until.tv_nsec %= 1000000000L;
-		pthread_mutex_lock(&cl->lock);
-		if (!cl->stop)
-			pthread_cond_timedwait(&cl->wake, &cl->lock, &until);
-		pthread_mutex_unlock(&cl->lock);
+		due = cl->last_keepalive_ns + keepalive_ns;
+		t_sent = mono_ns();
+		wait_ms = due > t_sent ? (int)((due - t_sent) / 1000000ull) : 0;
+		if (wait_ms > 1000)
+			wait_ms = 1000;
+		if (cl->fence_rev && cl->acked_rev != cl->fence_rev && atomic_load(&cl->move_fence))
+			nap(cl, wait_ms < 20 ? wait_ms : 20); /* our purge: ack it soon */
+		else if (rev && wait_ms >= 20 && !atomic_load(&cl->removed))
+			hkv_etcd_watch_wait(cl->e, dir, 1, rev, wait_ms, &got);
+		else
+			nap(cl, wait_ms < 200 ? (wait_ms > 10 ? wait_ms : 10) : 200);
 	}
 	return NULL;
 }
