@@ -54,7 +54,9 @@ struct hkv_router {
 	int watching;
 	struct hkv_etcd *we; /* the watcher's */
 	atomic_int dirty, stop;
-	_Atomic int64_t seen_rev;
+	_Atomic int64_t seen_rev;   /* etcd's revision when the view was read */
+	_Atomic uint64_t valid_ns;  /* the view is known current as of then */
+	char dir_key[300];
 };
 
 static void nap_10ms(void)
@@ -122,30 +124,39 @@ static int load_members(struct hkv_router *r, const struct hkv_cmap *map)
 	return 0;
 }
 
-/* Read the map again; on any trouble keep the last good one. */
+/*
+ * Read the map and the members again. 0 on a usable view (it is then valid
+ * for HKV_CLUSTER_ROUTE_LEASE_MS from the moment the first request left);
+ * otherwise the last good map stays and the error says why: etcd's error,
+ * HKV_EDISCONNECTED (no map yet: no server has joined), HKV_EPROTO (the map
+ * in etcd is not usable).
+ */
 static int reload(struct hkv_router *r)
 {
 	struct hkv_etcd_kv *kvs;
 	struct hkv_cmap map;
 	uint32_t *part;
-	int n, ret = hkv_etcd_range(r->e, r->map_key, 0, &kvs, &n, NULL);
+	uint64_t t_sent = hkv_now_ns();
+	int64_t hdr = 0;
+	int n, ret = hkv_etcd_range(r->e, r->map_key, 0, &kvs, &n, &hdr);
 
 	if (ret)
 		return ret;
 	if (!n) {
 		hkv_etcd_kvs_free(kvs, n);
-		return HKV_EDISCONNECTED; /* no map: no server has joined */
+		return HKV_EDISCONNECTED;
 	}
-	if (kvs[0].mod_rev == r->map.epoch) {
+	if (kvs[0].mod_rev == r->map.epoch) { /* same map; members may have changed */
 		hkv_etcd_kvs_free(kvs, n);
-		return load_members(r, &r->map); /* same map; endpoints may have changed */
+		ret = load_members(r, &r->map);
+		goto valid;
 	}
 	ret = hkv_cmap_parse(kvs[0].value, kvs[0].vlen, &map);
 	if (ret) {
 		hkv_warn("client: %s is not a usable partition map; keeping epoch %lld",
 			 r->map_key, (long long)r->map.epoch);
 		hkv_etcd_kvs_free(kvs, n);
-		return r->map.names ? 0 : HKV_EPROTO;
+		return HKV_EPROTO;
 	}
 	map.epoch = kvs[0].mod_rev;
 	hkv_etcd_kvs_free(kvs, n);
@@ -161,31 +172,57 @@ static int reload(struct hkv_router *r)
 	r->part = part;
 	hkv_cmap_free(&r->map);
 	r->map = map;
-	atomic_store(&r->seen_rev, map.epoch);
 	hkv_debug("client: map epoch %lld, %u partitions on %u servers", (long long)map.epoch,
 		  map.partitions, map.nnames);
-	return 0;
+valid:
+	if (!ret) {
+		atomic_store(&r->seen_rev, hdr);
+		atomic_store(&r->valid_ns, t_sent);
+	}
+	return ret;
 }
 
+/*
+ * The watcher: waits on PREFIX/ (members, the map, a move) and raises dirty
+ * on any change, so the next operation reads the view again. While nothing
+ * changes it proves so every ROUTER_WATCH_MS - a read whose revision is
+ * still the one the operations' view was read at - and extends that view's
+ * route lease (valid_ns); an operation on a view older than the lease reads
+ * it again itself, and fails if etcd cannot be reached.
+ */
 static void *watch_thread(void *arg)
 {
 	struct hkv_router *r = arg;
 	int64_t rev = atomic_load(&r->seen_rev);
 
 	while (!atomic_load(&r->stop)) {
-		int64_t got = 0;
-		int ret = hkv_etcd_watch_wait(r->we, r->map_key, 0, rev, ROUTER_WATCH_MS, &got);
+		int64_t got = 0, hdr = 0, seen = atomic_load(&r->seen_rev);
+		uint64_t t_sent;
+		struct hkv_etcd_kv *kvs;
+		int n, ret;
 
+		if (seen > rev)
+			rev = seen;
+		ret = hkv_etcd_watch_wait(r->we, r->dir_key, 1, rev, ROUTER_WATCH_MS, &got);
 		if (!ret) {
 			rev = got;
 			atomic_store(&r->dirty, 1);
-		} else if (ret != -ETIMEDOUT) {
+			continue;
+		}
+		if (ret != -ETIMEDOUT) {
 			struct timespec ts = {0, 200000000L};
 
-			nanosleep(&ts, NULL); /* etcd away: the last map stays */
+			nanosleep(&ts, NULL); /* etcd away: the view ages out */
+			continue;
 		}
-		if (atomic_load(&r->seen_rev) > rev)
-			rev = atomic_load(&r->seen_rev);
+		t_sent = hkv_now_ns();
+		if (hkv_etcd_range(r->we, r->map_key, 0, &kvs, &n, &hdr))
+			continue;
+		hkv_etcd_kvs_free(kvs, n);
+		if (hdr == atomic_load(&r->seen_rev))
+			atomic_store(&r->valid_ns, t_sent); /* nothing changed since the view */
+		else
+			atomic_store(&r->dirty, 1);
 	}
 	return NULL;
 }
@@ -219,8 +256,12 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 		*out = m->h;
 		return 0;
 	}
-	if (!m->endpoint[0] || now < m->retry_ns)
-		return HKV_EDISCONNECTED; /* not a member (yet), or it just failed */
+	if (!m->endpoint[0]) { /* no member (any more): as good as gone */
+		m->refused = 1;
+		return HKV_EDISCONNECTED;
+	}
+	if (now < m->retry_ns)
+		return HKV_EDISCONNECTED; /* it just failed */
 	if (!m->cfg && !(m->cfg = member_cfg(r->tmpl, m->endpoint)))
 		return -errno;
 	ret = hkv_open(m->cfg, &m->h);
@@ -253,6 +294,19 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 #define ROUTER_IDLE_CHECK_NS 1000000ull
 
 
+/* Is the view within its route lease? Read it again if it is not (or the
+ * watcher saw a change). 0, or why not. */
+static int view_fresh(struct hkv_router *r)
+{
+	uint64_t lease = HKV_CLUSTER_ROUTE_LEASE_MS * 1000000ull;
+
+	if (atomic_exchange(&r->dirty, 0) || hkv_now_ns() - atomic_load(&r->valid_ns) > lease / 2)
+		reload(r); /* on failure the last good map stays, while its lease lasts */
+	if (!r->part)
+		return HKV_EDISCONNECTED;
+	return hkv_now_ns() - atomic_load(&r->valid_ns) > lease ? HKV_EDISCONNECTED : 0;
+}
+
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out)
 {
@@ -267,12 +321,11 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		struct hkv_client *h = NULL;
 		uint32_t i;
 		uint64_t now;
-		int fresh = 0;
+		int fresh;
 
-		if (atomic_exchange(&r->dirty, 0))
-			reload(r); /* failures keep the last good map */
-		if (!r->part)
-			return HKV_EDISCONNECTED;
+		ret = view_fresh(r);
+		if (ret)
+			return ret; /* no view of the cluster we can trust */
 		i = r->part[hkv_cmap_partition(&r->map, key, klen)];
 		fresh = !r->m[i].h;
 		ret = member_handle(r, i, &h);
@@ -291,13 +344,12 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 			}
 		}
 		if (!ret && fresh) {
-			int64_t epoch = r->map.epoch;
-
+			/* read the view again after connecting, then route on it (the
+			 * handle may be another one by then, or closed) */
 			ret = reload(r);
 			if (ret)
 				return ret < 0 ? HKV_EDISCONNECTED : ret;
-			if (r->map.epoch != epoch)
-				continue; /* route again on the map read after connecting */
+			continue;
 		}
 		if (!ret) {
 			t->conn = h->conn;
@@ -359,6 +411,7 @@ int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
 	}
 	snprintf(r->map_key, sizeof(r->map_key), "%s/map", hkv_etcd_prefix(r->e));
 	snprintf(r->servers_key, sizeof(r->servers_key), "%s/servers/", hkv_etcd_prefix(r->e));
+	snprintf(r->dir_key, sizeof(r->dir_key), "%s/", hkv_etcd_prefix(r->e));
 	ret = reload(r);
 	if (ret) {
 		hkv_warn("client: cluster %s: no usable partition map: %s", uri, hkv_strerror(ret));
@@ -411,10 +464,10 @@ void hkv_router_close(struct hkv_client *c)
 static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, void *arg), void *arg)
 {
 	struct hkv_router *r = c->router;
-	int first = 0;
+	int first = view_fresh(r);
 
-	if (atomic_exchange(&r->dirty, 0))
-		reload(r);
+	if (first)
+		return first;
 	for (uint32_t i = 0; i < r->nm; i++) {
 		struct hkv_client *h;
 		int ret = member_handle(r, i, &h);
@@ -553,9 +606,7 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 
 		if (round)
 			nap_10ms();
-		if (atomic_exchange(&r->dirty, 0))
-			reload(r);
-		if (!r->part)
+		if (view_fresh(r))
 			break;
 		for (uint32_t mi = 0; mi < r->nm; mi++) {
 			struct hkv_client *h;
@@ -572,8 +623,12 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 			if (!k)
 				continue;
 			ret = member_handle(r, mi, &h);
-			if (!ret && h->conn->error)
+			if (!ret && (h->conn->error || hkv_conn_check(h->conn))) {
+				/* reconnect, then read the view before using it */
 				ret = hkv_revive(h);
+				if (!ret)
+					ret = HKV_EDISCONNECTED;
+			}
 			if (!ret)
 				ret = hkv_mget(h, group, k);
 			if (ret == HKV_EDISCONNECTED) {

@@ -159,6 +159,36 @@ static int hex_key(const char *hex, uint8_t key[16])
 	return 0;
 }
 
+int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
+			    uint8_t hash_key[16])
+{
+	json_object *o = parse(json, len);
+	uint64_t parts = 0;
+	char hex[40];
+	int ret = -EPROTO;
+
+	if (o && !get_u64(o, "partitions", &parts) && parts && parts <= HKV_CLUSTER_MAX_PARTS &&
+	    !get_string(o, "hash_key", hex, sizeof(hex)) && !hex_key(hex, hash_key)) {
+		*partitions = (uint32_t)parts;
+		ret = 0;
+	}
+	json_object_put(o);
+	return ret;
+}
+
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16])
+{
+	json_object *o = json_object_new_object();
+	char hex[33];
+
+	if (!o)
+		return errno = ENOMEM, NULL;
+	sodium_bin2hex(hex, sizeof(hex), hash_key, 16);
+	json_object_object_add(o, "partitions", json_object_new_int64(partitions));
+	json_object_object_add(o, "hash_key", json_object_new_string(hex));
+	return dup_json(o);
+}
+
 int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map)
 {
 	json_object *o = parse(json, len), *arr;

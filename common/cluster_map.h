@@ -12,6 +12,8 @@
  *   PREFIX/removed/NAME   an operator removed NAME: it must not come back
  *   PREFIX/coordinator    NAME of the one server that recomputes the map,
  *                         under that server's lease (leadership)
+ *   PREFIX/identity       {"partitions":64,"hash_key":"<32 hex>"}, written
+ *                         once: every map is made from it
  *   PREFIX/map            the partition map:
  *                         {"partitions":64,"replicas":1,"hash_key":"<32 hex>",
  *                          "map":[["a"],["b"],...]}
@@ -41,6 +43,12 @@
 #define HKV_CLUSTER_MAX_PARTS  65536
 #define HKV_CLUSTER_MAX_SERVERS 1024
 #define HKV_CLUSTER_MAX_REPLICAS 3
+/* A client routes to a server only on a view of the map and the members
+ * read (etcd answered) less than this long ago; the coordinator gives the
+ * partitions of a server that left away only after it has been gone for
+ * longer. So a server that stopped (its CPU frozen, its NIC still serving)
+ * takes no write after its partitions have a new home. */
+#define HKV_CLUSTER_ROUTE_LEASE_MS 1500
 
 struct hkv_cmember {
 	char id[HKV_CLUSTER_ID_MAX];
@@ -64,6 +72,10 @@ int hkv_cluster_id_valid(const char *s);
 int hkv_cmember_parse(const char *json, size_t len, struct hkv_cmember *m);
 /* hkv_malloc'd JSON text, or NULL (errno). */
 char *hkv_cmember_format(const struct hkv_cmember *m);
+
+int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
+			    uint8_t hash_key[16]);
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16]);
 
 /* Parse PREFIX/map; every check a client relies on is made here (counts in
  * range, each list exactly `replicas` distinct known names). 0, -EPROTO

@@ -867,6 +867,67 @@ int hkv_etcd_put_if(struct hkv_etcd *e, const char *key, const void *value, size
 	return rc;
 }
 
+/* One compare of a hkv_etcd_txn_put, appended to arr. */
+static int compare_add(json_object *arr, const struct hkv_etcd_cmp *c)
+{
+	static const char *const target[] = {"MOD", "CREATE", "LEASE"};
+	static const char *const field[] = {"mod_revision", "create_revision", "lease"};
+	int rc;
+	json_object *cmp;
+
+	if ((unsigned)c->what > HKV_ETCD_CMP_LEASE)
+		return -EINVAL;
+	cmp = key_request(c->key, 0, &rc);
+	if (!cmp)
+		return rc;
+	if (json_add(cmp, "target", json_object_new_string(target[c->what])) ||
+	    json_add_i64(cmp, field[c->what], c->value) ||
+	    json_add(cmp, "result", json_object_new_string("EQUAL")) ||
+	    json_object_array_add(arr, cmp)) {
+		json_object_put(cmp);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int hkv_etcd_txn_put(struct hkv_etcd *e, const struct hkv_etcd_cmp *cmps, int ncmp,
+		     const char *put_key, const void *value, size_t vlen, int64_t lease,
+		     const char *del_key, int64_t *rev)
+{
+	json_object *arr = json_object_new_array(), *ok = json_object_new_array(), *reply;
+	int rc = arr && ok ? 0 : -ENOMEM, succeeded;
+
+	for (int i = 0; !rc && i < ncmp; i++)
+		rc = compare_add(arr, &cmps[i]);
+	if (!rc) {
+		json_object *put = txn_ops("request_put", put_request(put_key, value, vlen, lease, &rc));
+
+		if (!rc && (!put || json_object_array_add(ok, json_object_get(
+					   json_object_array_get_idx(put, 0)))))
+			rc = -ENOMEM;
+		json_object_put(put);
+	}
+	if (!rc && del_key) {
+		json_object *del = txn_ops("request_delete_range", key_request(del_key, 0, &rc));
+
+		if (!rc && (!del || json_object_array_add(ok, json_object_get(
+					   json_object_array_get_idx(del, 0)))))
+			rc = -ENOMEM;
+		json_object_put(del);
+	}
+	if (rc) {
+		json_object_put(arr);
+		json_object_put(ok);
+		return rc;
+	}
+	if ((rc = txn_run(e, arr, ok, NULL, &succeeded, &reply)))
+		return rc;
+	if (succeeded)
+		rc = header_rev(reply, rev);
+	json_object_put(reply);
+	return rc ? rc : succeeded ? 0 : -ECANCELED;
+}
+
 int hkv_etcd_delete_if(struct hkv_etcd *e, const char *key, int64_t expect_rev)
 {
 	json_object *cmp, *ok = NULL, *reply;

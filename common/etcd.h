@@ -76,6 +76,22 @@ int hkv_etcd_delete(struct hkv_etcd *e, const char *key, int prefix, int64_t *de
 int hkv_etcd_put_if(struct hkv_etcd *e, const char *key, const void *value, size_t vlen,
 		    int64_t expect_rev, int64_t lease, int64_t *rev);
 
+/* A compare of hkv_etcd_txn_put: key's mod_revision, create_revision (0:
+ * the key does not exist) or lease equals value. */
+enum hkv_etcd_cmp_what { HKV_ETCD_CMP_MOD, HKV_ETCD_CMP_CREATE, HKV_ETCD_CMP_LEASE };
+struct hkv_etcd_cmp {
+	const char *key;
+	enum hkv_etcd_cmp_what what;
+	int64_t value;
+};
+
+/* One transaction: if every compare holds, put put_key = value (lease 0:
+ * none) and, if del_key is not NULL, delete del_key. 0 and *rev (may be
+ * NULL) = the revision after, or -ECANCELED when a compare failed. */
+int hkv_etcd_txn_put(struct hkv_etcd *e, const struct hkv_etcd_cmp *cmps, int ncmp,
+		     const char *put_key, const void *value, size_t vlen, int64_t lease,
+		     const char *del_key, int64_t *rev);
+
 /* Delete key only if its mod_revision equals expect_rev: 0 or -ECANCELED. */
 int hkv_etcd_delete_if(struct hkv_etcd *e, const char *key, int64_t expect_rev);
 

@@ -1,9 +1,9 @@
 /* cluster.c - membership, fencing and coordination in etcd (see cluster.h). */
 #include <errno.h>
-#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -16,38 +16,54 @@
 #include "hatchkv_err.h"
 #include "server/cluster.h"
 
+/* A loser that left (its lease ended) is given up on only once clients
+ * that saw it a member can no longer route to it (their route lease). */
+#define GONE_WAIT_NS ((HKV_CLUSTER_ROUTE_LEASE_MS + 500) * 1000000ull)
+
+struct gone {
+	char id[HKV_CLUSTER_ID_MAX];
+	uint64_t since_ns; /* first round that found it no member */
+};
+
 struct hkv_cluster {
-	struct hkv_etcd *e; /* the thread's; hkv_cluster_start's before it runs */
+	struct hkv_etcd *e;  /* the coordination thread's */
+	struct hkv_etcd *ke; /* the keepalive thread's */
 	char prefix[256], id[HKV_CLUSTER_ID_MAX];
 	char member_key[512], removed_key[512];
 	char *member_json;
 	int ttl_s;
 	uint32_t partitions;
-	pthread_t thr;
+	pthread_t thr, kthr;
+	int kthr_started;
 	pthread_mutex_t lock;
-	pthread_cond_t wake;
-	int stop;               /* under lock */
-	int64_t lease;          /* the thread's */
-	int leader;             /* the thread's */
-	uint64_t etcd_log_ns;   /* the thread's: last "cannot reach etcd" line */
-	_Atomic uint64_t ok_sent_ns; /* sending time of the last answered keepalive */
+	pthread_cond_t wake; /* CLOCK_MONOTONIC */
+	int stop;            /* under lock */
+	_Atomic int64_t lease;
+	_Atomic uint64_t ok_sent_ns; /* CLOCK_BOOTTIME: sending time of the last answered keepalive */
 	atomic_int lease_gone, rejoin, removed;
 	/* Moves (cluster.h): while PREFIX/next takes partitions from us we are
 	 * fenced; the loop purges them (purge_map, under lock) and says so in
 	 * purged_rev; the thread then acks. */
 	atomic_int move_fence;
-	struct hkv_cmap *purge_map; /* under lock: handed to the loop */
+	struct hkv_cmap *purge_map;
 	_Atomic int64_t purged_rev;
-	int64_t acked_rev, fence_rev; /* the thread's */
-	uint64_t last_keepalive_ns; /* the thread's */
-	uint64_t next_seen_ns; int64_t next_seen_rev; /* the thread's (coordinator) */
+	/* the coordination thread's */
+	int leader;
+	int64_t acked_rev, fence_rev;
+	int64_t next_seen_rev;
+	uint64_t next_seen_ns, log_ns;
+	struct gone *gone;
+	uint32_t ngone;
+	/* the keepalive thread's */
+	uint64_t klog_ns;
 };
 
-static uint64_t mono_ns(void)
+/* CLOCK_BOOTTIME: it keeps counting through a suspend, as etcd's lease does. */
+static uint64_t boot_ns(void)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(CLOCK_BOOTTIME, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -56,7 +72,8 @@ int hkv_cluster_fenced(struct hkv_cluster *cl)
 	uint64_t limit = (uint64_t)cl->ttl_s * 1000000000ull - HKV_CLUSTER_GUARD_MS * 1000000ull;
 
 	return atomic_load(&cl->removed) || atomic_load(&cl->lease_gone) ||
-	       atomic_load(&cl->rejoin) || atomic_load(&cl->move_fence) || mono_ns() - atomic_load(&cl->ok_sent_ns) >= limit;
+	       atomic_load(&cl->rejoin) || atomic_load(&cl->move_fence) ||
+	       boot_ns() - atomic_load(&cl->ok_sent_ns) >= limit;
 }
 
 const char *hkv_cluster_fence_reason(struct hkv_cluster *cl)
@@ -100,10 +117,45 @@ void hkv_cluster_purged(struct hkv_cluster *cl, struct hkv_cmap *map)
 {
 	atomic_store(&cl->purged_rev, map->epoch);
 	pthread_mutex_lock(&cl->lock);
-	pthread_cond_signal(&cl->wake); /* ack at once */
+	pthread_cond_broadcast(&cl->wake); /* ack at once */
 	pthread_mutex_unlock(&cl->lock);
 	hkv_cmap_free(map);
 	hkv_free(map);
+}
+
+/* Sleep up to ms, or until stop / a purge / a lost lease wakes us. */
+static void nap(struct hkv_cluster *cl, int ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	pthread_mutex_lock(&cl->lock);
+	if (!cl->stop)
+		pthread_cond_timedwait(&cl->wake, &cl->lock, &until);
+	pthread_mutex_unlock(&cl->lock);
+}
+
+static int stopping(struct hkv_cluster *cl)
+{
+	int s;
+
+	pthread_mutex_lock(&cl->lock);
+	s = cl->stop;
+	pthread_mutex_unlock(&cl->lock);
+	return s;
+}
+
+static void etcd_trouble(uint64_t *log_ns, const char *what, int err)
+{
+	uint64_t now = boot_ns();
+
+	if (now - *log_ns < 5000000000ull)
+		return;
+	*log_ns = now;
+	hkv_warn("cluster: %s: %s", what, hkv_strerror(err));
 }
 
 /* Does id hold, in a, the primary of a partition that b gives to another? */
@@ -117,8 +169,9 @@ static int loses(const struct hkv_cmap *a, const struct hkv_cmap *b, const char 
 
 /*
  * One round's view of the cluster: a single range over PREFIX/ (members,
- * drains, removals, the map, a pending move, acks, the coordinator), so a
- * round costs etcd one request however many questions it answers.
+ * drains, removals, the identity, the map, a pending move, acks, the
+ * coordinator), so a round costs etcd one request however many questions it
+ * answers.
  */
 struct snap {
 	struct hkv_etcd_kv *kvs;
@@ -140,20 +193,31 @@ static void snap_free(struct snap *sn)
 	sn->n = 0;
 }
 
+static void key_of(const struct hkv_cluster *cl, char *key, size_t cap, const char *dir,
+		   const char *id)
+{
+	if (id)
+		snprintf(key, cap, "%s/%s/%s", cl->prefix, dir, id);
+	else
+		snprintf(key, cap, "%s/%s", cl->prefix, dir);
+}
+
 /* PREFIX/dir/id (id NULL: PREFIX/dir), or NULL. */
 static const struct hkv_etcd_kv *snap_get(const struct hkv_cluster *cl, const struct snap *sn,
 					  const char *dir, const char *id)
 {
 	char key[512];
 
-	if (id)
-		snprintf(key, sizeof(key), "%s/%s/%s", cl->prefix, dir, id);
-	else
-		snprintf(key, sizeof(key), "%s/%s", cl->prefix, dir);
+	key_of(cl, key, sizeof(key), dir, id);
 	for (int i = 0; i < sn->n; i++)
 		if (!strcmp(sn->kvs[i].key, key))
 			return &sn->kvs[i];
 	return NULL;
+}
+
+static int is_member(struct hkv_cluster *cl, const struct snap *sn, const char *id)
+{
+	return snap_get(cl, sn, "servers", id) != NULL;
 }
 
 static int is_removed(struct hkv_cluster *cl)
@@ -168,10 +232,11 @@ static int is_removed(struct hkv_cluster *cl)
 }
 
 /* A new lease and our member key under it. 0, -EEXIST (a live member has
- * our ID), -EPERM (removed by an operator) or etcd's error. */
+ * our ID), -EPERM (removed by an operator) or etcd's error. Whatever this
+ * server had acked or fenced for belonged to its old lease. */
 static int do_register(struct hkv_cluster *cl)
 {
-	uint64_t t_sent = mono_ns();
+	uint64_t t_sent = boot_ns();
 	int64_t lease, rev;
 	int ret;
 
@@ -187,20 +252,11 @@ static int do_register(struct hkv_cluster *cl)
 		hkv_etcd_lease_revoke(cl->e, lease);
 		return ret == -ECANCELED ? -EEXIST : ret;
 	}
-	cl->lease = lease;
-	cl->leader = 0;
 	atomic_store(&cl->ok_sent_ns, t_sent);
+	atomic_store(&cl->lease, lease);
+	cl->leader = 0;
+	cl->acked_rev = cl->fence_rev = cl->next_seen_rev = 0;
 	return 0;
-}
-
-static void etcd_trouble(struct hkv_cluster *cl, const char *what, int err)
-{
-	uint64_t now = mono_ns();
-
-	if (now - cl->etcd_log_ns < 5000000000ull)
-		return;
-	cl->etcd_log_ns = now;
-	hkv_warn("cluster: %s: %s", what, hkv_strerror(err));
 }
 
 /* The members not draining, in key order. */
@@ -210,7 +266,7 @@ static int read_members(struct hkv_cluster *cl, const struct snap *sn,
 	char dir[300];
 	size_t dl;
 
-	snprintf(dir, sizeof(dir), "%s/servers/", cl->prefix);
+	key_of(cl, dir, sizeof(dir), "servers", "");
 	dl = strlen(dir);
 	*n = 0;
 	*ids = hkv_calloc((size_t)sn->n + 1, sizeof(**ids));
@@ -225,6 +281,35 @@ static int read_members(struct hkv_cluster *cl, const struct snap *sn,
 		if (!snap_get(cl, sn, "drain", m.id))
 			memcpy((*ids)[(*n)++], m.id, HKV_CLUSTER_ID_MAX);
 	}
+	return 0;
+}
+
+/* Forget the left-at times of servers that are members again. */
+static void gone_prune(struct hkv_cluster *cl, const struct snap *sn)
+{
+	for (uint32_t i = 0; i < cl->ngone;)
+		if (is_member(cl, sn, cl->gone[i].id))
+			cl->gone[i] = cl->gone[--cl->ngone];
+		else
+			i++;
+}
+
+/* Has id, no member now, been no member for GONE_WAIT_NS? (From the first
+ * round that saw it so: no earlier than its lease really ended.) */
+static int gone_long_enough(struct hkv_cluster *cl, const char *id)
+{
+	uint64_t now = boot_ns();
+	struct gone *g;
+
+	for (uint32_t i = 0; i < cl->ngone; i++)
+		if (!strcmp(cl->gone[i].id, id))
+			return now - cl->gone[i].since_ns >= GONE_WAIT_NS;
+	g = hkv_realloc(cl->gone, (cl->ngone + 1) * sizeof(*g));
+	if (!g)
+		return 0;
+	cl->gone = g;
+	snprintf(g[cl->ngone].id, sizeof(g[cl->ngone].id), "%s", id);
+	g[cl->ngone++].since_ns = now;
 	return 0;
 }
 
@@ -261,21 +346,16 @@ static int next_parse(const struct hkv_etcd_kv *kv, struct hkv_cmap *map, int64_
 	const char *p = kv->value, *end = kv->value + kv->vlen;
 	char *num_end;
 
-	if (strncmp(p, "{\"base\":\"", 9))
+	if (kv->vlen < 9 || strncmp(p, "{\"base\":\"", 9))
 		return -EPROTO;
 	*base = strtoll(p + 9, &num_end, 10);
-	if (strncmp(num_end, "\",\"map\":", 8) || end - num_end < 10 || end[-1] != '}')
+	if (end - num_end < 10 || strncmp(num_end, "\",\"map\":", 8) || end[-1] != '}')
 		return -EPROTO;
 	p = num_end + 8;
 	if (hkv_cmap_parse(p, (size_t)(end - 1 - p), map))
 		return -EPROTO;
 	map->epoch = kv->mod_rev;
 	return 0;
-}
-
-static int is_member(struct hkv_cluster *cl, const struct snap *sn, const char *id)
-{
-	return snap_get(cl, sn, "servers", id) != NULL;
 }
 
 static int has_acked(struct hkv_cluster *cl, const struct snap *sn, const char *id, int64_t rev)
@@ -285,58 +365,140 @@ static int has_acked(struct hkv_cluster *cl, const struct snap *sn, const char *
 	return kv && strtoll(kv->value, NULL, 10) == rev;
 }
 
-/* Leader, a move under way: commit PREFIX/next once every live server
- * that gives up partitions has purged them and acked. */
+/*
+ * Write `want` as PREFIX/map in one transaction that holds only if, since
+ * this round's view: the map is unchanged (rev; 0: still absent), we still
+ * lead (the coordinator key under our lease), and every server of cur that
+ * gives up partitions is the same registration (create_revision; 0: still
+ * no member) - a server that came back meanwhile may serve again and must
+ * be asked (a move) first. del_next: the move it commits.
+ */
+static int commit_map(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *cur,
+		      const struct hkv_cmap *want, int64_t rev, int del_next)
+{
+	uint32_t nl = cur ? cur->nnames : 0, k = 0;
+	struct hkv_etcd_cmp *cmps = hkv_calloc(nl + 2, sizeof(*cmps));
+	char (*keys)[512] = hkv_calloc(nl + 3, sizeof(*keys));
+	char *json = hkv_cmap_format(want);
+	int64_t new_rev = 0;
+	int ret = -ENOMEM;
+
+	if (!cmps || !keys || !json)
+		goto out;
+	key_of(cl, keys[0], sizeof(keys[0]), "map", NULL);
+	cmps[k++] = (struct hkv_etcd_cmp){keys[0], rev ? HKV_ETCD_CMP_MOD : HKV_ETCD_CMP_CREATE,
+					  rev};
+	key_of(cl, keys[1], sizeof(keys[1]), "coordinator", NULL);
+	cmps[k++] = (struct hkv_etcd_cmp){keys[1], HKV_ETCD_CMP_LEASE, atomic_load(&cl->lease)};
+	for (uint32_t i = 0; i < nl; i++) {
+		const struct hkv_etcd_kv *m;
+
+		if (!loses(cur, want, cur->names[i]))
+			continue;
+		m = snap_get(cl, sn, "servers", cur->names[i]);
+		key_of(cl, keys[k], sizeof(keys[k]), "servers", cur->names[i]);
+		cmps[k] = (struct hkv_etcd_cmp){keys[k], HKV_ETCD_CMP_CREATE, m ? m->create_rev : 0};
+		k++;
+	}
+	key_of(cl, keys[nl + 2], sizeof(keys[nl + 2]), "next", NULL);
+	ret = hkv_etcd_txn_put(cl->e, cmps, (int)k, keys[0], json, strlen(json), 0,
+			       del_next ? keys[nl + 2] : NULL, &new_rev);
+	if (!ret)
+		hkv_info("cluster: map epoch %lld: %u partitions on %u servers, %u moved",
+			 (long long)new_rev, want->partitions, want->nnames,
+			 cur ? hkv_cmap_moved(cur, want) : want->partitions);
+	else if (ret == -ECANCELED)
+		ret = 0; /* the view is out of date: the next round decides again */
+out:
+	hkv_free(cmps);
+	hkv_free(keys);
+	hkv_free(json);
+	return ret;
+}
+
+/* Leader, a move under way: commit PREFIX/next once every live server that
+ * gives up partitions has purged them and acked, and those that left have
+ * been gone long enough. */
 static int drive_move(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_etcd_kv *nk,
 		      const struct hkv_cmap *cur, int64_t cur_rev)
 {
-	char key[512], *json;
-	struct hkv_cmap next;
-	int64_t base, rev;
+	char key[512];
+	struct hkv_cmap next = {0};
+	int64_t base = 0;
 	int ret;
 
-	snprintf(key, sizeof(key), "%s/next", cl->prefix);
+	key_of(cl, key, sizeof(key), "next", NULL);
 	if (next_parse(nk, &next, &base) || base != cur_rev) {
+		hkv_cmap_free(&next);
 		hkv_etcd_delete_if(cl->e, key, nk->mod_rev); /* stale or garbage: start over */
 		return 0;
 	}
 	for (uint32_t i = 0; i < cur->nnames; i++) {
 		const char *id = cur->names[i];
 
-		if (loses(cur, &next, id) && is_member(cl, sn, id) &&
-		    !has_acked(cl, sn, id, nk->mod_rev)) {
-			if (cl->next_seen_rev != nk->mod_rev) {
-				cl->next_seen_rev = nk->mod_rev;
-				cl->next_seen_ns = mono_ns();
-			} else if (mono_ns() - cl->next_seen_ns > 5000000000ull) {
-				hkv_warn("cluster: move to map %lld waits for %s to ack",
-					 (long long)nk->mod_rev, id);
-				cl->next_seen_ns = mono_ns();
-			}
-			hkv_cmap_free(&next);
-			return 0;
+		if (!loses(cur, &next, id))
+			continue;
+		if (is_member(cl, sn, id) ? has_acked(cl, sn, id, nk->mod_rev)
+					  : gone_long_enough(cl, id))
+			continue;
+		if (cl->next_seen_rev != nk->mod_rev) {
+			cl->next_seen_rev = nk->mod_rev;
+			cl->next_seen_ns = boot_ns();
+		} else if (boot_ns() - cl->next_seen_ns > 5000000000ull) {
+			hkv_warn("cluster: move to map %lld waits for %s", (long long)nk->mod_rev, id);
+			cl->next_seen_ns = boot_ns();
 		}
+		hkv_cmap_free(&next);
+		return 0;
 	}
-	json = hkv_cmap_format(&next);
-	ret = json ? 0 : -ENOMEM;
-	snprintf(key, sizeof(key), "%s/map", cl->prefix);
-	if (!ret)
-		ret = hkv_etcd_put_if(cl->e, key, json, strlen(json), cur_rev, 0, &rev);
-	hkv_free(json);
-	if (!ret) {
-		hkv_info("cluster: map epoch %lld: %u partitions on %u servers, %u moved",
-			 (long long)rev, next.partitions, next.nnames, hkv_cmap_moved(cur, &next));
-		snprintf(key, sizeof(key), "%s/next", cl->prefix);
-		hkv_etcd_delete_if(cl->e, key, nk->mod_rev);
-	}
+	ret = commit_map(cl, sn, cur, &next, cur_rev, 1);
 	hkv_cmap_free(&next);
-	return ret == -ECANCELED ? 0 : ret;
+	return ret;
+}
+
+/* PREFIX/identity: the partition count and routing hash key, written once;
+ * every map is made from it, so a lost or rewritten map cannot change where
+ * keys go. 0 and *id filled, 1 when it was just created (decide next round),
+ * or an error. */
+static int identity(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_etcd_kv *mk,
+		    struct hkv_cmap *id)
+{
+	const struct hkv_etcd_kv *ik = snap_get(cl, sn, "identity", NULL);
+	char key[512], *json;
+	int ret;
+
+	memset(id, 0, sizeof(*id));
+	if (ik) {
+		ret = hkv_cmap_identity_parse(ik->value, ik->vlen, &id->partitions, id->hash_key);
+		if (ret)
+			hkv_err("cluster: %s/identity is garbage; not touching the map", cl->prefix);
+		id->replicas = 1;
+		return ret;
+	}
+	if (mk) { /* a map from before identities: adopt its hash */
+		struct hkv_cmap m;
+
+		if (hkv_cmap_parse(mk->value, mk->vlen, &m))
+			return -EPROTO;
+		id->partitions = m.partitions;
+		memcpy(id->hash_key, m.hash_key, sizeof(id->hash_key));
+		hkv_cmap_free(&m);
+	} else {
+		id->partitions = cl->partitions;
+		randombytes_buf(id->hash_key, sizeof(id->hash_key));
+	}
+	json = hkv_cmap_identity_format(id->partitions, id->hash_key);
+	if (!json)
+		return -ENOMEM;
+	key_of(cl, key, sizeof(key), "identity", NULL);
+	ret = hkv_etcd_put_if(cl->e, key, json, strlen(json), 0, 0, NULL);
+	hkv_free(json);
+	return ret && ret != -ECANCELED ? ret : 1;
 }
 
 /* Leader: make PREFIX/map place every partition on the members. */
 static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 {
-	char key[512], *json;
 	char (*ids)[HKV_CLUSTER_ID_MAX] = NULL;
 	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
 	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
@@ -345,14 +507,20 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 	int ret, two_phase = 0;
 	int64_t rev = 0;
 
+	ret = identity(cl, sn, mk, &want);
+	if (ret)
+		return ret > 0 ? 0 : ret;
 	ret = read_members(cl, sn, &ids, &n);
 	if (ret || !n)
 		goto out;
-	snprintf(key, sizeof(key), "%s/map", cl->prefix);
 	if (mk) {
 		ret = hkv_cmap_parse(mk->value, mk->vlen, &cur);
+		if (!ret && (cur.partitions != want.partitions ||
+			     memcmp(cur.hash_key, want.hash_key, sizeof(want.hash_key))))
+			ret = -EPROTO;
 		if (ret) {
-			hkv_err("cluster: %s is not a partition map; leaving it alone", key);
+			hkv_err("cluster: %s/map is not this cluster's partition map; leaving it alone",
+				cl->prefix);
 			goto out;
 		}
 		rev = mk->mod_rev;
@@ -361,24 +529,22 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 			ret = drive_move(cl, sn, nk, &cur, rev);
 			goto out;
 		}
-		want.partitions = cur.partitions;
-		want.replicas = cur.replicas;
-		memcpy(want.hash_key, cur.hash_key, sizeof(want.hash_key));
-	} else {
-		want.partitions = cl->partitions;
-		want.replicas = 1;
-		randombytes_buf(want.hash_key, sizeof(want.hash_key));
 	}
 	ret = hkv_cmap_place(&want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
 	if (ret || (mk && same_placement(&cur, &want)))
 		goto out;
-	/* A live server that gives up partitions must purge them first: the
-	 * map waits in PREFIX/next until it acks (drive_move). */
-	for (uint32_t i = 0; mk && i < cur.nnames && !two_phase; i++)
-		two_phase = loses(&cur, &want, cur.names[i]) && is_member(cl, sn, cur.names[i]);
-	if (two_phase) {
-		json = next_format(&want, rev);
-		snprintf(key, sizeof(key), "%s/next", cl->prefix);
+	for (uint32_t i = 0; mk && i < cur.nnames; i++) {
+		if (!loses(&cur, &want, cur.names[i]))
+			continue;
+		if (is_member(cl, sn, cur.names[i]))
+			two_phase = 1;
+		else if (!gone_long_enough(cl, cur.names[i]))
+			goto out; /* clients may still route to it: wait */
+	}
+	if (two_phase) { /* live losers purge first: the map waits in next */
+		char key[512], *json = next_format(&want, rev);
+
+		key_of(cl, key, sizeof(key), "next", NULL);
 		ret = json ? hkv_etcd_put_if(cl->e, key, json, strlen(json), 0, 0, NULL) : -ENOMEM;
 		hkv_free(json);
 		if (!ret)
@@ -388,19 +554,7 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 			ret = 0;
 		goto out;
 	}
-	json = hkv_cmap_format(&want);
-	if (!json) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = hkv_etcd_put_if(cl->e, key, json, strlen(json), rev, 0, &want.epoch);
-	hkv_free(json);
-	if (!ret)
-		hkv_info("cluster: map epoch %lld: %u partitions on %u servers, %u moved",
-			 (long long)want.epoch, want.partitions, n,
-			 mk ? hkv_cmap_moved(&cur, &want) : want.partitions);
-	else if (ret == -ECANCELED)
-		ret = 0; /* someone else wrote it: look again next round */
+	ret = commit_map(cl, sn, mk ? &cur : NULL, &want, rev, 0);
 out:
 	hkv_cmap_free(&cur);
 	hkv_cmap_free(&want);
@@ -424,18 +578,18 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			hkv_info("cluster: move over, %s serves again", cl->id);
 			atomic_store(&cl->move_fence, 0);
 		}
-		goto out;
+		return 0;
 	}
 	if (cl->acked_rev == nk->mod_rev || cl->fence_rev == nk->mod_rev) {
 		if (cl->acked_rev != nk->mod_rev &&
 		    atomic_load(&cl->purged_rev) == nk->mod_rev) {
-			snprintf(key, sizeof(key), "%s/ack/%s", cl->prefix, cl->id);
+			key_of(cl, key, sizeof(key), "ack", cl->id);
 			snprintf(val, sizeof(val), "%lld", (long long)nk->mod_rev);
-			ret = hkv_etcd_put(cl->e, key, val, strlen(val), cl->lease, NULL);
+			ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
 			if (!ret)
 				cl->acked_rev = nk->mod_rev;
 		}
-		goto out;
+		return ret;
 	}
 	next = hkv_calloc(1, sizeof(*next));
 	if (!next)
@@ -470,75 +624,74 @@ static int coordinate(struct hkv_cluster *cl, const struct snap *sn)
 {
 	const struct hkv_etcd_kv *ck = snap_get(cl, sn, "coordinator", NULL);
 	char key[512];
-	int64_t rev;
-	int ret, was = cl->leader;
+	int was = cl->leader, ret;
 
 	if (!ck) {
-		snprintf(key, sizeof(key), "%s/coordinator", cl->prefix);
-		ret = hkv_etcd_put_if(cl->e, key, cl->id, strlen(cl->id), 0, cl->lease, &rev);
+		key_of(cl, key, sizeof(key), "coordinator", NULL);
+		ret = hkv_etcd_put_if(cl->e, key, cl->id, strlen(cl->id), 0,
+				      atomic_load(&cl->lease), NULL);
 		return ret == -ECANCELED ? 0 : ret; /* the next round's view says who won */
 	}
-	cl->leader = ck->lease == cl->lease;
+	cl->leader = ck->lease == atomic_load(&cl->lease);
 	if (cl->leader && !was)
 		hkv_info("cluster: %s coordinates", cl->id);
-	return cl->leader ? recompute_map(cl, sn) : 0;
+	if (!cl->leader)
+		return 0;
+	gone_prune(cl, sn);
+	return recompute_map(cl, sn);
 }
 
-/* Sleep up to ms, or until hkv_cluster_stop / hkv_cluster_purged wake us. */
-static void nap(struct hkv_cluster *cl, int ms)
-{
-	struct timespec until;
-
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_nsec += (long)(ms % 1000) * 1000000L;
-	until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
-	until.tv_nsec %= 1000000000L;
-	pthread_mutex_lock(&cl->lock);
-	if (!cl->stop)
-		pthread_cond_timedwait(&cl->wake, &cl->lock, &until);
-	pthread_mutex_unlock(&cl->lock);
-}
-
-/*
- * Each round: the keepalive when due, registration if the lease is gone,
- * then one read of PREFIX/ that every decision of the round works from.
- * Between rounds it waits on an etcd watch of PREFIX/ (a member joining or
- * leaving, an ack, a map) until the next keepalive is due, so it reacts at
- * once and costs etcd nothing while nothing changes; while a purge of ours
- * is to be acked it looks every 20 ms instead.
- */
-static void *cluster_thread(void *arg)
+/* The lease, on a thread and an etcd connection of its own, so that no
+ * slow coordination request delays a keepalive. */
+static void *keepalive_thread(void *arg)
 {
 	struct hkv_cluster *cl = arg;
-	uint64_t keepalive_ns = (uint64_t)cl->ttl_s * 1000000000ull / 3;
-	char dir[300];
+	int period_ms = cl->ttl_s * 1000 / 3;
 
-	snprintf(dir, sizeof(dir), "%s/", cl->prefix);
-	for (;;) {
-		uint64_t t_sent = mono_ns(), due;
-		int64_t rev = 0, got;
-		int ret, ttl = 0, wait_ms;
+	while (!stopping(cl)) {
+		int64_t lease = atomic_load(&cl->lease);
+		uint64_t t_sent = boot_ns();
+		int ret, ttl = 0;
 
-		pthread_mutex_lock(&cl->lock);
-		if (cl->stop) {
-			pthread_mutex_unlock(&cl->lock);
-			break;
-		}
-		pthread_mutex_unlock(&cl->lock);
-
-		if (!atomic_load(&cl->lease_gone) && t_sent - cl->last_keepalive_ns >= keepalive_ns) {
-			cl->last_keepalive_ns = t_sent;
-			ret = hkv_etcd_lease_keepalive(cl->e, cl->lease, &ttl);
+		if (lease && !atomic_load(&cl->lease_gone)) {
+			ret = hkv_etcd_lease_keepalive(cl->ke, lease, &ttl);
+			if (atomic_load(&cl->lease) != lease)
+				continue; /* registered anew meanwhile */
 			if (!ret && ttl > 0) {
 				atomic_store(&cl->ok_sent_ns, t_sent);
 			} else if (ret == -ENOENT || (!ret && ttl <= 0)) {
 				hkv_warn("cluster: lease of %s is gone: fenced until registered again",
 					 cl->id);
 				atomic_store(&cl->lease_gone, 1);
+				pthread_mutex_lock(&cl->lock);
+				pthread_cond_broadcast(&cl->wake);
+				pthread_mutex_unlock(&cl->lock);
 			} else {
-				etcd_trouble(cl, "lease keepalive", ret);
+				etcd_trouble(&cl->klog_ns, "lease keepalive", ret);
 			}
 		}
+		nap(cl, period_ms);
+	}
+	return NULL;
+}
+
+/*
+ * Each round: registration if the lease is gone, then one read of PREFIX/
+ * that every decision of the round works from. Between rounds it waits on
+ * an etcd watch of PREFIX/ (a member joining or leaving, an ack, a map), so
+ * it reacts at once and costs etcd nothing while nothing changes; while a
+ * purge of ours is to be acked it looks every 20 ms instead.
+ */
+static void *cluster_thread(void *arg)
+{
+	struct hkv_cluster *cl = arg;
+	char dir[300];
+
+	snprintf(dir, sizeof(dir), "%s/", cl->prefix);
+	while (!stopping(cl)) {
+		int64_t rev = 0, got;
+		int ret;
+
 		if (atomic_load(&cl->lease_gone) && !atomic_load(&cl->removed)) {
 			ret = do_register(cl);
 			if (!ret) {
@@ -549,7 +702,7 @@ static void *cluster_thread(void *arg)
 				hkv_warn("cluster: %s was removed by an operator", cl->id);
 				atomic_store(&cl->removed, 1);
 			} else {
-				etcd_trouble(cl, "register", ret);
+				etcd_trouble(&cl->log_ns, "register", ret);
 			}
 		}
 		if (!atomic_load(&cl->lease_gone)) {
@@ -557,29 +710,24 @@ static void *cluster_thread(void *arg)
 
 			ret = snap_read(cl, &sn, &rev);
 			if (ret) {
-				etcd_trouble(cl, "reading the cluster", ret);
+				etcd_trouble(&cl->log_ns, "reading the cluster", ret);
 				rev = 0;
 			} else if (snap_get(cl, &sn, "removed", cl->id)) {
 				hkv_warn("cluster: %s was removed by an operator", cl->id);
 				atomic_store(&cl->removed, 1);
 			} else if ((ret = follow_move(cl, &sn))) {
-				etcd_trouble(cl, "following a move", ret);
+				etcd_trouble(&cl->log_ns, "following a move", ret);
 			} else if ((ret = coordinate(cl, &sn))) {
-				etcd_trouble(cl, "coordination", ret);
+				etcd_trouble(&cl->log_ns, "coordination", ret);
 			}
 			snap_free(&sn);
 		}
-		due = cl->last_keepalive_ns + keepalive_ns;
-		t_sent = mono_ns();
-		wait_ms = due > t_sent ? (int)((due - t_sent) / 1000000ull) : 0;
-		if (wait_ms > 1000)
-			wait_ms = 1000;
 		if (cl->fence_rev && cl->acked_rev != cl->fence_rev && atomic_load(&cl->move_fence))
-			nap(cl, wait_ms < 20 ? wait_ms : 20); /* our purge: ack it soon */
-		else if (rev && wait_ms >= 20 && !atomic_load(&cl->removed))
-			hkv_etcd_watch_wait(cl->e, dir, 1, rev, wait_ms, &got);
+			nap(cl, 20); /* our purge: ack it soon */
+		else if (rev && !atomic_load(&cl->removed) && !atomic_load(&cl->lease_gone))
+			hkv_etcd_watch_wait(cl->e, dir, 1, rev, 1000, &got);
 		else
-			nap(cl, wait_ms < 200 ? (wait_ms > 10 ? wait_ms : 10) : 200);
+			nap(cl, 200);
 	}
 	return NULL;
 }
@@ -588,6 +736,7 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 {
 	struct hkv_cluster *cl;
 	struct hkv_cmember m = {0};
+	pthread_condattr_t ca;
 	int ret;
 
 	if (!hkv_cluster_id_valid(o->id) || o->ttl_s < 2 || !o->partitions ||
@@ -599,14 +748,16 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	if (!cl)
 		return NULL;
 	cl->e = hkv_etcd_open(o->uri, 3000);
-	if (!cl->e) {
+	/* a keepalive that takes longer than a third of the TTL is as good as lost */
+	cl->ke = hkv_etcd_open(o->uri, o->ttl_s * 1000 / 3);
+	if (!cl->e || !cl->ke) {
 		ret = -errno;
-		goto free_cl;
+		goto close_etcd;
 	}
 	snprintf(cl->prefix, sizeof(cl->prefix), "%s", hkv_etcd_prefix(cl->e));
 	snprintf(cl->id, sizeof(cl->id), "%s", o->id);
-	snprintf(cl->member_key, sizeof(cl->member_key), "%s/servers/%s", cl->prefix, o->id);
-	snprintf(cl->removed_key, sizeof(cl->removed_key), "%s/removed/%s", cl->prefix, o->id);
+	key_of(cl, cl->member_key, sizeof(cl->member_key), "servers", o->id);
+	key_of(cl, cl->removed_key, sizeof(cl->removed_key), "removed", o->id);
 	cl->ttl_s = o->ttl_s;
 	cl->partitions = o->partitions;
 	snprintf(m.id, sizeof(m.id), "%s", o->id);
@@ -622,22 +773,35 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	if (ret)
 		goto free_json;
 	pthread_mutex_init(&cl->lock, NULL);
-	pthread_cond_init(&cl->wake, NULL);
-	ret = -pthread_create(&cl->thr, NULL, cluster_thread, cl);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cl->wake, &ca);
+	pthread_condattr_destroy(&ca);
+	ret = -pthread_create(&cl->kthr, NULL, keepalive_thread, cl);
 	if (ret)
 		goto destroy_sync;
+	cl->kthr_started = 1;
+	ret = -pthread_create(&cl->thr, NULL, cluster_thread, cl);
+	if (ret)
+		goto join_keepalive;
 	hkv_info("cluster: %s registered in %s (lease %d s)", o->id, o->uri, o->ttl_s);
 	return cl;
 
+join_keepalive:
+	pthread_mutex_lock(&cl->lock);
+	cl->stop = 1;
+	pthread_cond_broadcast(&cl->wake);
+	pthread_mutex_unlock(&cl->lock);
+	pthread_join(cl->kthr, NULL);
 destroy_sync:
 	pthread_cond_destroy(&cl->wake);
 	pthread_mutex_destroy(&cl->lock);
-	hkv_etcd_lease_revoke(cl->e, cl->lease);
+	hkv_etcd_lease_revoke(cl->e, atomic_load(&cl->lease));
 free_json:
 	hkv_free(cl->member_json);
 close_etcd:
+	hkv_etcd_close(cl->ke);
 	hkv_etcd_close(cl->e);
-free_cl:
 	hkv_free(cl);
 	errno = -ret;
 	return NULL;
@@ -649,11 +813,13 @@ void hkv_cluster_stop(struct hkv_cluster *cl)
 		return;
 	pthread_mutex_lock(&cl->lock);
 	cl->stop = 1;
-	pthread_cond_signal(&cl->wake);
+	pthread_cond_broadcast(&cl->wake);
 	pthread_mutex_unlock(&cl->lock);
-	pthread_join(cl->thr, NULL);
-	/* the member key and our coordinator key go with the lease */
-	if (!atomic_load(&cl->lease_gone) && hkv_etcd_lease_revoke(cl->e, cl->lease) == 0)
+	pthread_join(cl->thr, NULL); /* within one watch (1 s) or etcd call */
+	pthread_join(cl->kthr, NULL);
+	/* the member key, our acks and our coordinator key go with the lease */
+	if (!atomic_load(&cl->lease_gone) &&
+	    hkv_etcd_lease_revoke(cl->e, atomic_load(&cl->lease)) == 0)
 		hkv_info("cluster: %s left the cluster", cl->id);
 	pthread_cond_destroy(&cl->wake);
 	pthread_mutex_destroy(&cl->lock);
@@ -661,7 +827,9 @@ void hkv_cluster_stop(struct hkv_cluster *cl)
 		hkv_cmap_free(cl->purge_map);
 		hkv_free(cl->purge_map);
 	}
+	hkv_free(cl->gone);
 	hkv_free(cl->member_json);
+	hkv_etcd_close(cl->ke);
 	hkv_etcd_close(cl->e);
 	hkv_free(cl);
 }

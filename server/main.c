@@ -303,6 +303,8 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 
 	if (hkv_cluster_removed(sv->cluster)) {
 		hkv_warn("server: removed from the cluster, shutting down");
+		stop_data_plane(sv); /* serve nobody before the lease is given back */
+		sv->store.fenced = 1;
 		event_base_loopbreak(sv->base);
 		return;
 	}
@@ -479,10 +481,13 @@ int main(int argc, char **argv)
 	event_free(ev_int);
 	rc = sv.rc;
 out:
+	/* clients first: only a server that serves nobody gives its lease back
+	 * (after which its partitions may move at once) */
+	stop_data_plane(&sv);
+	sv.store.fenced = 1;
 	hkv_cluster_stop(sv.cluster);
 	hkv_cmap_free(&sv.repurge);
 	hkv_ctl_destroy(sv.ctl);
-	stop_data_plane(&sv);
 	if (sv.base)
 		event_base_free(sv.base);
 	hkv_store_fini(&sv.store);

@@ -22,6 +22,10 @@
  *   test_kill            a server SIGKILLed under load: its keys fail
  *                        fast, then (lease TTL + margin) are misses that
  *                        refill on the survivors; never a wrong value.
+ *   test_freeze          a server frozen (SIGSTOP) past its lease under a
+ *                        read-your-writes load: its partitions move only
+ *                        once clients no longer route to it; thawed, it
+ *                        comes back empty; never a wrong value.
  *   test_fence           etcd frozen (SIGSTOP) past the lease: every server
  *                        drops its clients before the lease can end, and
  *                        serves again (empty) once etcd is back.
@@ -29,8 +33,11 @@
  *                        clients' sets spread over the servers, gets read
  *                        them back.
  *   test_bad_map         garbage in PREFIX/map: a running handle keeps the
- *                        last good map; a new one fails with a clear error;
- *                        an unreachable etcd fails hkv_open promptly.
+ *                        last good map for its route lease, then refuses
+ *                        (that map may be older than the last committed
+ *                        one) until the map is good again; a new handle
+ *                        fails with a clear error; an unreachable etcd
+ *                        fails hkv_open promptly.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -556,12 +563,53 @@ static void test_kill(void)
 	}
 	printf("# b SIGKILLed: %d fast failures, then its key writable on a survivor after "
 	       "%llu ms (lease TTL %s s)\n", fast_fail, (unsigned long long)(t_ok - t0), TTL);
-	CHECK(t_ok && t_ok - t0 <= (uint64_t)atoi(TTL) * 1000 + 3000);
+	/* lease TTL, then the route lease clients may still hold (+0.5 s), then a round */
+	CHECK(t_ok && t_ok - t0 <= (uint64_t)atoi(TTL) * 1000 + HKV_CLUSTER_ROUTE_LEASE_MS + 2500);
 	CHECK_RC(wait_map(three, 5000, NULL), 0);
 	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
 	CHECK(!strcmp(buf, "after"));
 	hkv_cmap_free(&map);
 	hkv_close(c);
+}
+
+/* A server frozen (SIGSTOP) past its lease: its CPU cannot fence it (over
+ * shm clients keep its region mapped; over verbs the NIC serves without
+ * it). Clients stop routing to it when their view's route lease ends, its
+ * partitions move only after that, and once thawed it finds its lease gone
+ * and comes back empty. Under a read-your-writes load: never a wrong value. */
+static void test_freeze(void)
+{
+	const char *three[] = {"a", "c", "d", NULL};
+	struct load ls[LOAD_THREADS], sum;
+	struct hkv_cmap map;
+	uint64_t t0 = now_ms();
+
+	CHECK_RC(wait_map(three, 10000, &map), 0);
+	load_start(ls);
+	sleep_ms(500);
+	CHECK_RC(kill(srv[2].pid, SIGSTOP), 0);
+	while (now_ms() - t0 < 20000) { /* until c is off the map */
+		struct hkv_cmap m;
+		int gone = 0;
+
+		if (!read_map(&m)) {
+			gone = m.nnames == 2;
+			hkv_cmap_free(&m);
+		}
+		if (gone)
+			break;
+		sleep_ms(100);
+	}
+	printf("# c frozen: its partitions moved after %llu ms (lease TTL %s s)\n",
+	       (unsigned long long)(now_ms() - t0), TTL);
+	sleep_ms(500);
+	CHECK_RC(kill(srv[2].pid, SIGCONT), 0);
+	CHECK_RC(wait_map(three, 20000, NULL), 0); /* back, empty, and placed again */
+	sleep_ms(1000);
+	load_stop(ls, &sum);
+	CHECK(sum.wrong == 0);
+	CHECK(sum.hits > 0);
+	hkv_cmap_free(&map);
 }
 
 static void test_fence(void)
@@ -734,12 +782,20 @@ static void test_bad_map(void)
 	sleep_ms(300); /* the running handle's watch fires */
 	CHECK_RC(get_str(c, "bad:k", buf, sizeof(buf), NULL), 0); /* last good map */
 	CHECK(!strcmp(buf, "v"));
+	/* ... but only for its route lease: the last good map this handle saw
+	 * may predate the last one committed, so after that it refuses */
+	sleep_ms(HKV_CLUSTER_ROUTE_LEASE_MS + 200);
+	CHECK_RC(get_str(c, "bad:k", buf, sizeof(buf), NULL), HKV_EDISCONNECTED);
 	cfg = hkv_config_new();
 	hkv_config_add_server(cfg, etcd.uri);
 	hkv_config_set_token_file(cfg, token_file);
 	CHECK_RC(hkv_open(cfg, &c2), HKV_EPROTO);
 	CHECK(admin(out, sizeof(out), "map") != 0);
 	CHECK_RC(hkv_etcd_put(e, key, kvs[0].value, kvs[0].vlen, 0, NULL), 0);
+	t0 = now_ms();
+	while (get_str(c, "bad:k", buf, sizeof(buf), NULL) && now_ms() - t0 < 3000)
+		sleep_ms(50);
+	CHECK(!strcmp(buf, "v")); /* the good map back: the running handle serves again */
 	CHECK_RC(hkv_open(cfg, &c2), 0);
 	CHECK_RC(get_str(c2, "bad:k", buf, sizeof(buf), NULL), 0);
 	hkv_close(c2);
@@ -800,6 +856,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_join_and_route);
 	RUN_TEST(test_add_and_drain);
 	RUN_TEST(test_kill);
+	RUN_TEST(test_freeze);
 	RUN_TEST(test_fence);
 	RUN_TEST(test_memcached_front);
 	RUN_TEST(test_bad_map);
