@@ -42,8 +42,9 @@
 #define HKV_REVIVE_INTERVAL_MS 200 /* a lost connection is retried at most this often */
 
 struct hkv_config {
-	pthread_mutex_t lock;     /* guards the lazily created cache */
+	pthread_mutex_t lock;     /* guards the lazily created caches */
 	struct hkv_cache *cache;  /* shared by every handle opened from this config */
+	struct hkv_caches *cluster_caches; /* cluster: one per server, shared alike */
 	char *servers[HKV_MAX_SERVERS];
 	int nservers;
 	char *token, *token_file;
@@ -183,9 +184,17 @@ struct hkv_client {
 
 	struct hkv_client_stats stats;
 	struct hkv_router *router; /* a cluster handle (router.c): the rest is unused */
+	/* set by the router for the operation it hands this handle: key's hash
+	 * under the cluster's secret, which is this region's too (one SipHash) */
+	const void *pre_key;
+	uint64_t pre_hash;
 };
 
 /* ---- cluster routing (router.c) ---- */
+/* The location caches of a cluster's servers, by endpoint, shared by every
+ * cluster handle of one config (refcounted: handles outlive configs). */
+struct hkv_caches;
+void hkv_caches_unref(struct hkv_caches *cs);
 struct hkv_router;
 /* cfg->servers[0] is etcd://HOST:PORT/PREFIX. */
 int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out);

@@ -34,6 +34,7 @@ HKV_EXPORT void hkv_config_free(struct hkv_config *cfg)
 	hkv_free(cfg->token);
 	hkv_free(cfg->token_file);
 	hkv_cache_unref(cfg->cache);
+	hkv_caches_unref(cfg->cluster_caches);
 	pthread_mutex_destroy(&cfg->lock);
 	hkv_free(cfg);
 }

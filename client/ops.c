@@ -148,7 +148,8 @@ static int key_init(struct hkv_client *c, struct key *k, const void *key, size_t
 		return klen > HKV_MAX_KEY ? HKV_ETOOBIG : -EINVAL;
 	k->p = key;
 	k->len = (uint16_t)klen;
-	k->h = hkv_key_hash(&c->g, key, klen);
+	k->h = c->pre_key == key ? c->pre_hash : hkv_key_hash(&c->g, key, klen);
+	c->pre_key = NULL;
 	k->h += !k->h; /* 0 marks an empty cache entry */
 	k->fp = hkv_fp_of(k->h);
 	hkv_buckets_of(&c->g, k->h, &k->b[0], &k->b[1]);

@@ -27,10 +27,13 @@
 #include "common/log.h"
 #include "common/transport_int.h"
 
+/* Every router clock is hkv_coarse_ns() (a few ms coarse, a few ns to read):
+ * it only ages views and connections by milliseconds to seconds. */
 #define ROUTER_RETRY_NS  50000000ull /* a member that failed to open: try again after */
 #define ROUTER_WATCH_MS  500
 
 struct rmember {
+	int same_hash; /* its region hashes keys with the cluster's secret */
 	int refused; /* its last open found nobody there (not: refused while fenced) */
 	uint64_t used_ns; /* when an operation was last routed to it */
 	char id[HKV_CLUSTER_ID_MAX];
@@ -40,7 +43,81 @@ struct rmember {
 	uint64_t retry_ns;
 };
 
+struct hkv_caches {
+	pthread_mutex_t lock;
+	atomic_int refs;
+	size_t entries;
+	struct {
+		char endpoint[256];
+		struct hkv_cache *cache;
+	} *v;
+	uint32_t n;
+};
+
+static struct hkv_caches *caches_ref(struct hkv_caches *cs)
+{
+	atomic_fetch_add(&cs->refs, 1);
+	return cs;
+}
+
+void hkv_caches_unref(struct hkv_caches *cs)
+{
+	if (!cs || atomic_fetch_sub(&cs->refs, 1) != 1)
+		return;
+	for (uint32_t i = 0; i < cs->n; i++)
+		hkv_cache_unref(cs->v[i].cache);
+	hkv_free(cs->v);
+	pthread_mutex_destroy(&cs->lock);
+	hkv_free(cs);
+}
+
+/* The config's table, made by its first cluster handle (one reference). */
+static struct hkv_caches *caches_of(const struct hkv_config *cfg_in)
+{
+	struct hkv_config *cfg = (struct hkv_config *)cfg_in;
+	struct hkv_caches *cs;
+
+	pthread_mutex_lock(&cfg->lock);
+	if (!cfg->cluster_caches && (cs = hkv_calloc(1, sizeof(*cs)))) {
+		pthread_mutex_init(&cs->lock, NULL);
+		atomic_init(&cs->refs, 1);
+		cs->entries = cfg->cache_entries;
+		cfg->cluster_caches = cs;
+	}
+	cs = cfg->cluster_caches ? caches_ref(cfg->cluster_caches) : NULL;
+	pthread_mutex_unlock(&cfg->lock);
+	return cs;
+}
+
+/* A new reference to endpoint's cache, made on first use; NULL: ENOMEM. */
+static struct hkv_cache *cache_for(struct hkv_caches *cs, const char *endpoint)
+{
+	struct hkv_cache *c = NULL;
+
+	pthread_mutex_lock(&cs->lock);
+	for (uint32_t i = 0; i < cs->n && !c; i++)
+		if (!strcmp(cs->v[i].endpoint, endpoint))
+			c = hkv_cache_ref(cs->v[i].cache);
+	if (!c) {
+		void *v = hkv_realloc(cs->v, (cs->n + 1) * sizeof(*cs->v));
+
+		if (v) {
+			cs->v = v;
+			c = hkv_cache_new(cs->entries);
+		}
+		if (c) {
+			snprintf(cs->v[cs->n].endpoint, sizeof(cs->v[cs->n].endpoint), "%s",
+				 endpoint);
+			cs->v[cs->n++].cache = c;
+			c = hkv_cache_ref(c);
+		}
+	}
+	pthread_mutex_unlock(&cs->lock);
+	return c;
+}
+
 struct hkv_router {
+	struct hkv_caches *caches;
 	struct hkv_etcd *e; /* the operations' thread */
 	char map_key[300], servers_key[300];
 	struct hkv_cmap map;
@@ -136,7 +213,7 @@ static int reload(struct hkv_router *r)
 	struct hkv_etcd_kv *kvs;
 	struct hkv_cmap map;
 	uint32_t *part;
-	uint64_t t_sent = hkv_now_ns();
+	uint64_t t_sent = hkv_coarse_ns();
 	int64_t hdr = 0;
 	int n, ret = hkv_etcd_range(r->e, r->map_key, 0, &kvs, &n, &hdr);
 
@@ -215,7 +292,7 @@ static void *watch_thread(void *arg)
 			nanosleep(&ts, NULL); /* etcd away: the view ages out */
 			continue;
 		}
-		t_sent = hkv_now_ns();
+		t_sent = hkv_coarse_ns();
 		if (hkv_etcd_range(r->we, r->map_key, 0, &kvs, &n, &hdr))
 			continue;
 		hkv_etcd_kvs_free(kvs, n);
@@ -227,12 +304,19 @@ static void *watch_thread(void *arg)
 	return NULL;
 }
 
-static struct hkv_config *member_cfg(const struct hkv_config *t, const char *endpoint)
+static struct hkv_config *member_cfg(struct hkv_router *r, const char *endpoint)
 {
+	const struct hkv_config *t = r->tmpl;
 	struct hkv_config *cfg = hkv_config_new();
 
 	if (!cfg)
 		return NULL;
+	cfg->cache = cache_for(r->caches, endpoint); /* shared with the config's other handles */
+	if (!cfg->cache) {
+		hkv_config_free(cfg);
+		errno = ENOMEM;
+		return NULL;
+	}
 	if (hkv_config_add_server(cfg, endpoint) || (t->token && hkv_config_set_token(cfg, t->token)) ||
 	    (t->token_file && hkv_config_set_token_file(cfg, t->token_file))) {
 		hkv_config_free(cfg);
@@ -249,7 +333,7 @@ static struct hkv_config *member_cfg(const struct hkv_config *t, const char *end
 static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **out)
 {
 	struct rmember *m = &r->m[i];
-	uint64_t now = hkv_now_ns();
+	uint64_t now = hkv_coarse_ns();
 	int ret;
 
 	if (m->h) {
@@ -262,10 +346,11 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 	}
 	if (now < m->retry_ns)
 		return HKV_EDISCONNECTED; /* it just failed */
-	if (!m->cfg && !(m->cfg = member_cfg(r->tmpl, m->endpoint)))
+	if (!m->cfg && !(m->cfg = member_cfg(r, m->endpoint)))
 		return -errno;
 	ret = hkv_open(m->cfg, &m->h);
 	m->refused = ret == -ECONNREFUSED || ret == -ENOENT || ret == -EHOSTUNREACH;
+	m->same_hash = !ret && !memcmp(m->h->g.hash_key, r->map.hash_key, sizeof(r->map.hash_key));
 	if (ret) {
 		m->retry_ns = now + ROUTER_RETRY_NS;
 		hkv_debug("client: cannot open %s (%s): %s", m->id, m->endpoint, hkv_strerror(ret));
@@ -300,11 +385,17 @@ static int view_fresh(struct hkv_router *r)
 {
 	uint64_t lease = HKV_CLUSTER_ROUTE_LEASE_MS * 1000000ull;
 
-	if (atomic_exchange(&r->dirty, 0) || hkv_now_ns() - atomic_load(&r->valid_ns) > lease / 2)
+	uint64_t now = hkv_coarse_ns();
+
+	if ((atomic_load_explicit(&r->dirty, memory_order_relaxed) &&
+	     atomic_exchange(&r->dirty, 0)) ||
+	    now - atomic_load_explicit(&r->valid_ns, memory_order_relaxed) > lease / 2) {
 		reload(r); /* on failure the last good map stays, while its lease lasts */
+		now = hkv_coarse_ns();
+	}
 	if (!r->part)
 		return HKV_EDISCONNECTED;
-	return hkv_now_ns() - atomic_load(&r->valid_ns) > lease ? HKV_EDISCONNECTED : 0;
+	return now - atomic_load(&r->valid_ns) > lease ? HKV_EDISCONNECTED : 0;
 }
 
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
@@ -314,22 +405,23 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 	int ret;
 
 	if (!t->t0_ns)
-		t->t0_ns = hkv_now_ns();
+		t->t0_ns = hkv_coarse_ns();
 	if (!key)
 		return -EINVAL;
 	for (;;) {
 		struct hkv_client *h = NULL;
+		uint64_t now, kh;
 		uint32_t i;
-		uint64_t now;
 		int fresh;
 
 		ret = view_fresh(r);
 		if (ret)
 			return ret; /* no view of the cluster we can trust */
-		i = r->part[hkv_cmap_partition(&r->map, key, klen)];
+		kh = hkv_cmap_hash(&r->map, key, klen);
+		i = r->part[hkv_cmap_partition_of(&r->map, kh)];
 		fresh = !r->m[i].h;
 		ret = member_handle(r, i, &h);
-		now = hkv_now_ns();
+		now = hkv_coarse_ns();
 		/* idle a while: ask whether its server closed us (a move's fence)
 		 * before posting; a busy handle finds out from its completions */
 		if (!ret && !h->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
@@ -354,10 +446,14 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		if (!ret) {
 			t->conn = h->conn;
 			t->posts = h->conn->stats.posts;
+			if (r->m[i].same_hash) { /* the operation hashes no more */
+				h->pre_key = key;
+				h->pre_hash = kh;
+			}
 			*out = h;
 			return 0;
 		}
-		now = hkv_now_ns();
+		now = hkv_coarse_ns();
 		if (ret != HKV_EDISCONNECTED ||
 		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull ||
 		    (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull))
@@ -372,7 +468,11 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 
 int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_client *h, int ret)
 {
-	uint64_t now = hkv_now_ns();
+	uint64_t now;
+
+	if (ret != HKV_EDISCONNECTED)
+		return 0; /* (the common case: no clock read) */
+	now = hkv_coarse_ns();
 
 	/* A read is tried again whatever it posted; any other operation only
 	 * if it posted nothing (its connection found gone at its first post):
@@ -403,6 +503,9 @@ int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
 	tmpl->max_value = cfg->max_value;
 	tmpl->cache_entries = cfg->cache_entries;
 	r->tmpl = tmpl;
+	r->caches = caches_of(cfg);
+	if (!r->caches)
+		goto fail;
 	r->e = hkv_etcd_open(uri, cfg->timeout_ms);
 	r->we = hkv_etcd_open(uri, cfg->timeout_ms + 2 * ROUTER_WATCH_MS);
 	if (!r->e || !r->we) {
@@ -455,6 +558,7 @@ void hkv_router_close(struct hkv_client *c)
 	hkv_etcd_close(r->e);
 	hkv_etcd_close(r->we);
 	hkv_config_free((struct hkv_config *)r->tmpl);
+	hkv_caches_unref(r->caches);
 	hkv_free(r);
 	c->router = NULL;
 }

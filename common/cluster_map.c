@@ -7,6 +7,7 @@
 #include <sodium.h>
 
 #include "common/cluster_map.h"
+#include "common/etcd.h"
 #include "common/hkv_alloc.h"
 
 int hkv_cluster_id_valid(const char *s)
@@ -342,10 +343,45 @@ uint32_t hkv_cmap_moved(const struct hkv_cmap *a, const struct hkv_cmap *b)
 	return moved;
 }
 
-uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t klen)
+uint64_t hkv_cmap_hash(const struct hkv_cmap *map, const void *key, size_t klen)
 {
 	uint64_t h;
 
 	crypto_shorthash((unsigned char *)&h, key, klen, map->hash_key);
-	return (uint32_t)(((h >> 32) * (uint64_t)map->partitions) >> 32);
+	return h;
+}
+
+uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t klen)
+{
+	return hkv_cmap_partition_of(map, hkv_cmap_hash(map, key, klen));
+}
+
+int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, uint32_t *partitions,
+			  uint8_t hash_key[16])
+{
+	char key[300], *json;
+	struct hkv_etcd_kv *kvs;
+	uint8_t fresh[16];
+	int n, ret;
+
+	snprintf(key, sizeof(key), "%s/identity", hkv_etcd_prefix(e));
+	for (int tries = 0; tries < 2; tries++) {
+		ret = hkv_etcd_range(e, key, 0, &kvs, &n, NULL);
+		if (ret)
+			return ret;
+		if (n) {
+			ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, partitions, hash_key);
+			hkv_etcd_kvs_free(kvs, n);
+			return ret;
+		}
+		randombytes_buf(fresh, sizeof(fresh));
+		json = hkv_cmap_identity_format(partitions_if_new, fresh);
+		if (!json)
+			return -ENOMEM;
+		ret = hkv_etcd_put_if(e, key, json, strlen(json), 0, 0, NULL);
+		hkv_free(json);
+		if (ret && ret != -ECANCELED)
+			return ret;
+	}
+	return -EAGAIN;
 }

@@ -30,8 +30,11 @@
  * (about 1/(N+1) of them); a server that leaves gives up only its own.
  *
  * Routing: partition = hkv_cmap_partition(map, key) - SipHash-2-4 of the
- * key under the cluster's hash_key (not the region's: every server has its
- * own), reduced by multiply-shift.
+ * key under the cluster's hash_key, bits 22-53 reduced by multiply-shift.
+ * A cluster's servers key their regions' hash with the same secret, so the
+ * one hash also gives the buckets (bits 0-25, and 17-57 mixed) and the
+ * fingerprint (bits 54-63), which these bits barely touch: the keys of one
+ * server still spread over all its buckets and fingerprints.
  */
 #ifndef HKV_CLUSTER_MAP_H
 #define HKV_CLUSTER_MAP_H
@@ -94,6 +97,16 @@ int hkv_cmap_place(struct hkv_cmap *map, const char (*ids)[HKV_CLUSTER_ID_MAX], 
 uint32_t hkv_cmap_moved(const struct hkv_cmap *a, const struct hkv_cmap *b);
 
 uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t klen);
+uint64_t hkv_cmap_hash(const struct hkv_cmap *map, const void *key, size_t klen);
+static inline uint32_t hkv_cmap_partition_of(const struct hkv_cmap *map, uint64_t h)
+{
+	return (uint32_t)((((h >> 22) & 0xffffffffull) * map->partitions) >> 32);
+}
+/* Read PREFIX/identity, writing it first if absent (partitions and a new
+ * random key). 0 and *partitions, hash_key filled, or an error. */
+struct hkv_etcd;
+int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, uint32_t *partitions,
+			  uint8_t hash_key[16]);
 /* The name of partition p's replica r. */
 const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r);
 

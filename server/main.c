@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "common/cluster_map.h"
+#include "common/etcd.h"
 #include "common/hkv_alloc.h"
 #include "common/paths.h"
 #include "common/log.h"
@@ -395,6 +396,7 @@ int main(int argc, char **argv)
 	struct timeval cluster_poll = {0, 100 * 1000};
 	char endpoint[300];
 	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
+	uint8_t cluster_key[16];
 	int tlen, ro_len = 0, rc = 1;
 
 	hkv_log_set_prog("hatchkv-server");
@@ -418,6 +420,20 @@ int main(int argc, char **argv)
 	    (ro_len = hkv_token_load(o.ro_token_file, ro_token, sizeof(ro_token), 1)) < 0) {
 		hkv_err("server: read-only token file %s: %s", o.ro_token_file, hkv_strerror(ro_len));
 		return 1;
+	}
+	if (o.cluster.uri) { /* the cluster's key hash secret, for our region too */
+		struct hkv_etcd *e = hkv_etcd_open(o.cluster.uri, 3000);
+		uint32_t parts;
+		int ret = e ? hkv_cmap_identity_get(e, o.cluster.partitions, &parts, cluster_key)
+			    : -errno;
+
+		hkv_etcd_close(e);
+		if (ret) {
+			hkv_err("server: cannot read the cluster's identity at %s: %s", o.cluster.uri,
+				hkv_strerror(ret));
+			return 1;
+		}
+		o.store.hash_key = cluster_key;
 	}
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;

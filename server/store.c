@@ -36,8 +36,10 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 		return ret;
 	}
 	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id) ||
-	    getrandom(g.hash_key, sizeof(g.hash_key), 0) != sizeof(g.hash_key))
+	    (!o->hash_key && getrandom(g.hash_key, sizeof(g.hash_key), 0) != sizeof(g.hash_key)))
 		return -errno;
+	if (o->hash_key)
+		memcpy(g.hash_key, o->hash_key, sizeof(g.hash_key));
 	g.max_client_segs = o->max_client_segs;
 	hkv_geometry_seal(&g);
 	memcpy(s->geom, &g, sizeof(g));

@@ -26,6 +26,10 @@ struct hkv_store_opts {
 	uint32_t max_clients;     /* connected + admitted at once; 0 = HKV_MAX_CLIENTS */
 	uint32_t max_client_segs; /* announced in the header; clients keep to it (0: none) */
 	const char *memory_file; /* NULL: anonymous memfd */
+	/* the key hash's secret; NULL: random. A cluster's servers share the
+	 * cluster's (its identity), so a client hashes a key once to find both
+	 * its partition and its buckets (client/router.c). */
+	const uint8_t *hash_key;
 };
 
 struct hkv_client_rec {
