@@ -333,13 +333,14 @@ static struct hkv_config *member_cfg(struct hkv_router *r, const char *endpoint)
 static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **out)
 {
 	struct rmember *m = &r->m[i];
-	uint64_t now = hkv_coarse_ns();
+	uint64_t now;
 	int ret;
 
 	if (m->h) {
 		*out = m->h;
 		return 0;
 	}
+	now = hkv_coarse_ns();
 	if (!m->endpoint[0]) { /* no member (any more): as good as gone */
 		m->refused = 1;
 		return HKV_EDISCONNECTED;
@@ -381,11 +382,9 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 
 /* Is the view within its route lease? Read it again if it is not (or the
  * watcher saw a change). 0, or why not. */
-static int view_fresh(struct hkv_router *r)
+static int view_fresh(struct hkv_router *r, uint64_t now)
 {
 	uint64_t lease = HKV_CLUSTER_ROUTE_LEASE_MS * 1000000ull;
-
-	uint64_t now = hkv_coarse_ns();
 
 	if ((atomic_load_explicit(&r->dirty, memory_order_relaxed) &&
 	     atomic_exchange(&r->dirty, 0)) ||
@@ -404,24 +403,23 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 	struct hkv_router *r = rc->router;
 	int ret;
 
-	if (!t->t0_ns)
-		t->t0_ns = hkv_coarse_ns();
 	if (!key)
 		return -EINVAL;
 	for (;;) {
 		struct hkv_client *h = NULL;
-		uint64_t now, kh;
+		uint64_t now = hkv_coarse_ns(), kh; /* the one clock read of a routed op */
 		uint32_t i;
 		int fresh;
 
-		ret = view_fresh(r);
+		if (!t->t0_ns)
+			t->t0_ns = now;
+		ret = view_fresh(r, now);
 		if (ret)
 			return ret; /* no view of the cluster we can trust */
 		kh = hkv_cmap_hash(&r->map, key, klen);
 		i = r->part[hkv_cmap_partition_of(&r->map, kh)];
 		fresh = !r->m[i].h;
 		ret = member_handle(r, i, &h);
-		now = hkv_coarse_ns();
 		/* idle a while: ask whether its server closed us (a move's fence)
 		 * before posting; a busy handle finds out from its completions */
 		if (!ret && !h->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
@@ -568,7 +566,7 @@ void hkv_router_close(struct hkv_client *c)
 static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, void *arg), void *arg)
 {
 	struct hkv_router *r = c->router;
-	int first = view_fresh(r);
+	int first = view_fresh(r, hkv_coarse_ns());
 
 	if (first)
 		return first;
@@ -710,7 +708,7 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 
 		if (round)
 			nap_10ms();
-		if (view_fresh(r))
+		if (view_fresh(r, hkv_coarse_ns()))
 			break;
 		for (uint32_t mi = 0; mi < r->nm; mi++) {
 			struct hkv_client *h;
