@@ -190,6 +190,36 @@ struct hkv_client {
 	uint64_t pre_hash;
 };
 
+/* ---- one operation's counters, a multi-get in two halves (ops.c) ---- */
+
+struct op_scope {
+	struct hkv_conn_stats before;
+	enum hkv_op op;
+};
+
+/* One chain of a multi-get: up to 32 keys whose location the cache holds,
+ * one READ of each block. */
+struct mget_chain {
+	struct hkv_wr wrs[32];
+	struct hkv_loc locs[32];
+	size_t idx[32], offs[32], first, end;
+	int nw;
+};
+
+struct hkv_mget_pending {
+	struct op_scope sc;
+	struct mget_chain chain;
+	int posted;
+};
+/* hkv_mget in two halves: start posts the first chain (no wait), finish
+ * waits for it and reads the rest. The router posts every server's first
+ * chain before it waits for any. Same items and n for both; nothing else on
+ * the handle in between. 0 or the error (finish: as hkv_mget). */
+int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		   struct hkv_mget_pending *pd);
+int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		    struct hkv_mget_pending *pd);
+
 /* ---- cluster routing (router.c) ---- */
 /* The location caches of a cluster's servers, by endpoint, shared by every
  * cluster handle of one config (refcounted: handles outlive configs). */

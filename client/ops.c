@@ -1809,11 +1809,6 @@ static int key_ready(struct hkv_client *c, struct key *k, const void *key, size_
 	return ret;
 }
 
-struct op_scope {
-	struct hkv_conn_stats before;
-	enum hkv_op op;
-};
-
 static void op_begin(struct hkv_client *c, struct op_scope *s, enum hkv_op op)
 {
 	s->before = c->conn->stats;
@@ -2059,53 +2054,122 @@ static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struc
  * (one round trip for all of them); the rest, and any whose block turned out
  * stale, take the single-key path.
  */
+/* Build the chain for the items from *i on (statuses set: CONFLICT = to
+ * read, by this chain or, if not in it, by a single get afterwards). */
+static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t *i,
+		       struct mget_chain *ch)
+{
+	size_t used = 0;
+
+	ch->nw = 0;
+	ch->first = *i;
+	for (; *i < n && ch->nw < 32; (*i)++) {
+		struct hkv_loc *loc = &ch->locs[ch->nw];
+		struct key k;
+
+		items[*i].status = key_init(c, &k, items[*i].key, items[*i].klen);
+		if (items[*i].status)
+			continue;
+		items[*i].status = CONFLICT; /* not read yet */
+		if (!cache_get(c, &k, loc, 0) || !slot_sane(c, loc->slot) || loc->blen > c->read_cap)
+			continue;
+		if (ch->nw && used + loc->blen + 64 > c->read_cap)
+			break;
+		ch->idx[ch->nw] = *i;
+		ch->offs[ch->nw] = used;
+		ch->wrs[ch->nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
+		used += (loc->blen + 63) & ~(size_t)63; /* keep headers aligned */
+		ch->nw++;
+	}
+	ch->end = *i;
+}
+
+/* The chain's READs have completed: take what they read; the rest one by one. */
+static void mget_take_chain(struct hkv_client *c, struct hkv_mget_item *items,
+			    const struct mget_chain *ch)
+{
+	for (int w = 0; w < ch->nw; w++)
+		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w]);
+	for (size_t j = ch->first; j < ch->end; j++)
+		if (items[j].status == CONFLICT)
+			items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
+						  items[j].cap, &items[j].vlen, &items[j].info);
+}
+
+/* The chains after the first, one round trip each, then the counters. */
+static int mget_rest(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t i,
+		     struct op_scope *sc)
+{
+	while (i < n) {
+		struct mget_chain ch;
+		int ret;
+
+		mget_build(c, items, n, &i, &ch);
+		ret = ch.nw ? hkv_exec(c, ch.wrs, ch.nw) : 0;
+		if (ret)
+			return op_end(c, sc, ret);
+		mget_take_chain(c, items, &ch);
+	}
+	return op_end(c, sc, 0);
+}
+
+/*
+ * A multi-get in two halves, so that a cluster handle posts every server's
+ * first chain before it waits for any (client/router.c): start builds and
+ * posts the first chain (up to 32 cached keys), finish waits for it and does
+ * the rest. n must be the same for both; between them the handle does
+ * nothing else.
+ */
+int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		   struct hkv_mget_pending *pd)
+{
+	struct mget_chain *ch = &pd->chain;
+	size_t i = 0;
+	int ret = hkv_revive(c);
+
+	pd->posted = 0;
+	if (ret)
+		return ret;
+	op_begin(c, &pd->sc, HKV_OP_MGET);
+	mget_build(c, items, n, &i, ch);
+	if (!ch->nw)
+		return 0;
+	ret = hkv_conn_post(c->conn, ch->wrs, ch->nw);
+	if (ret == -EAGAIN)
+		ret = c->conn->error = HKV_ETRANSPORT;
+	if (ret)
+		return op_end(c, &pd->sc, ret);
+	pd->posted = 1;
+	return 0;
+}
+
+int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		    struct hkv_mget_pending *pd)
+{
+	struct mget_chain *ch = &pd->chain;
+	int ret;
+
+	if (pd->posted) {
+		ret = hkv_conn_wait(c->conn, NULL, 1); /* (a chain of READs: one completion) */
+		if (ret)
+			return op_end(c, &pd->sc, ret);
+	}
+	mget_take_chain(c, items, ch);
+	return mget_rest(c, items, n, ch->end, &pd->sc);
+}
+
 HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 {
 	struct op_scope sc;
-	size_t i = 0;
-	int rv = c->router ? 0 : hkv_revive(c);
+	int rv;
 
 	if (c->router)
 		return hkv_router_mget(c, items, n);
-
+	rv = hkv_revive(c);
 	if (rv)
 		return rv;
 	op_begin(c, &sc, HKV_OP_MGET);
-	while (i < n) {
-		struct hkv_wr wrs[32];
-		struct hkv_loc locs[32];
-		size_t idx[32], offs[32], used = 0, first = i;
-		int nw = 0, ret;
-
-		for (; i < n && nw < 32; i++) {
-			struct key k;
-
-			items[i].status = key_init(c, &k, items[i].key, items[i].klen);
-			if (items[i].status)
-				continue;
-			items[i].status = CONFLICT; /* not read yet */
-			if (!cache_get(c, &k, &locs[nw], 0) || !slot_sane(c, locs[nw].slot) ||
-			    locs[nw].blen > c->read_cap)
-				continue;
-			if (nw && used + locs[nw].blen + 64 > c->read_cap)
-				break;
-			idx[nw] = i;
-			offs[nw] = used;
-			wrs[nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(locs[nw].slot),
-					      locs[nw].blen);
-			used += (locs[nw++].blen + 63) & ~(size_t)63; /* keep headers aligned */
-		}
-		ret = nw ? hkv_exec(c, wrs, nw) : 0;
-		if (ret)
-			return op_end(c, &sc, ret);
-		for (int w = 0; w < nw; w++)
-			mget_take(c, &items[idx[w]], &locs[w], c->rblk + offs[w]);
-		for (size_t j = first; j < i; j++)
-			if (items[j].status == CONFLICT)
-				items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
-							  items[j].cap, &items[j].vlen, &items[j].info);
-	}
-	return op_end(c, &sc, 0);
+	return mget_rest(c, items, n, 0, &sc);
 }
 
 /*

@@ -675,28 +675,25 @@ void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, u
 }
 
 /*
- * Multi-get: the items grouped by server, each group one hkv_mget on its
- * server's handle. (Posting every server's chains before waiting on any is
- * the pipelined API's job; here the groups run one after another.) A group
- * whose server closed us is read again on a fresh route (reads are safe to
- * repeat), up to 3 rounds.
+ * Multi-get: the items grouped by server; every server's first chain (up to
+ * 32 cached keys) is posted before any is waited for, so warm keys spread
+ * over the servers take one round trip of wall time. A group whose server
+ * closed us is read again on a fresh route (reads are safe to repeat), up
+ * to 3 rounds.
  */
 int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 {
 	struct hkv_router *r = c->router;
-	struct hkv_mget_item *group;
-	size_t *idx;
-	uint8_t *pending;
-	int first = 0;
+	struct hkv_mget_item *group = hkv_malloc((n ? n : 1) * sizeof(*group));
+	size_t *idx = hkv_malloc((n ? n : 1) * sizeof(*idx));
+	uint8_t *pending = hkv_malloc(n ? n : 1);
+	struct hkv_mget_pending *pd = NULL;
+	size_t *start = NULL, *count = NULL;
+	int *state = NULL, first = 0;
 
-	group = hkv_malloc((n ? n : 1) * sizeof(*group));
-	idx = hkv_malloc((n ? n : 1) * sizeof(*idx));
-	pending = hkv_malloc(n ? n : 1);
 	if (!group || !idx || !pending) {
-		hkv_free(group);
-		hkv_free(idx);
-		hkv_free(pending);
-		return -ENOMEM;
+		first = -ENOMEM;
+		goto out;
 	}
 	for (size_t j = 0; j < n; j++) {
 		pending[j] = items[j].key != NULL;
@@ -704,17 +701,27 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 			items[j].status = -EINVAL;
 	}
 	for (int round = 0; round < 3; round++) {
+		size_t k = 0;
 		int again = 0;
 
 		if (round)
 			nap_10ms();
 		if (view_fresh(r, hkv_coarse_ns()))
 			break;
-		for (uint32_t mi = 0; mi < r->nm; mi++) {
-			struct hkv_client *h;
-			size_t k = 0;
-			int ret;
-
+		hkv_free(pd);
+		hkv_free(start);
+		hkv_free(count);
+		hkv_free(state);
+		pd = hkv_calloc(r->nm ? r->nm : 1, sizeof(*pd));
+		start = hkv_calloc(r->nm ? r->nm : 1, sizeof(*start));
+		count = hkv_calloc(r->nm ? r->nm : 1, sizeof(*count));
+		state = hkv_calloc(r->nm ? r->nm : 1, sizeof(*state));
+		if (!pd || !start || !count || !state) {
+			first = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t mi = 0; mi < r->nm; mi++) { /* the groups, side by side */
+			start[mi] = k;
 			for (size_t j = 0; j < n; j++) {
 				if (!pending[j] || r->part[hkv_cmap_partition(&r->map, items[j].key,
 									      items[j].klen)] != mi)
@@ -722,7 +729,13 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 				idx[k] = j;
 				group[k++] = items[j];
 			}
-			if (!k)
+			count[mi] = k - start[mi];
+		}
+		for (uint32_t mi = 0; mi < r->nm; mi++) { /* post every first chain */
+			struct hkv_client *h;
+			int ret;
+
+			if (!count[mi])
 				continue;
 			ret = member_handle(r, mi, &h);
 			if (!ret && (h->conn->error || hkv_conn_check(h->conn))) {
@@ -732,13 +745,22 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 					ret = HKV_EDISCONNECTED;
 			}
 			if (!ret)
-				ret = hkv_mget(h, group, k);
+				ret = hkv_mget_start(h, group + start[mi], count[mi], &pd[mi]);
+			state[mi] = ret ? ret : 1;
+		}
+		for (uint32_t mi = 0; mi < r->nm; mi++) { /* then wait for them */
+			int ret = state[mi];
+
+			if (!count[mi])
+				continue;
+			if (ret == 1)
+				ret = hkv_mget_finish(r->m[mi].h, group + start[mi], count[mi], &pd[mi]);
 			if (ret == HKV_EDISCONNECTED) {
 				again = 1;
 				atomic_store(&r->dirty, 1);
 				continue;
 			}
-			for (size_t j = 0; j < k; j++) {
+			for (size_t j = start[mi]; j < start[mi] + count[mi]; j++) {
 				items[idx[j]] = group[j];
 				pending[idx[j]] = 0;
 				if (ret)
@@ -756,8 +778,13 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 			if (!first)
 				first = HKV_EDISCONNECTED;
 		}
+out:
 	hkv_free(group);
 	hkv_free(idx);
 	hkv_free(pending);
+	hkv_free(pd);
+	hkv_free(start);
+	hkv_free(count);
+	hkv_free(state);
 	return first;
 }

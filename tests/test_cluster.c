@@ -328,6 +328,35 @@ static void test_join_and_route(void)
 			CHECK(items[i].status == HKV_ENOTFOUND);
 		}
 	}
+	/* 32 warm keys over the 3 servers: one chain per server, every chain
+	 * posted before any is waited for (one round trip of wall time) */
+	{
+		int servers[3] = {0}, nserv = 0;
+
+		for (int i = 0; i < 32; i++) {
+			const char *home;
+
+			key_of(keys[i], sizeof(keys[i]), i * 7);
+			items[i] = (struct hkv_mget_item){.key = keys[i], .klen = strlen(keys[i]),
+							  .buf = bufs[i], .cap = sizeof(bufs[i])};
+			home = hkv_cmap_server(&map, hkv_cmap_partition(&map, keys[i],
+									 strlen(keys[i])), 0);
+			servers[home[0] - 'a'] = 1;
+		}
+		nserv = servers[0] + servers[1] + servers[2];
+		CHECK_RC(hkv_mget(c, items, 32), 0); /* warms the location caches */
+		hkv_client_totals(c, &rt0, &rd, &wr);
+		CHECK_RC(hkv_mget(c, items, 32), 0);
+		hkv_client_totals(c, &rt1, &rd, &wr);
+		printf("# mget of 32 warm keys over %d servers: %llu round trips, one per server\n",
+		       nserv, (unsigned long long)(rt1 - rt0));
+		CHECK(rt1 - rt0 == (uint64_t)nserv);
+		for (int i = 0; i < 32; i++) {
+			snprintf(v, sizeof(v), "value-%d", i * 7);
+			CHECK(items[i].status == 0 && items[i].vlen == strlen(v) &&
+			      !memcmp(bufs[i], v, items[i].vlen));
+		}
+	}
 	CHECK_RC(hkv_flush_all(c), 0);
 	CHECK_RC(hkv_count_items(c, &items_n, &bytes), 0);
 	CHECK(items_n == 0);
@@ -497,6 +526,10 @@ static void test_add_and_drain(void)
 	CHECK(strstr(out, "d holds no partition"));
 	CHECK_RC(read_map(&drained), 0);
 	CHECK(parts_of(&drained, "d") == 0);
+	/* only d's partitions moved */
+	for (uint32_t p = 0; p < PARTS; p++)
+		CHECK(!strcmp(hkv_cmap_server(&after, p, 0), "d") ||
+		      !strcmp(hkv_cmap_server(&after, p, 0), hkv_cmap_server(&drained, p, 0)));
 	printf("# drained d in %llu ms\n", (unsigned long long)(now_ms() - t0));
 	sleep_ms(500);
 	load_stop(ls, &sum);
