@@ -2254,11 +2254,11 @@ static int flush_all(struct hkv_client *c)
 
 HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 {
-	int ret = c->router ? hkv_router_flush_all(c) : hkv_revive(c);
+	int ret;
 
 	if (c->router)
-		return ret;
-
+		return hkv_router_flush_all(c);
+	ret = hkv_revive(c);
 	if (ret)
 		return ret;
 	return c->readonly ? -EPERM : flush_all(c);

@@ -304,28 +304,36 @@ static void *watch_thread(void *arg)
 	return NULL;
 }
 
-static struct hkv_config *member_cfg(struct hkv_router *r, const char *endpoint)
+/* A new config with src's secret, timeout and limits; server (may be NULL)
+ * its one server. NULL and errno on failure. */
+static struct hkv_config *config_like(const struct hkv_config *src, const char *server)
 {
-	const struct hkv_config *t = r->tmpl;
 	struct hkv_config *cfg = hkv_config_new();
 
 	if (!cfg)
 		return NULL;
-	cfg->cache = cache_for(r->caches, endpoint); /* shared with the config's other handles */
-	if (!cfg->cache) {
-		hkv_config_free(cfg);
-		errno = ENOMEM;
-		return NULL;
-	}
-	if (hkv_config_add_server(cfg, endpoint) || (t->token && hkv_config_set_token(cfg, t->token)) ||
-	    (t->token_file && hkv_config_set_token_file(cfg, t->token_file))) {
+	if ((server && hkv_config_add_server(cfg, server)) ||
+	    (src->token && hkv_config_set_token(cfg, src->token)) ||
+	    (src->token_file && hkv_config_set_token_file(cfg, src->token_file))) {
 		hkv_config_free(cfg);
 		errno = EINVAL;
 		return NULL;
 	}
-	cfg->timeout_ms = t->timeout_ms;
-	cfg->max_value = t->max_value;
-	cfg->cache_entries = t->cache_entries;
+	cfg->timeout_ms = src->timeout_ms;
+	cfg->max_value = src->max_value;
+	cfg->cache_entries = src->cache_entries;
+	return cfg;
+}
+
+static struct hkv_config *member_cfg(struct hkv_router *r, const char *endpoint)
+{
+	struct hkv_config *cfg = config_like(r->tmpl, endpoint);
+
+	if (cfg && !(cfg->cache = cache_for(r->caches, endpoint))) { /* shared, per server */
+		hkv_config_free(cfg);
+		errno = ENOMEM;
+		return NULL;
+	}
 	return cfg;
 }
 
@@ -487,19 +495,13 @@ int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
 {
 	struct hkv_client *c = hkv_calloc(1, sizeof(*c));
 	struct hkv_router *r = hkv_calloc(1, sizeof(*r));
-	struct hkv_config *tmpl = hkv_config_new();
+	struct hkv_config *tmpl = config_like(cfg, NULL);
 	const char *uri = cfg->servers[0];
 	int ret = -ENOMEM;
 
 	*out = NULL;
 	if (!c || !r || !tmpl)
 		goto fail;
-	if ((cfg->token && hkv_config_set_token(tmpl, cfg->token)) ||
-	    (cfg->token_file && hkv_config_set_token_file(tmpl, cfg->token_file)))
-		goto fail;
-	tmpl->timeout_ms = cfg->timeout_ms;
-	tmpl->max_value = cfg->max_value;
-	tmpl->cache_entries = cfg->cache_entries;
 	r->tmpl = tmpl;
 	r->caches = caches_of(cfg);
 	if (!r->caches)

@@ -113,14 +113,12 @@ struct hkv_cmap *hkv_cluster_take_purge(struct hkv_cluster *cl)
 	return m;
 }
 
-void hkv_cluster_purged(struct hkv_cluster *cl, struct hkv_cmap *map)
+void hkv_cluster_purged(struct hkv_cluster *cl, const struct hkv_cmap *map)
 {
 	atomic_store(&cl->purged_rev, map->epoch);
 	pthread_mutex_lock(&cl->lock);
 	pthread_cond_broadcast(&cl->wake); /* ack at once */
 	pthread_mutex_unlock(&cl->lock);
-	hkv_cmap_free(map);
-	hkv_free(map);
 }
 
 /* Sleep up to ms, or until stop / a purge / a lost lease wakes us. */

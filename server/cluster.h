@@ -72,9 +72,10 @@ int hkv_cluster_rejoined(struct hkv_cluster *cl);
 int hkv_cluster_removed(struct hkv_cluster *cl);
 const char *hkv_cluster_id(const struct hkv_cluster *cl);
 /* A move takes partitions from us (we are fenced): the map to keep the
- * partitions of (take it; NULL if none). Purge what it does not place on
- * us, then hand it back to hkv_cluster_purged(), which frees it. */
+ * partitions of (NULL if none; the caller's, to free with hkv_cmap_free and
+ * hkv_free). Purge what it does not place on us, then say so with
+ * hkv_cluster_purged(). */
 struct hkv_cmap *hkv_cluster_take_purge(struct hkv_cluster *cl);
-void hkv_cluster_purged(struct hkv_cluster *cl, struct hkv_cmap *map);
+void hkv_cluster_purged(struct hkv_cluster *cl, const struct hkv_cmap *map);
 
 #endif /* HKV_SERVER_CLUSTER_H */

@@ -209,7 +209,7 @@ struct server {
 	struct hkv_ctl *ctl;
 	struct server_opts *o;
 	struct hkv_cluster *cluster;
-	struct hkv_cmap repurge; /* shm: purge again before serving after a move */
+	struct hkv_cmap *repurge; /* shm: purge again before serving after a move */
 	int rc;
 };
 
@@ -297,6 +297,15 @@ static int keep_key(void *arg, const void *key, size_t klen)
 	return !strcmp(hkv_cmap_server(k->map, hkv_cmap_partition(k->map, key, klen), 0), k->id);
 }
 
+static void drop_map(struct hkv_cmap **map)
+{
+	if (*map) {
+		hkv_cmap_free(*map);
+		hkv_free(*map);
+	}
+	*map = NULL;
+}
+
 /* Cluster: every 100 ms, fence or unfence as the lease says (cluster.h). */
 static void on_cluster(evutil_socket_t fd, short what, void *arg)
 {
@@ -338,38 +347,27 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 
 				hkv_info("server: purged %llu items of the partitions it gives up",
 					 (unsigned long long)n);
-				if (sv->o->kind == HKV_TRANSPORT_SHM) { /* again before serving */
-					hkv_cmap_free(&sv->repurge);
-					sv->repurge = *map;
-					sv->repurge.names = hkv_calloc(map->nnames,
-								       sizeof(*map->names));
-					sv->repurge.repl = hkv_calloc((size_t)map->partitions *
-								      map->replicas, 2);
-					if (sv->repurge.names && sv->repurge.repl) {
-						memcpy(sv->repurge.names, map->names,
-						       map->nnames * sizeof(*map->names));
-						memcpy(sv->repurge.repl, map->repl, (size_t)map->partitions *
-							map->replicas * 2);
-					} else {
-						hkv_cmap_free(&sv->repurge);
-					}
-				}
 				hkv_cluster_purged(sv->cluster, map);
+				drop_map(&sv->repurge);
+				if (sv->o->kind == HKV_TRANSPORT_SHM)
+					sv->repurge = map; /* purged again before serving */
+				else
+					drop_map(&map);
 			}
 		}
 		return;
 	}
-	if (sv->store.fenced && sv->repurge.names) {
+	if (sv->store.fenced && sv->repurge) {
 		/* shm: a client maps the region and notices a closed socket only
 		 * at its next liveness check (1-4 ms); what such a late write put
 		 * into a partition we gave up goes now, before anyone is served */
-		struct keep_arg k = {&sv->repurge, hkv_cluster_id(sv->cluster)};
+		struct keep_arg k = {sv->repurge, hkv_cluster_id(sv->cluster)};
 		uint64_t n = hkv_store_purge(&sv->store, keep_key, &k);
 
 		if (n)
 			hkv_warn("server: purged %llu late items of the partitions it gave up",
 				 (unsigned long long)n);
-		hkv_cmap_free(&sv->repurge);
+		drop_map(&sv->repurge);
 	}
 	if (sv->store.fenced && !start_data_plane(sv, sv->o)) {
 		sv->store.fenced = 0;
@@ -502,7 +500,7 @@ out:
 	stop_data_plane(&sv);
 	sv.store.fenced = 1;
 	hkv_cluster_stop(sv.cluster);
-	hkv_cmap_free(&sv.repurge);
+	drop_map(&sv.repurge);
 	hkv_ctl_destroy(sv.ctl);
 	if (sv.base)
 		event_base_free(sv.base);
