@@ -3,8 +3,8 @@
  *
  * A handle = one transport connection + one registered scratch arena +
  * the location cache (cache.c) + the block allocator (alloc.c). Operations
- * (ops.c) build chains of work requests over these; every chain posted and
- * waited for is one round trip.
+ * (api.c and its rooms, client/ops_int.h) build chains of work requests over
+ * these; every chain posted and waited for is one round trip.
  *
  * Scratch arena (registered once, carved at open):
  *   bkt   4 x 128 B   bucket reads: [b1, b2] and the re-read after an insert
@@ -190,7 +190,7 @@ struct hkv_client {
 	uint64_t pre_hash;
 };
 
-/* ---- one operation's counters, a multi-get in two halves (ops.c) ---- */
+/* ---- one operation's counters, a multi-get in two halves (api.c) ---- */
 
 struct op_scope {
 	struct hkv_conn_stats before;

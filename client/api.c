@@ -1,0 +1,604 @@
+/*
+ * api.c - the public operations (include/hatchkv.h): each checks its key
+ * and the connection, counts its round trips and bytes, and runs the
+ * protocol of its room; multi-get (cached keys in one chain, in two halves
+ * for a cluster handle), flush_all and count_items (index walks).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "client/client_int.h"
+#include "client/ops_int.h"
+#include "common/transport_int.h"
+
+#define REL_EXPTIME_MAX (60 * 60 * 24 * 30) /* memcached: up to 30 days is relative */
+
+/* memcached's exptime rules -> absolute Unix seconds (0 = never). */
+static uint32_t abs_exptime(int64_t exptime)
+{
+	if (exptime == 0)
+		return 0;
+	if (exptime < 0)
+		return 1; /* long past: expired at once */
+	if (exptime <= REL_EXPTIME_MAX)
+		return hkv_now_unix() + (uint32_t)exptime;
+	return exptime > UINT32_MAX ? UINT32_MAX : (uint32_t)exptime;
+}
+
+/* ---- read-modify-write: the new values (hkv_modify in write.c) ---------------- */
+
+struct incr_arg {
+	uint64_t delta, result;
+	int decr;
+	char digits[24];
+};
+
+static int parse_u64(const uint8_t *p, size_t len, uint64_t *out)
+{
+	uint64_t v = 0;
+	size_t i = 0;
+
+	while (len && p[len - 1] == ' ') /* memcached may pad a decremented value */
+		len--;
+	if (!len || len > 20)
+		return HKV_ENOTNUM;
+	for (; i < len; i++) {
+		if (p[i] < '0' || p[i] > '9' || v > (UINT64_MAX - (uint64_t)(p[i] - '0')) / 10)
+			return HKV_ENOTNUM;
+		v = v * 10 + (uint64_t)(p[i] - '0');
+	}
+	*out = v;
+	return 0;
+}
+
+static int incr_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	struct incr_arg *a = arg;
+	const struct hkv_block_hdr *h = hkv_item_hdr(old);
+	uint64_t cur;
+	int ret = parse_u64(old->blk + HKV_BLOCK_HDR + h->klen, h->vlen, &cur);
+
+	if (ret)
+		return ret;
+	if (a->decr)
+		a->result = a->delta > cur ? 0 : cur - a->delta;
+	else
+		a->result = cur + a->delta; /* wraps at 2^64, as memcached does */
+	*v = (struct value){.p1 = a->digits, .flags = h->flags, .exptime = h->exptime};
+	v->l1 = (size_t)snprintf(a->digits, sizeof(a->digits), "%llu",
+				 (unsigned long long)a->result);
+	return 0;
+}
+
+struct append_arg {
+	const void *data;
+	size_t len;
+	int prepend;
+};
+
+static int append_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	struct append_arg *a = arg;
+	const struct hkv_block_hdr *h = hkv_item_hdr(old);
+	const uint8_t *oldv = old->blk + HKV_BLOCK_HDR + h->klen;
+
+	*v = (struct value){.flags = h->flags, .exptime = h->exptime};
+	v->p1 = a->prepend ? a->data : oldv;
+	v->l1 = a->prepend ? a->len : h->vlen;
+	v->p2 = a->prepend ? oldv : a->data;
+	v->l2 = a->prepend ? h->vlen : a->len;
+	return 0;
+}
+
+static int touch_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
+{
+	const struct hkv_block_hdr *h = hkv_item_hdr(old);
+
+	*v = (struct value){.p1 = old->blk + HKV_BLOCK_HDR + h->klen, .l1 = h->vlen,
+			    .flags = h->flags, .exptime = *(uint32_t *)arg};
+	return 0;
+}
+
+/* ---- public operations ---------------------------------------------------------- */
+
+/* Start of every operation: the key is valid and the handle connected; its
+ * hash is the region's (a reconnect may have found another region). */
+static int key_ready(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	uint64_t was = c->stats.reconnects;
+	int ret = hkv_key_init(c, k, key, klen);
+
+	if (!ret)
+		ret = hkv_revive(c);
+	if (!ret && c->stats.reconnects != was)
+		ret = hkv_key_init(c, k, key, klen);
+	return ret;
+}
+
+static void op_begin(struct hkv_client *c, struct op_scope *s, enum hkv_op op)
+{
+	s->before = c->conn->stats;
+	s->op = op;
+}
+
+static int op_end(struct hkv_client *c, const struct op_scope *s, int ret)
+{
+	struct hkv_op_stats *o = &c->stats.op[s->op];
+	const struct hkv_conn_stats *now = &c->conn->stats;
+
+	o->count++;
+	o->round_trips += now->round_trips - s->before.round_trips;
+	o->bytes_read += now->bytes_read - s->before.bytes_read;
+	o->bytes_written += now->bytes_written - s->before.bytes_written;
+	return ret;
+}
+
+static void fill_info(const struct item *it, struct hkv_item_info *info)
+{
+	if (!info)
+		return;
+	info->version = hkv_item_version(it);
+	info->flags = hkv_item_hdr(it)->flags;
+	info->exptime = hkv_item_hdr(it)->exptime;
+}
+
+HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       size_t *vlen, struct hkv_item_info *info)
+{
+	HKV_ROUTE_READ(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
+	struct op_scope sc;
+	struct item it;
+	struct view view;
+	struct key k;
+	int ret = key_ready(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_GET);
+	ret = hkv_find(c, &k, &it, &view);
+	if (!ret && hkv_item_expired(&it)) {
+		/* a miss; reclaim its memory now (one round trip, expired hits only) */
+		if (!c->readonly && it.state == HKV_BLK_LIVE &&
+		    hkv_publish_remove(c, &it, NULL) == 0)
+			c->stats.expired_reclaimed++;
+		hkv_cache_drop(c->cache, k.h);
+		ret = HKV_ENOTFOUND;
+	} else if (!ret) {
+		hkv_touch_atime(c, &it);
+	}
+	if (!ret) {
+		const struct hkv_block_hdr *h = hkv_item_hdr(&it);
+
+		*vlen = h->vlen;
+		if (h->vlen > cap)
+			ret = -ENOSPC;
+		else if (h->vlen)
+			memcpy(buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+		fill_info(&it, info);
+	}
+	return op_end(c, &sc, ret);
+}
+
+/* Start of every write: the key is valid and this handle may write. */
+static int write_key(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	int ret = key_ready(c, k, key, klen);
+
+	return ret ? ret : c->readonly ? -EPERM : 0;
+}
+
+static int store_op(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
+		    uint64_t version, enum hkv_op op)
+{
+	HKV_ROUTE(c, key, klen, store_op(c, key, klen, val, vlen, opts, mode, version, op));
+	struct value v = {.p1 = val, .l1 = vlen};
+	struct op_scope sc;
+	struct key k;
+	int ret = write_key(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	if (vlen && !val)
+		return -EINVAL;
+	if (opts) {
+		v.flags = opts->flags;
+		v.exptime = abs_exptime(opts->exptime);
+	}
+	op_begin(c, &sc, op);
+	return op_end(c, &sc, hkv_store_value(c, &k, mode, &v, version));
+}
+
+HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_SET, 0, HKV_OP_SET);
+}
+
+HKV_EXPORT int hkv_add(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_ADD, 0, HKV_OP_ADD);
+}
+
+HKV_EXPORT int hkv_replace(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			   size_t vlen, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_REPLACE, 0, HKV_OP_REPLACE);
+}
+
+HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		       size_t vlen, uint64_t version, const struct hkv_write_opts *opts)
+{
+	return store_op(c, key, klen, val, vlen, opts, STORE_CAS, version, HKV_OP_CAS);
+}
+
+static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn fn, void *arg,
+		     enum hkv_op op)
+{
+	HKV_ROUTE(c, key, klen, modify_op(c, key, klen, fn, arg, op));
+	struct op_scope sc;
+	struct key k;
+	int ret = write_key(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, op);
+	return op_end(c, &sc, hkv_modify(c, &k, fn, arg, op));
+}
+
+HKV_EXPORT int hkv_append(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			  size_t vlen, int prepend)
+{
+	struct append_arg a = {.data = val, .len = vlen, .prepend = prepend};
+
+	if (vlen && !val)
+		return -EINVAL;
+	return modify_op(c, key, klen, append_fn, &a, HKV_OP_APPEND);
+}
+
+static int incr_op(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+		   uint64_t *result, int decr)
+{
+	struct incr_arg a = {.delta = delta, .decr = decr};
+	int ret = modify_op(c, key, klen, incr_fn, &a, HKV_OP_INCR);
+
+	if (!ret && result)
+		*result = a.result;
+	return ret;
+}
+
+HKV_EXPORT int hkv_incr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result)
+{
+	return incr_op(c, key, klen, delta, result, 0);
+}
+
+HKV_EXPORT int hkv_decr(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
+			uint64_t *result)
+{
+	return incr_op(c, key, klen, delta, result, 1);
+}
+
+HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int64_t exptime)
+{
+	uint32_t e = abs_exptime(exptime);
+
+	return modify_op(c, key, klen, touch_fn, &e, HKV_OP_TOUCH);
+}
+
+static int delete_once(struct hkv_client *c, const struct key *k, int warm)
+{
+	struct hkv_loc lc, *loc = warm ? hkv_cached_loc(c, k, &lc, 1) : NULL;
+	struct item it;
+	struct view view;
+	int ret, expired;
+
+	if (loc && hkv_loc_fits_key(c, loc, k)) {
+		struct hkv_block_hdr *h = (struct hkv_block_hdr *)c->rblk;
+
+		/* an entry of this very key: the header read just before the mark is
+		 * the removed item's, so its expiry decides the answer (when the
+		 * mark was ours; else the marker's removal is the one that counts) */
+		it = hkv_item_of_loc(loc);
+		hkv_cache_drop(c->cache, k->h);
+		ret = hkv_publish_remove(c, &it, h);
+		if (ret || c->atom[0] != hkv_meta_live(&it))
+			return ret;
+		return h->exptime && h->exptime <= hkv_now_unix() ? HKV_ENOTFOUND : 0;
+	}
+	/* no entry to act on blind: find the key (its block READ confirms it) */
+	ret = warm ? hkv_find(c, k, &it, &view) : hkv_find_cold(c, k, &it, &view, NULL, 0);
+	if (ret)
+		return ret;
+	expired = hkv_item_expired(&it);
+	hkv_cache_drop(c->cache, k->h);
+	ret = hkv_publish_remove(c, &it, NULL);
+	return ret == 0 && expired ? HKV_ENOTFOUND : ret;
+}
+
+HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
+{
+	HKV_ROUTE(c, key, klen, hkv_delete(c, key, klen));
+	struct retry rt;
+	struct op_scope sc;
+	struct key k;
+	int ret = write_key(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_DELETE);
+	hkv_retry_begin(&rt);
+	ret = delete_once(c, &k, 1);
+	while (ret == CONFLICT || ret == STALE) {
+		c->stats.op[HKV_OP_DELETE].retries++;
+		if ((ret = ret == STALE ? hkv_retry_stale(c, &rt) : hkv_retry_wait(c, &rt)))
+			break;
+		ret = delete_once(c, &k, 0);
+	}
+	return op_end(c, &sc, ret);
+}
+
+/* A block read for a multi-get item: keep it if it is still the key's. */
+static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
+		      uint8_t *blk)
+{
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+	struct item it;
+
+	if (!hkv_loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
+		return; /* stale: the single-key path will find it */
+	hkv_item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, 0);
+	m->vlen = h->vlen;
+	m->status = hkv_item_expired(&it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
+	if (!m->status)
+		memcpy(m->buf, blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+	fill_info(&it, &m->info);
+}
+
+/*
+ * Multi-get: the keys with a usable cached location are read in one chain
+ * (one round trip for all of them); the rest, and any whose block turned out
+ * stale, take the single-key path.
+ */
+/* Build the chain for the items from *i on (statuses set: CONFLICT = to
+ * read, by this chain or, if not in it, by a single get afterwards). */
+static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t *i,
+		       struct mget_chain *ch)
+{
+	size_t used = 0;
+
+	ch->nw = 0;
+	ch->first = *i;
+	for (; *i < n && ch->nw < 32; (*i)++) {
+		struct hkv_loc *loc = &ch->locs[ch->nw];
+		struct key k;
+
+		items[*i].status = hkv_key_init(c, &k, items[*i].key, items[*i].klen);
+		if (items[*i].status)
+			continue;
+		items[*i].status = CONFLICT; /* not read yet */
+		if (!hkv_cached_loc(c, &k, loc, 0) || !hkv_slot_sane(c, loc->slot) ||
+		    loc->blen > c->read_cap)
+			continue;
+		if (ch->nw && used + loc->blen + 64 > c->read_cap)
+			break;
+		ch->idx[ch->nw] = *i;
+		ch->offs[ch->nw] = used;
+		ch->wrs[ch->nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
+		used += (loc->blen + 63) & ~(size_t)63; /* keep headers aligned */
+		ch->nw++;
+	}
+	ch->end = *i;
+}
+
+/* The chain's READs have completed: take what they read; the rest one by one. */
+static void mget_take_chain(struct hkv_client *c, struct hkv_mget_item *items,
+			    const struct mget_chain *ch)
+{
+	for (int w = 0; w < ch->nw; w++)
+		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w]);
+	for (size_t j = ch->first; j < ch->end; j++)
+		if (items[j].status == CONFLICT)
+			items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
+						  items[j].cap, &items[j].vlen, &items[j].info);
+}
+
+/* The chains after the first, one round trip each, then the counters. */
+static int mget_rest(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t i,
+		     struct op_scope *sc)
+{
+	while (i < n) {
+		struct mget_chain ch;
+		int ret;
+
+		mget_build(c, items, n, &i, &ch);
+		ret = ch.nw ? hkv_exec(c, ch.wrs, ch.nw) : 0;
+		if (ret)
+			return op_end(c, sc, ret);
+		mget_take_chain(c, items, &ch);
+	}
+	return op_end(c, sc, 0);
+}
+
+/*
+ * A multi-get in two halves, so that a cluster handle posts every server's
+ * first chain before it waits for any (client/router.c): start builds and
+ * posts the first chain (up to 32 cached keys), finish waits for it and does
+ * the rest. n must be the same for both; between them the handle does
+ * nothing else.
+ */
+int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		   struct hkv_mget_pending *pd)
+{
+	struct mget_chain *ch = &pd->chain;
+	size_t i = 0;
+	int ret = hkv_revive(c);
+
+	pd->posted = 0;
+	if (ret)
+		return ret;
+	op_begin(c, &pd->sc, HKV_OP_MGET);
+	mget_build(c, items, n, &i, ch);
+	if (!ch->nw)
+		return 0;
+	ret = hkv_conn_post(c->conn, ch->wrs, ch->nw);
+	if (ret == -EAGAIN)
+		ret = c->conn->error = HKV_ETRANSPORT;
+	if (ret)
+		return op_end(c, &pd->sc, ret);
+	pd->posted = 1;
+	return 0;
+}
+
+int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
+		    struct hkv_mget_pending *pd)
+{
+	struct mget_chain *ch = &pd->chain;
+	int ret;
+
+	if (pd->posted) {
+		ret = hkv_conn_wait(c->conn, NULL, 1); /* (a chain of READs: one completion) */
+		if (ret)
+			return op_end(c, &pd->sc, ret);
+	}
+	mget_take_chain(c, items, ch);
+	return mget_rest(c, items, n, ch->end, &pd->sc);
+}
+
+HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
+{
+	struct op_scope sc;
+	int rv;
+
+	if (c->router)
+		return hkv_router_mget(c, items, n);
+	rv = hkv_revive(c);
+	if (rv)
+		return rv;
+	op_begin(c, &sc, HKV_OP_MGET);
+	return mget_rest(c, items, n, 0, &sc);
+}
+
+/*
+ * flush_all: walk the index 1024 slots at a time. Per chunk: one READ of
+ * the slots, one chain of 8-byte READs of the metas they name, then each
+ * entry whose block is LIVE with the slot's generation is removed exactly as
+ * delete removes it ([CAS meta, CAS slot], the mark's winner frees).
+ */
+#define INDEX_CHUNK 1024
+
+/* Index walks (flush_all, count): READ slots [first, first + *chunk) into
+ * slots, at most INDEX_CHUNK of them; one round trip. */
+static int read_index_chunk(struct hkv_client *c, uint64_t first, uint64_t *slots, int *chunk)
+{
+	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	struct hkv_wr wr;
+
+	*chunk = nslots - first < INDEX_CHUNK ? (int)(nslots - first) : INDEX_CHUNK;
+	wr = hkv_wr_read(c, slots, c->g.index_off + first * 8, (uint32_t)*chunk * 8);
+	return hkv_exec(c, &wr, 1);
+}
+
+static int flush_all(struct hkv_client *c)
+{
+	uint64_t nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	uint64_t *slots = (uint64_t *)c->rblk, *metas = slots + INDEX_CHUNK;
+	uint64_t *again = metas + INDEX_CHUNK;
+	struct op_scope sc;
+
+	op_begin(c, &sc, HKV_OP_DELETE);
+	for (uint64_t first = 0; first < nslots; first += INDEX_CHUNK) {
+		uint64_t base = c->g.index_off + first * 8;
+		struct hkv_wr wrs[64];
+		int idx[32], chunk, ret;
+
+		if ((ret = read_index_chunk(c, first, slots, &chunk)))
+			return op_end(c, &sc, ret);
+		hkv_test_at(c, HKV_TP_FLUSH_METAS);
+		for (int i = 0, batch = 0, stalls = 0; i < chunk;) {
+			uint64_t seen;
+			int n = 0;
+
+			batch = i;
+			/* [READ meta, READ slot again] per entry, one chain: the meta's
+			 * generation and the slot value are one view (docs/design.md,
+			 * "Views"), not a slot from the chunk READ paired with a
+			 * generation read many round trips later */
+			for (; i < chunk && n < 32; i++) {
+				if (!slots[i] || !hkv_slot_sane(c, slots[i]))
+					continue;
+				idx[n] = i;
+				wrs[2 * n] = hkv_wr_read(c, &metas[i], hkv_slot_off(slots[i]), 8);
+				wrs[2 * n + 1] = hkv_wr_read(c, &again[i], base + (uint64_t)i * 8, 8);
+				n++;
+			}
+			seen = hkv_coarse_ns();
+			if (n && (ret = hkv_exec(c, wrs, 2 * n)))
+				return op_end(c, &sc, ret);
+			if (n && !hkv_view_fresh(c, seen)) { /* stalled between the two: again */
+				if (++stalls > 100)
+					return op_end(c, &sc, HKV_EAGAIN);
+				i = batch;
+				continue;
+			}
+			for (int j = 0; j < n; j++) {
+				uint64_t s = again[idx[j]], m = metas[idx[j]];
+				struct item it = {.slot_off = base + (uint64_t)idx[j] * 8, .slot = s,
+						  .blk_off = hkv_slot_off(s), .cls = hkv_slot_class(s),
+						  .gen = hkv_meta_gen(m), .seen_ns = seen};
+
+				if (s != slots[idx[j]] || hkv_meta_state(m) != HKV_BLK_LIVE ||
+				    hkv_meta_class(m) != it.cls || (it.gen & 0x7ff) != hkv_slot_ver(s))
+					continue; /* not a live entry (changed, being replaced, or garbage) */
+				ret = hkv_publish_remove(c, &it, NULL);
+				if (ret < 0)
+					return op_end(c, &sc, ret);
+			}
+		}
+	}
+	return op_end(c, &sc, 0);
+}
+
+HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
+{
+	int ret;
+
+	if (c->router)
+		return hkv_router_flush_all(c);
+	ret = hkv_revive(c);
+	if (ret)
+		return ret;
+	return c->readonly ? -EPERM : flush_all(c);
+}
+
+HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
+{
+	uint64_t nslots = 0, *slots;
+	int ret;
+
+	if (c->router)
+		return hkv_router_count_items(c, items, bytes);
+	ret = hkv_revive(c);
+
+	*items = *bytes = 0;
+	if (ret)
+		return ret;
+	nslots = c->g.nbuckets * HKV_BUCKET_SLOTS;
+	slots = (uint64_t *)c->rblk;
+	for (uint64_t first = 0; first < nslots; first += INDEX_CHUNK) {
+		int chunk;
+
+		if ((ret = read_index_chunk(c, first, slots, &chunk)))
+			return ret;
+		for (int i = 0; i < chunk; i++) {
+			if (!slots[i] || !hkv_slot_sane(c, slots[i]))
+				continue;
+			(*items)++;
+			*bytes += c->g.class_size[hkv_slot_class(slots[i])];
+		}
+	}
+	return 0;
+}

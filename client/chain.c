@@ -1,0 +1,129 @@
+/*
+ * chain.c - round trips: the work requests every operation chains
+ * (hkv_wr_read/write/cas/faa), hkv_exec (post a chain, wait: one round
+ * trip), how old a view may grow before nothing may act on it, and backing
+ * off after a lost race. client/ops_int.h has the overview of the rooms.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdint.h>
+
+#include "client/client_int.h"
+#include "client/ops_int.h"
+#include "common/transport_int.h"
+
+void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
+
+/* ---- work request helpers --------------------------------------------------- */
+
+struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint32_t len)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_READ, .local = local, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .length = len};
+}
+
+/* We only ever WRITE into segments we own; with memory windows each has its
+ * own rkey (the base rkey carries no WRITE right and would fail at the NIC). */
+struct hkv_wr hkv_wr_write(struct hkv_client *c, const void *local, uint64_t off, uint32_t len)
+{
+	uint32_t rkey = c->rkey;
+
+	if (c->wkeys && off >= c->g.data_off &&
+	    (off - c->g.data_off) / c->g.seg_size < c->g.nsegs)
+		rkey = c->wkeys[(off - c->g.data_off) / c->g.seg_size];
+	return (struct hkv_wr){.opcode = HKV_WR_WRITE, .local = (void *)local, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = rkey, .length = len};
+}
+
+struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t expect,
+			 uint64_t swap)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_CAS, .local = res, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->akey,
+			       .compare_add = expect, .swap = swap};
+}
+
+struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add)
+{
+	return (struct hkv_wr){.opcode = HKV_WR_FAA, .local = res, .mr = c->mr,
+			       .remote_addr = hkv_raddr(c, off), .rkey = c->akey, .compare_add = add};
+}
+
+int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)
+{
+	int ret = hkv_conn_exec(c->conn, wrs, n);
+
+	/* -EAGAIN (room held by signaled work nobody waits for) cannot happen
+	 * here; if it did, it must not be an answer: fail the connection, so the
+	 * next operation connects again (hkv_revive) */
+	if (ret == -EAGAIN)
+		ret = c->conn->error = HKV_ETRANSPORT;
+	return ret;
+}
+
+/* ---- views and retries ------------------------------------------------------- */
+
+/* May a write still act on what was seen at seen_ns? Checked right before
+ * the post that acts on it (docs/design.md, "Views"). */
+uint64_t hkv_test_view_max_ns;
+
+int hkv_view_fresh(struct hkv_client *c, uint64_t seen_ns)
+{
+	if (hkv_now_ns() - seen_ns <= (hkv_test_view_max_ns ? hkv_test_view_max_ns
+							    : HKV_VIEW_MAX_NS))
+		return 1;
+	c->stats.stale_views++;
+	return 0;
+}
+
+/*
+ * Retrying after a lost race. Contenders back off for a random while that
+ * grows with the attempts, in units of how long one attempt took (a round
+ * trip is 2 us on a NIC, 100+ us under emulation), so they spread out instead
+ * of colliding in lock step. An operation gives up (HKV_EAGAIN) only when it
+ * has been losing for the whole configured timeout.
+ */
+void hkv_retry_begin(struct retry *r)
+{
+	r->start = r->last = hkv_now_ns();
+	r->attempt = r->stale = 0;
+}
+
+/* Wait before the next attempt; 0 to go on, HKV_EAGAIN when time is up. */
+int hkv_retry_wait(struct hkv_client *c, struct retry *r)
+{
+	uint64_t now, unit, until;
+	/* (growth capped at 32 units: an unbounded backoff starves the loser
+	 * while fresh winners come back at once - seen as HKV_EAGAIN under six
+	 * threads' incr on two emulated CPUs) */
+	int shift = r->attempt < 5 ? r->attempt : 5;
+
+	hkv_test_at(c, HKV_TP_RETRY);
+	now = hkv_now_ns();
+	unit = now - r->last;
+
+	if (now - r->start > (uint64_t)c->timeout_ms * 1000000ull || r->attempt >= HKV_MAX_RETRIES)
+		return HKV_EAGAIN;
+	if (unit < 1000)
+		unit = 1000;
+	until = now + hkv_rand(c) % (unit << shift);
+	while (hkv_now_ns() < until)
+		if (until - hkv_now_ns() > 20000)
+			sched_yield(); /* a long wait: let the contenders run */
+	r->attempt++;
+	r->last = hkv_now_ns();
+	return 0;
+}
+
+/*
+ * A view went stale (STALE): this thread was stopped, not beaten by other
+ * writers. Look again at once, and do not count the stall against the
+ * timeout - three times; then as a lost race.
+ */
+int hkv_retry_stale(struct hkv_client *c, struct retry *r)
+{
+	if (r->stale++ >= 3)
+		return hkv_retry_wait(c, r);
+	r->start = r->last = hkv_now_ns();
+	return 0;
+}
