@@ -349,9 +349,9 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 		return 0;
 	}
 	now = hkv_coarse_ns();
-	if (!m->endpoint[0]) { /* no member (any more): as good as gone */
+	if (!m->endpoint[0]) { /* no member (any more): out of service */
 		m->refused = 1;
-		return HKV_EDISCONNECTED;
+		return HKV_EUNAVAILABLE;
 	}
 	if (now < m->retry_ns)
 		return HKV_EDISCONNECTED; /* it just failed */
@@ -375,7 +375,9 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
  * read first: for up to the handle's timeout while it answers but refuses
  * (fenced for a move: a few hundred milliseconds, seconds on a slow host),
  * for up to ROUTER_GONE_MS when nobody answers (a dead server: its keys
- * fail fast until the map re-homes them). Then HKV_EDISCONNECTED.
+ * fail fast until the map re-homes them, or in store mode until it is
+ * back): then HKV_EUNAVAILABLE, as at once for a server that is no member
+ * (nothing was done). Other failures: HKV_EDISCONNECTED.
  *
  * Every connection made here is followed by a read of the map before its
  * first use: a server serves again after a move only once the move is
@@ -461,9 +463,10 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		}
 		now = hkv_coarse_ns();
 		if (ret != HKV_EDISCONNECTED ||
-		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull ||
-		    (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull))
+		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
 			return ret;
+		if (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull)
+			return HKV_EUNAVAILABLE; /* nothing was posted */
 		if (now - r->reload_ns >= 50000000ull) { /* the map may have moved */
 			r->reload_ns = now;
 			atomic_store(&r->dirty, 1);

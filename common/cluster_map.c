@@ -161,23 +161,28 @@ static int hex_key(const char *hex, uint8_t key[16])
 }
 
 int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
-			    uint8_t hash_key[16])
+			    uint8_t hash_key[16], int *store_mode)
 {
 	json_object *o = parse(json, len);
 	uint64_t parts = 0;
-	char hex[40];
+	char hex[40], mode[8] = "cache"; /* (identities from before modes: cache) */
 	int ret = -EPROTO;
 
+	if (o && json_object_object_get_ex(o, "mode", NULL) &&
+	    get_string(o, "mode", mode, sizeof(mode)))
+		mode[0] = 0;
 	if (o && !get_u64(o, "partitions", &parts) && parts && parts <= HKV_CLUSTER_MAX_PARTS &&
-	    !get_string(o, "hash_key", hex, sizeof(hex)) && !hex_key(hex, hash_key)) {
+	    !get_string(o, "hash_key", hex, sizeof(hex)) && !hex_key(hex, hash_key) &&
+	    (!strcmp(mode, "cache") || !strcmp(mode, "store"))) {
 		*partitions = (uint32_t)parts;
+		*store_mode = !strcmp(mode, "store");
 		ret = 0;
 	}
 	json_object_put(o);
 	return ret;
 }
 
-char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16])
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode)
 {
 	json_object *o = json_object_new_object();
 	char hex[33];
@@ -187,6 +192,7 @@ char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16])
 	sodium_bin2hex(hex, sizeof(hex), hash_key, 16);
 	json_object_object_add(o, "partitions", json_object_new_int64(partitions));
 	json_object_object_add(o, "hash_key", json_object_new_string(hex));
+	json_object_object_add(o, "mode", json_object_new_string(store_mode ? "store" : "cache"));
 	return dup_json(o);
 }
 
@@ -356,8 +362,8 @@ uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t 
 	return hkv_cmap_partition_of(map, hkv_cmap_hash(map, key, klen));
 }
 
-int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, uint32_t *partitions,
-			  uint8_t hash_key[16])
+int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int store_if_new,
+			  uint32_t *partitions, uint8_t hash_key[16], int *store_mode)
 {
 	char key[300], *json;
 	struct hkv_etcd_kv *kvs;
@@ -370,12 +376,13 @@ int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, uint32
 		if (ret)
 			return ret;
 		if (n) {
-			ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, partitions, hash_key);
+			ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, partitions, hash_key,
+						      store_mode);
 			hkv_etcd_kvs_free(kvs, n);
 			return ret;
 		}
 		randombytes_buf(fresh, sizeof(fresh));
-		json = hkv_cmap_identity_format(partitions_if_new, fresh);
+		json = hkv_cmap_identity_format(partitions_if_new, fresh, store_if_new);
 		if (!json)
 			return -ENOMEM;
 		ret = hkv_etcd_put_if(e, key, json, strlen(json), 0, 0, NULL);

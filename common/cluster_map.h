@@ -12,8 +12,9 @@
  *   PREFIX/removed/NAME   an operator removed NAME: it must not come back
  *   PREFIX/coordinator    NAME of the one server that recomputes the map,
  *                         under that server's lease (leadership)
- *   PREFIX/identity       {"partitions":64,"hash_key":"<32 hex>"}, written
- *                         once: every map is made from it
+ *   PREFIX/identity       {"partitions":64,"hash_key":"<32 hex>",
+ *                          "mode":"cache"|"store"}, written once: every
+ *                         map is made from it; every server runs the mode
  *   PREFIX/map            the partition map:
  *                         {"partitions":64,"replicas":1,"hash_key":"<32 hex>",
  *                          "map":[["a"],["b"],...]}
@@ -77,8 +78,8 @@ int hkv_cmember_parse(const char *json, size_t len, struct hkv_cmember *m);
 char *hkv_cmember_format(const struct hkv_cmember *m);
 
 int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
-			    uint8_t hash_key[16]);
-char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16]);
+			    uint8_t hash_key[16], int *store_mode);
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode);
 
 /* Parse PREFIX/map; every check a client relies on is made here (counts in
  * range, each list exactly `replicas` distinct known names). 0, -EPROTO
@@ -102,11 +103,12 @@ static inline uint32_t hkv_cmap_partition_of(const struct hkv_cmap *map, uint64_
 {
 	return (uint32_t)((((h >> 22) & 0xffffffffull) * map->partitions) >> 32);
 }
-/* Read PREFIX/identity, writing it first if absent (partitions and a new
- * random key). 0 and *partitions, hash_key filled, or an error. */
+/* Read PREFIX/identity, writing it first if absent (partitions, a new
+ * random key, the mode). 0 and *partitions, hash_key, *store_mode filled,
+ * or an error. */
 struct hkv_etcd;
-int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, uint32_t *partitions,
-			  uint8_t hash_key[16]);
+int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int store_if_new,
+			  uint32_t *partitions, uint8_t hash_key[16], int *store_mode);
 /* The name of partition p's replica r. */
 const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r);
 

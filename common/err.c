@@ -21,6 +21,7 @@ static const char *const hkv_messages[] = {
 	[15] = "too much contention, retries exhausted",
 	[16] = "value is not a number",
 	[17] = "no RDMA device or transport unavailable",
+	[18] = "the key's server is out of service; nothing was done",
 };
 
 HKV_EXPORT const char *hkv_strerror(int err)

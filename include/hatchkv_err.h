@@ -39,6 +39,8 @@ enum hkv_error {
 	HKV_EAGAIN = -1015,         /* too much contention: retries exhausted */
 	HKV_ENOTNUM = -1016,        /* incr/decr on a value that is not a number */
 	HKV_ENODEV = -1017,         /* no RDMA device / transport unavailable */
+	HKV_EUNAVAILABLE = -1018,   /* cluster: the key's server is out of service
+				     * (gone, or refusing); nothing was done */
 };
 
 /* Human-readable text for 0, -errno or HKV_E*; never NULL, static storage. */

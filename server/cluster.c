@@ -41,15 +41,25 @@ struct hkv_cluster {
 	_Atomic int64_t lease;
 	_Atomic uint64_t ok_sent_ns; /* CLOCK_BOOTTIME: sending time of the last answered keepalive */
 	atomic_int lease_gone, rejoin, removed;
+	int store_mode;
 	/* Moves (cluster.h): while PREFIX/next takes partitions from us we are
-	 * fenced; the loop purges them (purge_map, under lock) and says so in
-	 * purged_rev; the thread then acks. */
-	atomic_int move_fence;
-	struct hkv_cmap *purge_map;
-	_Atomic int64_t purged_rev;
+	 * fenced. Store mode: also until the region holds only what the map
+	 * places on us (settle: after each registration, after each move). */
+	atomic_int move_fence, settle;
+	/* Jobs for the loop, one at a time (cluster.h): job is issued and not
+	 * yet taken, done_* the loop's answer (all under lock). */
+	struct hkv_cluster_job *job;
+	int done, done_kind, done_ret;
+	uint32_t done_gen;
+	int64_t done_rev;
 	/* the coordination thread's */
 	int leader;
-	int64_t acked_rev, fence_rev;
+	int job_out;      /* a job issued, no answer yet */
+	uint32_t reg_gen; /* registrations: answers to jobs of an older one are void */
+	int settle_issued;
+	int64_t acked_rev, fence_rev, purged_rev, copied_rev, intaken_rev, ready_rev;
+	uint64_t fence_ns;
+	char *copy_crs; /* store mode: the registrations of the new homes a copy went to */
 	int64_t next_seen_rev;
 	uint64_t next_seen_ns, log_ns;
 	struct gone *gone;
@@ -73,6 +83,7 @@ int hkv_cluster_fenced(struct hkv_cluster *cl)
 
 	return atomic_load(&cl->removed) || atomic_load(&cl->lease_gone) ||
 	       atomic_load(&cl->rejoin) || atomic_load(&cl->move_fence) ||
+	       atomic_load(&cl->settle) ||
 	       boot_ns() - atomic_load(&cl->ok_sent_ns) >= limit;
 }
 
@@ -82,6 +93,8 @@ const char *hkv_cluster_fence_reason(struct hkv_cluster *cl)
 		return "removed by an operator";
 	if (atomic_load(&cl->move_fence))
 		return "giving up partitions (a move)";
+	if (atomic_load(&cl->settle))
+		return "settling its region with the map";
 	if (atomic_load(&cl->lease_gone) || atomic_load(&cl->rejoin))
 		return "the cluster lease is gone";
 	return "cannot renew the cluster lease in time";
@@ -102,22 +115,45 @@ const char *hkv_cluster_id(const struct hkv_cluster *cl)
 	return cl->id;
 }
 
-struct hkv_cmap *hkv_cluster_take_purge(struct hkv_cluster *cl)
+int hkv_cluster_store_mode(const struct hkv_cluster *cl)
 {
-	struct hkv_cmap *m;
-
-	pthread_mutex_lock(&cl->lock);
-	m = cl->purge_map;
-	cl->purge_map = NULL;
-	pthread_mutex_unlock(&cl->lock);
-	return m;
+	return cl->store_mode;
 }
 
-void hkv_cluster_purged(struct hkv_cluster *cl, const struct hkv_cmap *map)
+void hkv_cluster_job_free(struct hkv_cluster_job *job)
 {
-	atomic_store(&cl->purged_rev, map->epoch);
+	if (!job)
+		return;
+	if (job->map)
+		hkv_cmap_free(job->map);
+	if (job->cur)
+		hkv_cmap_free(job->cur);
+	hkv_free(job->map);
+	hkv_free(job->cur);
+	hkv_free(job->homes);
+	hkv_free(job);
+}
+
+struct hkv_cluster_job *hkv_cluster_take_job(struct hkv_cluster *cl)
+{
+	struct hkv_cluster_job *j;
+
 	pthread_mutex_lock(&cl->lock);
-	pthread_cond_broadcast(&cl->wake); /* ack at once */
+	j = cl->job;
+	cl->job = NULL;
+	pthread_mutex_unlock(&cl->lock);
+	return j;
+}
+
+void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *job, int ret)
+{
+	pthread_mutex_lock(&cl->lock);
+	cl->done = 1;
+	cl->done_kind = (int)job->kind;
+	cl->done_rev = job->rev;
+	cl->done_gen = job->gen;
+	cl->done_ret = ret;
+	pthread_cond_broadcast(&cl->wake); /* act on it at once */
 	pthread_mutex_unlock(&cl->lock);
 }
 
@@ -162,6 +198,31 @@ static int loses(const struct hkv_cmap *a, const struct hkv_cmap *b, const char 
 	for (uint32_t p = 0; p < a->partitions && p < b->partitions; p++)
 		if (!strcmp(hkv_cmap_server(a, p, 0), id) && strcmp(hkv_cmap_server(b, p, 0), id))
 			return 1;
+	return 0;
+}
+
+static int gains(const struct hkv_cmap *a, const struct hkv_cmap *b, const char *id)
+{
+	return loses(b, a, id);
+}
+
+/* Make name the primary of partition p (one replica per partition). */
+static int set_primary(struct hkv_cmap *m, uint32_t p, const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < m->nnames && strcmp(m->names[i], name); i++)
+		;
+	if (i == m->nnames) {
+		char (*n)[HKV_CLUSTER_ID_MAX] = hkv_realloc(m->names, (i + 1) * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		m->names = n;
+		snprintf(n[i], sizeof(n[i]), "%s", name);
+		m->nnames++;
+	}
+	m->repl[p * m->replicas] = (uint16_t)i;
 	return 0;
 }
 
@@ -254,6 +315,12 @@ static int do_register(struct hkv_cluster *cl)
 	atomic_store(&cl->lease, lease);
 	cl->leader = 0;
 	cl->acked_rev = cl->fence_rev = cl->next_seen_rev = 0;
+	cl->purged_rev = cl->copied_rev = cl->intaken_rev = cl->ready_rev = 0;
+	cl->reg_gen++;
+	cl->job_out = 0; /* (an answer from before is void: see reg_gen) */
+	cl->settle_issued = 0;
+	if (cl->store_mode) /* what we hold may be partitions we no longer have */
+		atomic_store(&cl->settle, 1);
 	return 0;
 }
 
@@ -369,12 +436,13 @@ static int has_acked(struct hkv_cluster *cl, const struct snap *sn, const char *
  * lead (the coordinator key under our lease), and every server of cur that
  * gives up partitions is the same registration (create_revision; 0: still
  * no member) - a server that came back meanwhile may serve again and must
- * be asked (a move) first. del_next: the move it commits.
+ * be asked (a move) first. Store mode: so is every server that gains (the
+ * registration the losers copied into). del_next: the move it commits.
  */
 static int commit_map(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *cur,
 		      const struct hkv_cmap *want, int64_t rev, int del_next)
 {
-	uint32_t nl = cur ? cur->nnames : 0, k = 0;
+	uint32_t nl = (cur ? cur->nnames : 0) + want->nnames, k = 0;
 	struct hkv_etcd_cmp *cmps = hkv_calloc(nl + 2, sizeof(*cmps));
 	char (*keys)[512] = hkv_calloc(nl + 3, sizeof(*keys));
 	char *json = hkv_cmap_format(want);
@@ -389,12 +457,15 @@ static int commit_map(struct hkv_cluster *cl, const struct snap *sn, const struc
 	key_of(cl, keys[1], sizeof(keys[1]), "coordinator", NULL);
 	cmps[k++] = (struct hkv_etcd_cmp){keys[1], HKV_ETCD_CMP_LEASE, atomic_load(&cl->lease)};
 	for (uint32_t i = 0; i < nl; i++) {
+		const char *id = i < nl - want->nnames ? cur->names[i]
+						       : want->names[i - (nl - want->nnames)];
 		const struct hkv_etcd_kv *m;
 
-		if (!loses(cur, want, cur->names[i]))
+		if (i < nl - want->nnames ? !loses(cur, want, id)
+					  : !cl->store_mode || !cur || !gains(cur, want, id))
 			continue;
-		m = snap_get(cl, sn, "servers", cur->names[i]);
-		key_of(cl, keys[k], sizeof(keys[k]), "servers", cur->names[i]);
+		m = snap_get(cl, sn, "servers", id);
+		key_of(cl, keys[k], sizeof(keys[k]), "servers", id);
 		cmps[k] = (struct hkv_etcd_cmp){keys[k], HKV_ETCD_CMP_CREATE, m ? m->create_rev : 0};
 		k++;
 	}
@@ -414,6 +485,49 @@ out:
 	return ret;
 }
 
+/* Store mode: may the move from cur to next still commit? Every server it
+ * touches must be a member, and every loser's ack ("REV a=12 b=40") must
+ * name the registrations (create_revision) of its new homes we see now:
+ * a new home that registered again since may have dropped the copy. */
+static int store_move_sound(struct hkv_cluster *cl, const struct snap *sn,
+			    const struct hkv_cmap *cur, const struct hkv_cmap *next, int64_t rev)
+{
+	for (uint32_t i = 0; i < cur->nnames + next->nnames; i++) {
+		const char *id = i < cur->nnames ? cur->names[i] : next->names[i - cur->nnames];
+
+		if ((loses(cur, next, id) || gains(cur, next, id)) && !is_member(cl, sn, id)) {
+			hkv_warn("cluster: %s left during a move: the move is dropped", id);
+			return 0;
+		}
+	}
+	for (uint32_t i = 0; i < cur->nnames; i++) {
+		const struct hkv_etcd_kv *ak = snap_get(cl, sn, "ack", cur->names[i]);
+		char *p, *end, name[HKV_CLUSTER_ID_MAX];
+
+		if (!loses(cur, next, cur->names[i]) || !ak || strtoll(ak->value, &p, 10) != rev)
+			continue;
+		while (*p == ' ') {
+			const struct hkv_etcd_kv *m;
+			size_t n = strcspn(++p, "=");
+			long long cr;
+
+			if (!n || n >= sizeof(name) || p[n] != '=')
+				break;
+			memcpy(name, p, n);
+			name[n] = 0;
+			cr = strtoll(p + n + 1, &end, 10);
+			p = end;
+			m = snap_get(cl, sn, "servers", name);
+			if (!m || m->create_rev != cr) {
+				hkv_warn("cluster: %s registered again after %s copied into it: "
+					 "the move is dropped", name, cur->names[i]);
+				return 0;
+			}
+		}
+	}
+	return 1;
+}
+
 /* Leader, a move under way: commit PREFIX/next once every live server that
  * gives up partitions has purged them and acked, and those that left have
  * been gone long enough. */
@@ -429,6 +543,11 @@ static int drive_move(struct hkv_cluster *cl, const struct snap *sn, const struc
 	if (next_parse(nk, &next, &base) || base != cur_rev) {
 		hkv_cmap_free(&next);
 		hkv_etcd_delete_if(cl->e, key, nk->mod_rev); /* stale or garbage: start over */
+		return 0;
+	}
+	if (cl->store_mode && !store_move_sound(cl, sn, cur, &next, nk->mod_rev)) {
+		hkv_cmap_free(&next);
+		hkv_etcd_delete_if(cl->e, key, nk->mod_rev); /* its losers serve on */
 		return 0;
 	}
 	for (uint32_t i = 0; i < cur->nnames; i++) {
@@ -467,9 +586,16 @@ static int identity(struct hkv_cluster *cl, const struct snap *sn, const struct 
 
 	memset(id, 0, sizeof(*id));
 	if (ik) {
-		ret = hkv_cmap_identity_parse(ik->value, ik->vlen, &id->partitions, id->hash_key);
+		int store = 0;
+
+		ret = hkv_cmap_identity_parse(ik->value, ik->vlen, &id->partitions, id->hash_key,
+					      &store);
 		if (ret)
 			hkv_err("cluster: %s/identity is garbage; not touching the map", cl->prefix);
+		else if (store != cl->store_mode)
+			hkv_err("cluster: %s/identity says %s mode, we run %s; not touching the map",
+				cl->prefix, store ? "store" : "cache", cl->store_mode ? "store" : "cache"),
+				ret = -EPROTO;
 		id->replicas = 1;
 		return ret;
 	}
@@ -485,13 +611,43 @@ static int identity(struct hkv_cluster *cl, const struct snap *sn, const struct 
 		id->partitions = cl->partitions;
 		randombytes_buf(id->hash_key, sizeof(id->hash_key));
 	}
-	json = hkv_cmap_identity_format(id->partitions, id->hash_key);
+	json = hkv_cmap_identity_format(id->partitions, id->hash_key, cl->store_mode);
 	if (!json)
 		return -ENOMEM;
 	key_of(cl, key, sizeof(key), "identity", NULL);
 	ret = hkv_etcd_put_if(cl->e, key, json, strlen(json), 0, 0, NULL);
 	hkv_free(json);
 	return ret && ret != -ECANCELED ? ret : 1;
+}
+
+/*
+ * Store mode: a server that left keeps its partitions - its items wait for
+ * it on its --memory-file, and its keys fail with HKV_EUNAVAILABLE - unless
+ * an operator removed it. And a server that would both gain and give up
+ * partitions keeps what it would give up for now (a loser is fenced, a
+ * gainer must serve the copies coming in): the next move takes them.
+ */
+static int store_placement(struct hkv_cluster *cl, const struct snap *sn,
+			   const struct hkv_cmap *cur, struct hkv_cmap *want)
+{
+	int ret = 0;
+
+	for (uint32_t p = 0; p < cur->partitions && !ret; p++) {
+		const char *o = hkv_cmap_server(cur, p, 0);
+
+		if (!is_member(cl, sn, o) && !snap_get(cl, sn, "removed", o))
+			ret = set_primary(want, p, o);
+	}
+	for (uint32_t i = 0; i < cur->nnames && !ret; i++) {
+		const char *id = cur->names[i];
+
+		if (!loses(cur, want, id) || !gains(cur, want, id))
+			continue;
+		for (uint32_t p = 0; p < cur->partitions && !ret; p++)
+			if (!strcmp(hkv_cmap_server(cur, p, 0), id))
+				ret = set_primary(want, p, id);
+	}
+	return ret;
 }
 
 /* Leader: make PREFIX/map place every partition on the members. */
@@ -529,6 +685,8 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 		}
 	}
 	ret = hkv_cmap_place(&want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
+	if (!ret && mk && cl->store_mode)
+		ret = store_placement(cl, sn, &cur, &want);
 	if (ret || (mk && same_placement(&cur, &want)))
 		goto out;
 	for (uint32_t i = 0; mk && i < cur.nnames; i++) {
@@ -560,61 +718,267 @@ out:
 	return ret;
 }
 
-/* Every member: does a pending move take partitions from us? Then fence,
- * have the loop purge them, ack; unfence once the move is over. */
+static void issue(struct hkv_cluster *cl, struct hkv_cluster_job *job)
+{
+	job->gen = cl->reg_gen;
+	pthread_mutex_lock(&cl->lock);
+	hkv_cluster_job_free(cl->job);
+	cl->job = job;
+	pthread_mutex_unlock(&cl->lock);
+	cl->job_out = 1;
+}
+
+static struct hkv_cluster_job *job_new(enum hkv_cluster_job_kind kind, int64_t rev)
+{
+	struct hkv_cluster_job *j = hkv_calloc(1, sizeof(*j));
+
+	if (j) {
+		j->kind = kind;
+		j->rev = rev;
+	}
+	return j;
+}
+
+static const char *job_name(int kind)
+{
+	return kind == HKV_JOB_COPY ? "copy" : kind == HKV_JOB_INTAKE ? "intake" : "purge";
+}
+
+/* The loop's answer to our job, if any. */
+static void collect_done(struct hkv_cluster *cl)
+{
+	int done, kind, ret;
+	uint32_t gen;
+	int64_t rev;
+
+	pthread_mutex_lock(&cl->lock);
+	done = cl->done;
+	kind = cl->done_kind;
+	ret = cl->done_ret;
+	rev = cl->done_rev;
+	gen = cl->done_gen;
+	cl->done = 0;
+	pthread_mutex_unlock(&cl->lock);
+	if (!done || gen != cl->reg_gen)
+		return; /* nothing, or for a registration of ours that is over */
+	cl->job_out = 0;
+	if (ret) {
+		hkv_warn("cluster: %s for move %lld failed (%s): trying again", job_name(kind),
+			 (long long)rev, hkv_strerror(ret));
+		cl->settle_issued = 0;
+		return;
+	}
+	if (kind == HKV_JOB_PURGE && !rev) {
+		if (cl->settle_issued) {
+			atomic_store(&cl->settle, 0);
+			hkv_info("cluster: %s holds only its partitions: serves", cl->id);
+		}
+	} else if (kind == HKV_JOB_PURGE) {
+		cl->purged_rev = rev;
+	} else if (kind == HKV_JOB_COPY) {
+		cl->copied_rev = rev;
+	} else {
+		cl->intaken_rev = rev;
+	}
+}
+
+static struct hkv_cmap *map_of(const struct hkv_etcd_kv *kv)
+{
+	struct hkv_cmap *m = hkv_calloc(1, sizeof(*m));
+
+	if (m && kv && hkv_cmap_parse(kv->value, kv->vlen, m)) {
+		hkv_free(m);
+		return NULL;
+	}
+	if (m && kv)
+		m->epoch = kv->mod_rev;
+	return m; /* (no kv: no map, an empty one - nothing placed on us) */
+}
+
+/*
+ * Store mode, a loser: are all new homes of our partitions members that
+ * have emptied them (ready/NAME is this move's revision)? Then "a=12 b=40"
+ * (their registrations) in *crs and their member records in homes[]
+ * (indexed like next->names). 1 if so, 0 if not yet, or an error.
+ */
+static int homes_ready(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *cur,
+		       const struct hkv_cmap *next, int64_t rev, char **crs,
+		       struct hkv_cmember *homes)
+{
+	size_t cap = (size_t)next->nnames * (HKV_CLUSTER_ID_MAX + 24) + 1, len = 0;
+	char *out = hkv_calloc(1, cap);
+
+	if (!out)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < next->nnames; i++) {
+		const char *g = next->names[i];
+		const struct hkv_etcd_kv *m, *rk;
+		int to_g = 0;
+
+		if (!strcmp(g, cl->id))
+			continue;
+		for (uint32_t p = 0; p < cur->partitions && !to_g; p++)
+			to_g = !strcmp(hkv_cmap_server(cur, p, 0), cl->id) &&
+			       !strcmp(hkv_cmap_server(next, p, 0), g);
+		if (!to_g)
+			continue;
+		m = snap_get(cl, sn, "servers", g);
+		rk = snap_get(cl, sn, "ready", g);
+		if (!m || !rk || strtoll(rk->value, NULL, 10) != rev ||
+		    (homes && hkv_cmember_parse(m->value, m->vlen, &homes[i]))) {
+			hkv_free(out);
+			return 0;
+		}
+		len += (size_t)snprintf(out + len, cap - len, " %s=%lld", g, (long long)m->create_rev);
+	}
+	*crs = out;
+	return 1;
+}
+
+/*
+ * Every member, each round: follow a pending move (PREFIX/next).
+ * Cache mode, a loser: fence, have the loop purge what we give up, ack.
+ * Store mode, a gainer: have the loop empty what we gain (left by a move
+ * that never committed), then say ready/ID. Store mode, a loser: fence;
+ * once every new home is ready, have the loop copy our items of the moving
+ * partitions to them; ack with the new homes' registrations, and drop the
+ * items only once the move is over and the map says they are gone
+ * (settle). Unfence when the move is over.
+ */
 static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 {
-	char key[512], val[32];
+	char key[512], *val = NULL, *crs = NULL;
 	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
 	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
-	struct hkv_cmap cur = {0}, *next = NULL;
-	int64_t base;
+	struct hkv_cmap *cur = NULL, *next = NULL;
+	struct hkv_cluster_job *job;
+	int64_t base, rev = nk ? nk->mod_rev : 0;
 	int ret = 0;
 
+	collect_done(cl);
+	if (cl->job_out)
+		return 0; /* one job at a time */
+	if (atomic_load(&cl->settle)) { /* store mode: drop what the map does not place on us */
+		if (!(cur = map_of(mk))) {
+			hkv_err("cluster: %s/map does not parse: %s stays fenced", cl->prefix, cl->id);
+			return 0;
+		}
+		if (!(job = job_new(HKV_JOB_PURGE, 0)))
+			goto nomem;
+		job->map = cur;
+		issue(cl, job);
+		cl->settle_issued = 1;
+		return 0;
+	}
 	if (!nk) { /* no move (any more): committed or dropped */
 		if (atomic_load(&cl->move_fence)) {
-			hkv_info("cluster: move over, %s serves again", cl->id);
+			if (cl->store_mode) /* drop what moved before serving */
+				atomic_store(&cl->settle, 1);
+			else
+				hkv_info("cluster: move over, %s serves again", cl->id);
 			atomic_store(&cl->move_fence, 0);
 		}
 		return 0;
 	}
-	if (cl->acked_rev == nk->mod_rev || cl->fence_rev == nk->mod_rev) {
-		if (cl->acked_rev != nk->mod_rev &&
-		    atomic_load(&cl->purged_rev) == nk->mod_rev) {
+	if (!(cur = map_of(mk)) || !mk || !(next = hkv_calloc(1, sizeof(*next))) ||
+	    next_parse(nk, next, &base) || base != mk->mod_rev)
+		goto out; /* nothing we can act on: the coordinator cleans up */
+	if (loses(cur, next, cl->id)) {
+		if (cl->fence_rev != rev) {
+			hkv_info("cluster: %s gives up %u partitions: fenced to %s them", cl->id,
+				 hkv_cmap_moved(cur, next), cl->store_mode ? "copy" : "purge");
+			cl->fence_rev = rev;
+			cl->fence_ns = boot_ns();
+			atomic_store(&cl->move_fence, 1);
+			if (cl->store_mode)
+				goto out;
+			if (!(job = job_new(HKV_JOB_PURGE, rev)))
+				goto nomem;
+			job->map = next;
+			next = NULL;
+			issue(cl, job);
+			goto out;
+		}
+		if (cl->acked_rev == rev)
+			goto out;
+		if (!cl->store_mode) {
+			if (cl->purged_rev == rev)
+				val = hkv_calloc(1, 32);
+		} else if (cl->copied_rev != rev) {
+			struct hkv_cmember *homes;
+
+			/* the loop closes our clients within 100 ms of the fence */
+			if (boot_ns() - cl->fence_ns < 200000000ull)
+				goto out;
+			homes = hkv_calloc(next->nnames + 1, sizeof(*homes));
+			if (!homes)
+				goto nomem;
+			ret = homes_ready(cl, sn, cur, next, rev, &crs, homes);
+			if (ret <= 0 || !(job = job_new(HKV_JOB_COPY, rev))) {
+				hkv_free(homes);
+				ret = ret < 0 ? ret : 0;
+				goto out;
+			}
+			job->map = next;
+			job->homes = homes;
+			next = NULL;
+			hkv_free(cl->copy_crs);
+			cl->copy_crs = crs;
+			crs = NULL;
+			issue(cl, job);
+			goto out;
+		} else {
+			/* copied: the new homes must be the registrations copied into */
+			ret = homes_ready(cl, sn, cur, next, rev, &crs, NULL);
+			if (ret <= 0 || strcmp(crs, cl->copy_crs ? cl->copy_crs : "")) {
+				if (ret >= 0)
+					hkv_warn("cluster: a new home changed while %s copied: copying again",
+						 cl->id);
+				cl->copied_rev = 0;
+				ret = ret < 0 ? ret : 0;
+				goto out;
+			}
+			val = hkv_calloc(1, strlen(crs) + 32);
+		}
+		if (val) {
+			snprintf(val, strlen(crs ? crs : "") + 32, "%lld%s", (long long)rev,
+				 crs ? crs : "");
 			key_of(cl, key, sizeof(key), "ack", cl->id);
-			snprintf(val, sizeof(val), "%lld", (long long)nk->mod_rev);
 			ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
 			if (!ret)
-				cl->acked_rev = nk->mod_rev;
+				cl->acked_rev = rev;
 		}
-		return ret;
-	}
-	next = hkv_calloc(1, sizeof(*next));
-	if (!next)
-		return -ENOMEM;
-	if (!mk || hkv_cmap_parse(mk->value, mk->vlen, &cur) || next_parse(nk, next, &base) ||
-	    base != mk->mod_rev)
-		goto out; /* nothing we can act on: the coordinator cleans up */
-	if (loses(&cur, next, cl->id)) {
-		hkv_info("cluster: %s gives up %u partitions: fenced to purge them", cl->id,
-			 hkv_cmap_moved(&cur, next));
-		cl->fence_rev = nk->mod_rev;
-		atomic_store(&cl->move_fence, 1);
-		pthread_mutex_lock(&cl->lock);
-		if (cl->purge_map) {
-			hkv_cmap_free(cl->purge_map);
-			hkv_free(cl->purge_map);
+	} else if (cl->store_mode && gains(cur, next, cl->id) && cl->ready_rev != rev) {
+		if (cl->intaken_rev != rev) {
+			if (!(job = job_new(HKV_JOB_INTAKE, rev)))
+				goto nomem;
+			job->map = next;
+			job->cur = cur;
+			next = cur = NULL;
+			issue(cl, job);
+			goto out;
 		}
-		cl->purge_map = next;
-		pthread_mutex_unlock(&cl->lock);
-		next = NULL;
+		val = hkv_calloc(1, 32);
+		if (!val)
+			goto nomem;
+		snprintf(val, 32, "%lld", (long long)rev);
+		key_of(cl, key, sizeof(key), "ready", cl->id);
+		ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
+		if (!ret)
+			cl->ready_rev = rev;
 	}
+	goto out;
+nomem:
+	ret = -ENOMEM;
 out:
-	if (next) {
+	if (next)
 		hkv_cmap_free(next);
-		hkv_free(next);
-	}
-	hkv_cmap_free(&cur);
+	if (cur)
+		hkv_cmap_free(cur);
+	hkv_free(next);
+	hkv_free(cur);
+	hkv_free(val);
+	hkv_free(crs);
 	return ret;
 }
 
@@ -720,8 +1084,9 @@ static void *cluster_thread(void *arg)
 			}
 			snap_free(&sn);
 		}
-		if (cl->fence_rev && cl->acked_rev != cl->fence_rev && atomic_load(&cl->move_fence))
-			nap(cl, 20); /* our purge: ack it soon */
+		if (cl->job_out || atomic_load(&cl->settle) ||
+		    (atomic_load(&cl->move_fence) && cl->acked_rev != cl->fence_rev))
+			nap(cl, 20); /* our job, our ack: act on them soon */
 		else if (rev && !atomic_load(&cl->removed) && !atomic_load(&cl->lease_gone))
 			hkv_etcd_watch_wait(cl->e, dir, 1, rev, 1000, &got);
 		else
@@ -758,6 +1123,7 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	key_of(cl, cl->removed_key, sizeof(cl->removed_key), "removed", o->id);
 	cl->ttl_s = o->ttl_s;
 	cl->partitions = o->partitions;
+	cl->store_mode = o->store_mode;
 	snprintf(m.id, sizeof(m.id), "%s", o->id);
 	snprintf(m.endpoint, sizeof(m.endpoint), "%s", o->endpoint);
 	snprintf(m.transport, sizeof(m.transport), "%s", o->transport);
@@ -821,10 +1187,8 @@ void hkv_cluster_stop(struct hkv_cluster *cl)
 		hkv_info("cluster: %s left the cluster", cl->id);
 	pthread_cond_destroy(&cl->wake);
 	pthread_mutex_destroy(&cl->lock);
-	if (cl->purge_map) {
-		hkv_cmap_free(cl->purge_map);
-		hkv_free(cl->purge_map);
-	}
+	hkv_cluster_job_free(cl->job);
+	hkv_free(cl->copy_crs);
 	hkv_free(cl->gone);
 	hkv_free(cl->member_json);
 	hkv_etcd_close(cl->ke);

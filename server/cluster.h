@@ -52,6 +52,7 @@ struct hkv_cluster_opts {
 	uint64_t region_bytes;
 	int ttl_s;            /* lease TTL (>= 2: etcd's minimum) */
 	uint32_t partitions;  /* used if this server creates the map */
+	int store_mode;       /* the cluster's mode (its identity's) */
 };
 
 struct hkv_cluster;
@@ -71,11 +72,39 @@ const char *hkv_cluster_fence_reason(struct hkv_cluster *cl);
 int hkv_cluster_rejoined(struct hkv_cluster *cl);
 int hkv_cluster_removed(struct hkv_cluster *cl);
 const char *hkv_cluster_id(const struct hkv_cluster *cl);
-/* A move takes partitions from us (we are fenced): the map to keep the
- * partitions of (NULL if none; the caller's, to free with hkv_cmap_free and
- * hkv_free). Purge what it does not place on us, then say so with
- * hkv_cluster_purged(). */
-struct hkv_cmap *hkv_cluster_take_purge(struct hkv_cluster *cl);
-void hkv_cluster_purged(struct hkv_cluster *cl, const struct hkv_cmap *map);
+int hkv_cluster_store_mode(const struct hkv_cluster *cl);
+
+/*
+ * Work the cluster asks of the event loop, which owns the region. The loop
+ * takes a job (hkv_cluster_take_job: NULL if none), does it, says how it
+ * went with hkv_cluster_job_done() and frees it with hkv_cluster_job_free().
+ *
+ *  PURGE   drop every item `map` does not place on us. Cache mode: a
+ *          loser's purge before it acks a move. Store mode: on
+ *          (re)registration and when a move that fenced us is over, before
+ *          serving (`map` is the committed map then).
+ *  COPY    store mode, a loser (fenced): copy every live item `map` places
+ *          elsewhere to its new home (homes[], indexed like map.names) with
+ *          the client library; drop nothing (that waits for the commit).
+ *  INTAKE  store mode, a gainer: drop what we hold of the partitions `map`
+ *          gives us and `cur` does not (left by a move that never
+ *          committed), before the losers copy them in.
+ */
+enum hkv_cluster_job_kind { HKV_JOB_PURGE = 1, HKV_JOB_COPY, HKV_JOB_INTAKE };
+
+struct hkv_cmember;
+struct hkv_cluster_job {
+	enum hkv_cluster_job_kind kind;
+	int64_t rev;          /* PREFIX/next's revision; 0 for a settling PURGE */
+	struct hkv_cmap *map; /* the keeping map (see above) */
+	struct hkv_cmap *cur; /* INTAKE: the map in force */
+	struct hkv_cmember *homes;
+	const char *self;     /* (the loop's) */
+	uint32_t gen;         /* (the cluster thread's) */
+};
+
+struct hkv_cluster_job *hkv_cluster_take_job(struct hkv_cluster *cl);
+void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *job, int ret);
+void hkv_cluster_job_free(struct hkv_cluster_job *job);
 
 #endif /* HKV_SERVER_CLUSTER_H */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 
@@ -20,6 +21,7 @@
 #include "common/transport.h"
 #include "server/cluster.h"
 #include "server/ctl.h"
+#include "server/mover.h"
 #include "server/store.h"
 
 struct server_opts {
@@ -190,13 +192,10 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	if (o->cluster.uri) {
 		if (!o->cluster.id || !hkv_cluster_id_valid(o->cluster.id))
 			return fprintf(stderr, "--cluster needs --id NAME ([A-Za-z0-9._-], < 64)\n"), -1;
-		/* Until partitions move with their items, a store-mode cluster
-		 * would hide acknowledged writes when membership changes. */
-		if (!o->store.cache_mode)
-			return fprintf(stderr, "--cluster needs --cache in this version\n"), -1;
-		if (o->store.memory_file)
-			return fprintf(stderr, "--cluster and --memory-file do not go together: "
-					       "a server that lost its lease comes back empty\n"), -1;
+		if (o->store.cache_mode && o->store.memory_file)
+			return fprintf(stderr, "--cluster --cache and --memory-file do not go "
+					       "together: a cache server that lost its lease comes "
+					       "back empty\n"), -1;
 	}
 	return 0;
 }
@@ -210,6 +209,8 @@ struct server {
 	struct server_opts *o;
 	struct hkv_cluster *cluster;
 	struct hkv_cmap *repurge; /* shm: purge again before serving after a move */
+	const char *token;
+	uint64_t fenced_ns;       /* when the data plane last stopped */
 	int rc;
 };
 
@@ -306,10 +307,74 @@ static void drop_map(struct hkv_cmap **map)
 	*map = NULL;
 }
 
-/* Cluster: every 100 ms, fence or unfence as the lease says (cluster.h). */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int keep_gained(void *arg, const void *key, size_t klen)
+{
+	const struct hkv_cluster_job *j = arg;
+	uint32_t p = hkv_cmap_partition(j->map, key, klen);
+
+	return !(!strcmp(hkv_cmap_server(j->map, p, 0), j->self) &&
+		 strcmp(hkv_cmap_server(j->cur, p, 0), j->self));
+}
+
+/* What the cluster asks of the region (cluster.h); 0 or an error. */
+static int run_job(struct server *sv, struct hkv_cluster_job *job)
+{
+	const char *id = hkv_cluster_id(sv->cluster);
+	struct keep_arg k = {job->map, id};
+	struct hkv_move_stats st;
+	uint64_t t0 = mono_ns(), n;
+	int ret;
+
+	switch (job->kind) {
+	case HKV_JOB_PURGE:
+		n = hkv_store_purge(&sv->store, keep_key, &k);
+		hkv_info("server: purged %llu items of partitions not ours (%.0f ms)",
+			 (unsigned long long)n, (double)(mono_ns() - t0) / 1e6);
+		if (job->rev && sv->o->kind == HKV_TRANSPORT_SHM) { /* cache mode: again before serving */
+			drop_map(&sv->repurge);
+			sv->repurge = job->map;
+			job->map = NULL;
+		}
+		return 0;
+	case HKV_JOB_INTAKE:
+		job->self = id;
+		n = hkv_store_purge(&sv->store, keep_gained, job);
+		if (n)
+			hkv_warn("server: dropped %llu items left by a move that never committed",
+				 (unsigned long long)n);
+		return 0;
+	case HKV_JOB_COPY:
+		/* shm: a client notices a closed socket at its next liveness check
+		 * (1-4 ms); let such late writes land before we copy */
+		while (mono_ns() - sv->fenced_ns < 100000000ull)
+			nanosleep(&(struct timespec){0, 10000000}, NULL);
+		ret = hkv_move_copy(&sv->store, job->map, job->homes, id, sv->token,
+				    sv->store.geom->class_size[sv->store.geom->nclasses - 1], &st);
+		if (!ret)
+			hkv_info("server: copied %llu items (%llu bytes) to their new homes in %.0f ms"
+				 " (%llu expired left behind)", (unsigned long long)st.items,
+				 (unsigned long long)st.bytes, (double)(mono_ns() - t0) / 1e6,
+				 (unsigned long long)st.expired);
+		return ret;
+	}
+	return -EINVAL;
+}
+
+/* Cluster: every 100 ms, fence or unfence as the lease says, and do what
+ * the cluster asks of the region (cluster.h). */
 static void on_cluster(evutil_socket_t fd, short what, void *arg)
 {
 	struct server *sv = arg;
+	struct hkv_cluster_job *job;
+	int fenced;
 
 	if (hkv_cluster_removed(sv->cluster)) {
 		hkv_warn("server: removed from the cluster, shutting down");
@@ -318,45 +383,35 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 		event_base_loopbreak(sv->base);
 		return;
 	}
-	if (hkv_cluster_fenced(sv->cluster)) {
-		if (!sv->store.fenced) {
-			hkv_warn("server: fenced (%s): closing %d client connections",
-				 hkv_cluster_fence_reason(sv->cluster), hkv_listener_nconns(sv->data));
-			stop_data_plane(sv);
-			sv->store.fenced = 1;
-		}
-		if (hkv_cluster_rejoined(sv->cluster)) {
-			/* our partitions may have moved meanwhile: what we hold may be
-			 * stale, so come back empty (cache mode only, see parse_args) */
-			hkv_store_fini(&sv->store);
-			if (hkv_store_init(&sv->store, &sv->o->store)) {
-				hkv_err("server: cannot make the region again");
-				sv->rc = 1;
-				event_base_loopbreak(sv->base);
-				return;
-			}
-			sv->store.fenced = 1;
-			hkv_info("server: region emptied after the lost lease");
-		}
-		{
-			struct hkv_cmap *map = hkv_cluster_take_purge(sv->cluster);
-
-			if (map) {
-				struct keep_arg k = {map, hkv_cluster_id(sv->cluster)};
-				uint64_t n = hkv_store_purge(&sv->store, keep_key, &k);
-
-				hkv_info("server: purged %llu items of the partitions it gives up",
-					 (unsigned long long)n);
-				hkv_cluster_purged(sv->cluster, map);
-				drop_map(&sv->repurge);
-				if (sv->o->kind == HKV_TRANSPORT_SHM)
-					sv->repurge = map; /* purged again before serving */
-				else
-					drop_map(&map);
-			}
-		}
-		return;
+	fenced = hkv_cluster_fenced(sv->cluster);
+	if (fenced && !sv->store.fenced) {
+		hkv_warn("server: fenced (%s): closing %d client connections",
+			 hkv_cluster_fence_reason(sv->cluster), hkv_listener_nconns(sv->data));
+		stop_data_plane(sv);
+		sv->store.fenced = 1;
+		sv->fenced_ns = mono_ns();
 	}
+	if (hkv_cluster_rejoined(sv->cluster) && !hkv_cluster_store_mode(sv->cluster)) {
+		/* our partitions may have moved meanwhile: what we hold may be
+		 * stale, so come back empty (store mode settles instead: it drops
+		 * what the map no longer places on it) */
+		hkv_store_fini(&sv->store);
+		if (hkv_store_init(&sv->store, &sv->o->store)) {
+			hkv_err("server: cannot make the region again");
+			sv->rc = 1;
+			event_base_loopbreak(sv->base);
+			return;
+		}
+		sv->store.fenced = 1;
+		hkv_info("server: region emptied after the lost lease");
+	}
+	if ((job = hkv_cluster_take_job(sv->cluster))) {
+		hkv_cluster_job_done(sv->cluster, job, run_job(sv, job));
+		hkv_cluster_job_free(job);
+		return; /* (the fence may have changed meanwhile) */
+	}
+	if (fenced)
+		return;
 	if (sv->store.fenced && sv->repurge) {
 		/* shm: a client maps the region and notices a closed socket only
 		 * at its next liveness check (1-4 ms); what such a late write put
@@ -422,7 +477,9 @@ int main(int argc, char **argv)
 	if (o.cluster.uri) { /* the cluster's key hash secret, for our region too */
 		struct hkv_etcd *e = hkv_etcd_open(o.cluster.uri, 3000);
 		uint32_t parts;
-		int ret = e ? hkv_cmap_identity_get(e, o.cluster.partitions, &parts, cluster_key)
+		int store_mode = 0;
+		int ret = e ? hkv_cmap_identity_get(e, o.cluster.partitions, !o.store.cache_mode,
+						    &parts, cluster_key, &store_mode)
 			    : -errno;
 
 		hkv_etcd_close(e);
@@ -431,13 +488,22 @@ int main(int argc, char **argv)
 				hkv_strerror(ret));
 			return 1;
 		}
+		if (store_mode == o.store.cache_mode) {
+			hkv_err("server: the cluster at %s runs in %s mode: start this server %s",
+				o.cluster.uri, store_mode ? "store" : "cache",
+				store_mode ? "without --cache" : "with --cache");
+			return 1;
+		}
+		o.cluster.store_mode = store_mode;
 		o.store.hash_key = cluster_key;
 	}
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;
 	sv.o = &o;
 	sv.base = event_base_new();
-	if (!sv.base || start_data_plane(&sv, &o))
+	sv.token = token;
+	sv.store.fenced = o.cluster.uri && o.cluster.store_mode; /* serves once settled */
+	if (!sv.base || (!sv.store.fenced && start_data_plane(&sv, &o)))
 		goto out;
 	co = (struct hkv_ctl_opts){.kind = o.kind, .host = o.host, .port = o.port,
 				   .path = o.socket_path, .token = token, .token_len = (size_t)tlen,

@@ -517,27 +517,23 @@ void hkv_store_tick(struct hkv_store *s)
 }
 
 /*
- * Cluster: drop every item whose key keep() refuses (live ones as a delete
- * does; pending ones - inserts the fence cut off - as an abort does)
- * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
- * so that an adopter of its segment reuses it). Called only while no client
- * is connected (the server fenced itself first), so nothing races these
- * stores; atomics anyway, for an shm client that has not noticed yet.
+ * Cluster: visit every item the index names whose block is sane (class,
+ * place, header) and LIVE or PENDING; stop at the first non-zero answer.
  */
-uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
-			 void *arg)
+int hkv_store_walk(struct hkv_store *s, hkv_store_visit_fn fn, void *arg)
 {
 	const struct hkv_geometry *g = s->geom;
 	uint8_t *base = s->region.base;
-	uint64_t *slots = (uint64_t *)(base + g->index_off), dropped = 0;
+	uint64_t *slots = (uint64_t *)(base + g->index_off);
 	uint64_t nslots = g->nbuckets * HKV_BUCKET_SLOTS;
 	uint64_t data_end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
 
 	for (uint64_t i = 0; i < nslots; i++) {
-		uint64_t sl = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE), off, rel, meta, *word;
-		uint32_t cls, len, blk;
+		uint64_t sl = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE), off, rel, meta;
+		uint32_t cls, len;
 		struct hkv_block_hdr *h;
 		enum hkv_block_state st;
+		int ret;
 
 		if (!sl)
 			continue;
@@ -553,22 +549,63 @@ uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void 
 		meta = __atomic_load_n(&h->meta, __ATOMIC_ACQUIRE);
 		st = hkv_meta_state(meta);
 		if ((st != HKV_BLK_LIVE && st != HKV_BLK_PENDING) || hkv_meta_class(meta) != cls ||
-		    sizeof(*h) + h->klen > len || keep(arg, h + 1, h->klen))
+		    sizeof(*h) + h->klen + (uint64_t)h->vlen > len)
 			continue;
-		if (!__atomic_compare_exchange_n(&slots[i], &sl, 0, 0, __ATOMIC_ACQ_REL,
-						 __ATOMIC_ACQUIRE))
-			continue;
-		/* a PENDING one (its writer cut off by the fence) never committed */
-		if (!__atomic_compare_exchange_n(&h->meta, &meta,
-						 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
-							 (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
-						 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			continue; /* someone else retired it: theirs to free */
-		blk = (uint32_t)((rel % g->seg_size) / len);
-		word = (uint64_t *)(base + g->bitmap_off + (rel / g->seg_size) * g->bitmap_bytes +
-				    (uint64_t)(blk / 64) * 8);
-		__atomic_fetch_or(word, 1ull << (blk % 64), __ATOMIC_ACQ_REL);
-		dropped++;
+		ret = fn(arg, &slots[i], sl, h, meta);
+		if (ret)
+			return ret;
 	}
-	return dropped;
+	return 0;
+}
+
+struct purge_arg {
+	struct hkv_store *s;
+	int (*keep)(void *arg, const void *key, size_t klen);
+	void *arg;
+	uint64_t dropped;
+};
+
+static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr *h,
+		     uint64_t meta)
+{
+	struct purge_arg *pa = arg;
+	const struct hkv_geometry *g = pa->s->geom;
+	enum hkv_block_state st = hkv_meta_state(meta);
+	uint32_t cls = hkv_slot_class(sl), len = g->class_size[cls], blk;
+	uint64_t rel = hkv_slot_off(sl) - g->data_off, *word;
+
+	if (pa->keep(pa->arg, h + 1, h->klen))
+		return 0;
+	if (!__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0;
+	/* a PENDING one (its writer cut off by the fence) never committed */
+	if (!__atomic_compare_exchange_n(&h->meta, &meta,
+					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
+						 (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
+					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0; /* someone else retired it: theirs to free */
+	blk = (uint32_t)((rel % g->seg_size) / len);
+	word = (uint64_t *)((uint8_t *)pa->s->region.base + g->bitmap_off +
+			    (rel / g->seg_size) * g->bitmap_bytes + (uint64_t)(blk / 64) * 8);
+	__atomic_fetch_or(word, 1ull << (blk % 64), __ATOMIC_ACQ_REL);
+	pa->dropped++;
+	return 0;
+}
+
+/*
+ * Cluster: drop every item whose key keep() refuses (live ones as a delete
+ * does; pending ones - inserts the fence cut off - as an abort does)
+ * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
+ * so that an adopter of its segment reuses it). Called while no client can
+ * reach the keys it drops (fenced, or partitions no client routes here),
+ * with the atomics a client's delete uses, so clients working on other
+ * keys (and an shm client that has not noticed a fence yet) are safe.
+ */
+uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
+			 void *arg)
+{
+	struct purge_arg pa = {s, keep, arg, 0};
+
+	hkv_store_walk(s, purge_one, &pa);
+	return pa.dropped;
 }

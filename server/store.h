@@ -100,8 +100,14 @@ void hkv_store_tick(struct hkv_store *s);
  * them (HKV_SEG_IDLE_MS); run every HKV_SEG_SWEEP_MS. */
 void hkv_store_idle_sweep(struct hkv_store *s);
 
+/* Cluster: every sane LIVE or PENDING item of the index, until fn answers
+ * non-zero (which is returned). */
+struct hkv_block_hdr;
+typedef int (*hkv_store_visit_fn)(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr *h,
+				  uint64_t meta);
+int hkv_store_walk(struct hkv_store *s, hkv_store_visit_fn fn, void *arg);
 /* Cluster: remove every live item whose key keep() returns 0 for (the
- * partitions this server gives up). Only while no client is connected.
+ * partitions this server gives up). Only while no client can reach them.
  * Returns how many were removed. */
 uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
 			 void *arg);

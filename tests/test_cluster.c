@@ -62,6 +62,7 @@
 #include "tests/hkv_test.h"
 #include "tests/support/etcdserve.h"
 #include "tests/support/hkvserver.h"
+#include "tests/support/lincheck.h"
 
 HKV_TEST_MAIN_DEFS;
 
@@ -73,6 +74,8 @@ static const char *TTL = "3";
 
 static int use_verbs;
 static struct hkv_test_etcd etcd;
+static char curi[300]; /* the cluster under test: etcd.uri, or its store-mode sibling */
+static int store_mode;
 static char token_file[128];
 static char bindir[256];
 
@@ -91,18 +94,31 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+static int member(struct hkvserver *s, const char *id, int again)
+{
+	const char *extra[] = {"--cluster", curi, "--id", id, "--lease-ttl", TTL,
+			       "--partitions", "1024", "--token-file", token_file,
+			       "--cache", NULL, NULL};
+	char file[256];
+
+	if (store_mode) { /* warm restarts: the region in a file */
+		snprintf(file, sizeof(file), "%s/%s.mem", etcd.dir, id);
+		extra[10] = "--memory-file";
+		extra[11] = file;
+	}
+	return again ? hkvserver_restart_noclient(s, "32M", "256K", extra)
+		     : hkvserver_start_noclient(s, use_verbs, "32M", "256K", extra);
+}
+
 static int start_member(struct hkvserver *s, const char *id)
 {
-	const char *extra[] = {"--cache", "--cluster", etcd.uri, "--id", id, "--lease-ttl", TTL,
-			       "--partitions", "1024", "--token-file", token_file, NULL};
-
-	return hkvserver_start_noclient(s, use_verbs, "32M", "256K", extra);
+	return member(s, id, 0);
 }
 
 /* The map as etcd has it now (0 and *map filled, or an error). */
 static int read_map(struct hkv_cmap *map)
 {
-	struct hkv_etcd *e = hkv_etcd_open(etcd.uri, 3000);
+	struct hkv_etcd *e = hkv_etcd_open(curi, 3000);
 	struct hkv_etcd_kv *kvs;
 	char key[300];
 	int n, ret;
@@ -167,7 +183,7 @@ static struct hkv_client *cluster_client(void)
 	struct hkv_client *c = NULL;
 	int ret;
 
-	hkv_config_add_server(cfg, etcd.uri);
+	hkv_config_add_server(cfg, curi);
 	hkv_config_set_token_file(cfg, token_file);
 	hkv_config_set_timeout_ms(cfg, 3000);
 	ret = hkv_open(cfg, &c);
@@ -198,7 +214,7 @@ static int admin(char *out, size_t cap, const char *args)
 	size_t n = 0;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s %s", bindir, etcd.uri, args);
+	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s %s", bindir, curi, args);
 	p = popen(cmd, "r");
 	if (!p)
 		return -1;
@@ -586,7 +602,7 @@ static void test_kill(void)
 		int ret = get_str(c, k, buf, sizeof(buf), NULL);
 
 		CHECK(ret != 0 || !strcmp(buf, "before")); /* never a wrong value */
-		if (ret == HKV_EDISCONNECTED && now_ms() - t1 < 1500)
+		if (ret == HKV_EUNAVAILABLE && now_ms() - t1 < 1500)
 			fast_fail++;
 		if (ret == HKV_ENOTFOUND && set_str(c, k, "after") == 0) {
 			t_ok = now_ms();
@@ -736,7 +752,7 @@ static void test_memcached_front(void)
 	snprintf(port_s, sizeof(port_s), "%d", port);
 	pid = fork();
 	if (pid == 0) {
-		execl(bin, bin, "--server", etcd.uri, "--token-file", token_file, "--port", port_s,
+		execl(bin, bin, "--server", curi, "--token-file", token_file, "--port", port_s,
 		      "--threads", "2", (char *)NULL);
 		_exit(127);
 	}
@@ -798,7 +814,7 @@ static void test_memcached_front(void)
 
 static void test_bad_map(void)
 {
-	struct hkv_etcd *e = hkv_etcd_open(etcd.uri, 3000);
+	struct hkv_etcd *e = hkv_etcd_open(curi, 3000);
 	struct hkv_client *c = cluster_client(), *c2 = NULL;
 	struct hkv_config *cfg;
 	struct hkv_etcd_kv *kvs = NULL;
@@ -820,7 +836,7 @@ static void test_bad_map(void)
 	sleep_ms(HKV_CLUSTER_ROUTE_LEASE_MS + 200);
 	CHECK_RC(get_str(c, "bad:k", buf, sizeof(buf), NULL), HKV_EDISCONNECTED);
 	cfg = hkv_config_new();
-	hkv_config_add_server(cfg, etcd.uri);
+	hkv_config_add_server(cfg, curi);
 	hkv_config_set_token_file(cfg, token_file);
 	CHECK_RC(hkv_open(cfg, &c2), HKV_EPROTO);
 	CHECK(admin(out, sizeof(out), "map") != 0);
@@ -844,6 +860,317 @@ static void test_bad_map(void)
 	hkv_config_free(cfg);
 	hkv_etcd_kvs_free(kvs, n);
 	hkv_etcd_close(e);
+	hkv_close(c);
+}
+
+/* ---- store mode: items follow their partitions ------------------------ */
+
+/* A checker-verified load: HOT_THREADS cluster handles set (distinct
+ * values), delete and get HOT_KEYS keys; every key's history goes to the
+ * linearizability checker afterwards. A failed write is an unknown outcome;
+ * a failed get did nothing and is left out. */
+#define HOT_KEYS    24
+#define HOT_THREADS 3
+
+struct hist {
+	pthread_mutex_t mu;
+	struct lc_op *ops;
+	size_t n, cap;
+};
+
+static struct hist hist[HOT_KEYS];
+static atomic_int hot_stop;
+static atomic_ullong hot_ops, hot_unknown, hot_failed_gets;
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void hist_add(int k, const struct lc_op *op)
+{
+	struct hist *h = &hist[k];
+
+	pthread_mutex_lock(&h->mu);
+	if (h->n == h->cap) {
+		h->cap = h->cap ? h->cap * 2 : 1024;
+		h->ops = realloc(h->ops, h->cap * sizeof(*h->ops));
+	}
+	if (h->ops)
+		h->ops[h->n++] = *op;
+	pthread_mutex_unlock(&h->mu);
+}
+
+static void *hot_thread(void *arg)
+{
+	int id = (int)(intptr_t)arg;
+	struct hkv_client *c = cluster_client();
+	uint64_t seq = 1, rnd = (uint64_t)id * 0x9e3779b97f4a7c15ull + 1;
+
+	if (!c)
+		return NULL;
+	while (!atomic_load(&hot_stop)) {
+		struct lc_op op = {.client = id};
+		char key[32], val[32], buf[32];
+		int k, what, ret;
+
+		rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
+		k = (int)((rnd >> 33) % HOT_KEYS);
+		what = (int)((rnd >> 20) % 10);
+		snprintf(key, sizeof(key), "hot:%d", k);
+		op.call = mono_ns();
+		if (what < 4) {
+			op.kind = LC_SET;
+			op.arg = ((uint64_t)(id + 1) << 40) | seq++;
+			snprintf(val, sizeof(val), "%llu", (unsigned long long)op.arg);
+			ret = set_str(c, key, val);
+			op.status = ret ? LC_UNKNOWN : LC_OK;
+		} else if (what < 5) {
+			op.kind = LC_DELETE;
+			ret = hkv_delete(c, key, strlen(key));
+			op.status = !ret ? LC_OK : ret == HKV_ENOTFOUND ? LC_NOTFOUND : LC_UNKNOWN;
+		} else {
+			op.kind = LC_GET;
+			ret = get_str(c, key, buf, sizeof(buf), NULL);
+			if (ret && ret != HKV_ENOTFOUND) {
+				atomic_fetch_add(&hot_failed_gets, 1);
+				continue;
+			}
+			op.status = ret ? LC_NOTFOUND : LC_OK;
+			op.out = ret ? 0 : strtoull(buf, NULL, 10);
+		}
+		op.ret = op.status == LC_UNKNOWN ? INT64_MAX : mono_ns();
+		if (op.status == LC_UNKNOWN)
+			atomic_fetch_add(&hot_unknown, 1);
+		atomic_fetch_add(&hot_ops, 1);
+		hist_add(k, &op);
+		sleep_ms(0); /* (a yield: two cores, three threads and the servers) */
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+static void hot_start(pthread_t *thr)
+{
+	atomic_store(&hot_stop, 0);
+	for (int k = 0; k < HOT_KEYS; k++) {
+		pthread_mutex_init(&hist[k].mu, NULL);
+		hist[k].n = 0;
+	}
+	for (int t = 0; t < HOT_THREADS; t++)
+		pthread_create(&thr[t], NULL, hot_thread, (void *)(intptr_t)t);
+}
+
+/* Stop the load and check every key's history. */
+static void hot_stop_and_check(pthread_t *thr)
+{
+	struct lc_limits lim = {.max_seconds = 60};
+	int bad = 0, gave_up = 0;
+	size_t total = 0;
+
+	atomic_store(&hot_stop, 1);
+	for (int t = 0; t < HOT_THREADS; t++)
+		pthread_join(thr[t], NULL);
+	for (int k = 0; k < HOT_KEYS; k++) {
+		struct lc_report rep;
+		enum lc_result r = lc_check(LC_REGISTER, LC_ABSENT, hist[k].ops, hist[k].n, &lim,
+					    &rep);
+
+		total += hist[k].n;
+		if (r == LC_VIOLATION) {
+			fprintf(stderr, "hot:%d: history not linearizable\n", k);
+			lc_print_report(stderr, hist[k].ops, hist[k].n, &rep);
+			bad++;
+		}
+		gave_up += r == LC_GAVE_UP;
+		lc_report_free(&rep);
+		free(hist[k].ops);
+		hist[k].ops = NULL;
+		hist[k].n = hist[k].cap = 0;
+	}
+	printf("# checker: %zu ops on %d keys (%llu unknown outcomes, %llu failed gets left "
+	       "out): %d not linearizable, %d undecided\n", total, HOT_KEYS,
+	       (unsigned long long)atomic_load(&hot_unknown),
+	       (unsigned long long)atomic_load(&hot_failed_gets), bad, gave_up);
+	CHECK(bad == 0 && gave_up == 0);
+	CHECK(total > 1000);
+}
+
+static struct hkvserver ssrv[4];
+static const char *sids[4] = {"sa", "sb", "sc", "sd"};
+
+/* Every preloaded key reads back with its value. */
+static int preload_intact(struct hkv_client *c, int n)
+{
+	int lost = 0;
+
+	for (int i = 0; i < n; i++) {
+		char k[32], v[32], buf[32];
+		int ret;
+
+		snprintf(k, sizeof(k), "s:%06d", i);
+		snprintf(v, sizeof(v), "v%d", i);
+		ret = get_str(c, k, buf, sizeof(buf), NULL);
+		if (ret || strcmp(buf, v)) {
+			if (lost++ < 5)
+				fprintf(stderr, "%s: %s (%s)\n", k, ret ? hkv_strerror(ret) : buf, v);
+		}
+	}
+	return lost;
+}
+
+/* A server joins and one is drained under the checker's load, in store
+ * mode: the moving partitions' items are copied to their new homes before
+ * the map changes; no acknowledged write is lost, every history
+ * linearizable. */
+static void test_store_moves(void)
+{
+	const char *three[] = {"sa", "sb", "sc", NULL}, *four[] = {"sa", "sb", "sc", "sd", NULL};
+	struct hkv_cmap before, after;
+	struct hkv_client *c, *direct;
+	pthread_t thr[HOT_THREADS];
+	char k[32], v[32], buf[32], out[4096];
+	uint32_t got, moved;
+	uint64_t t0, t_join, t_drain, items = 1, bytes;
+	int at_sd = 0, found_at_sd = 0;
+
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(start_member(&ssrv[i], sids[i]), 0);
+	CHECK_RC(wait_map(three, 10000, &before), 0);
+	c = cluster_client();
+	CHECK(c);
+	for (int i = 0; i < 2000; i++) {
+		snprintf(k, sizeof(k), "s:%06d", i);
+		snprintf(v, sizeof(v), "v%d", i);
+		CHECK_RC(set_str(c, k, v), 0);
+	}
+	hot_start(thr);
+	sleep_ms(500);
+	t0 = now_ms();
+	CHECK_RC(start_member(&ssrv[3], "sd"), 0);
+	CHECK_RC(wait_map(four, 30000, &after), 0);
+	t_join = now_ms() - t0;
+	got = parts_of(&after, "sd");
+	moved = hkv_cmap_moved(&before, &after);
+	printf("# store mode: sd joined, %u of %u partitions moved to it (%.1f %%) in %llu ms "
+	       "(items copied first)\n", got, PARTS, 100.0 * got / PARTS,
+	       (unsigned long long)t_join);
+	CHECK(moved == got);
+	CHECK(got >= PARTS / 4 - PARTS / 20 && got <= PARTS / 4 + PARTS / 20);
+	/* the items moved with their partitions: sd holds them itself */
+	direct = direct_client(&ssrv[3]);
+	CHECK(direct);
+	for (int i = 0; direct && i < 2000; i++) {
+		snprintf(k, sizeof(k), "s:%06d", i);
+		if (strcmp(hkv_cmap_server(&after, hkv_cmap_partition(&after, k, strlen(k)), 0), "sd"))
+			continue;
+		at_sd++;
+		snprintf(v, sizeof(v), "v%d", i);
+		found_at_sd += !get_str(direct, k, buf, sizeof(buf), NULL) && !strcmp(buf, v);
+	}
+	printf("# %d of sd's %d preloaded keys read directly on sd\n", found_at_sd, at_sd);
+	CHECK(at_sd > 0 && found_at_sd == at_sd);
+	hkv_close(direct);
+	CHECK(preload_intact(c, 2000) == 0);
+	sleep_ms(500);
+	t0 = now_ms();
+	CHECK_RC(admin(out, sizeof(out), "drain sd"), 0);
+	CHECK_RC(wait_map(three, 30000, NULL), 0);
+	t_drain = now_ms() - t0;
+	printf("# sd drained in %llu ms\n", (unsigned long long)t_drain);
+	sleep_ms(300);
+	hot_stop_and_check(thr);
+	CHECK(preload_intact(c, 2000) == 0);
+	/* sd gave everything away, and dropped it after the commit */
+	direct = direct_client(&ssrv[3]);
+	CHECK(direct);
+	if (direct) {
+		t0 = now_ms();
+		while (!hkv_count_items(direct, &items, &bytes) && items && now_ms() - t0 < 3000)
+			sleep_ms(100);
+		printf("# sd holds %llu items after the drain\n", (unsigned long long)items);
+		CHECK(items == 0);
+		hkv_close(direct);
+	}
+	CHECK_RC(admin(out, sizeof(out), "undrain sd"), 0);
+	hkv_cmap_free(&before);
+	hkv_cmap_free(&after);
+	hkv_close(c);
+}
+
+/* Store mode, a server SIGKILLed: its keys fail fast with HKV_EUNAVAILABLE
+ * and are never re-homed empty; restarted on its --memory-file it serves
+ * them again, every acknowledged write intact. */
+static void test_store_kill(void)
+{
+	const char *four[] = {"sa", "sb", "sc", "sd", NULL};
+	struct hkv_client *c = cluster_client();
+	struct hkv_cmap map, later;
+	char k[32], buf[32];
+	uint64_t t0, t_back = 0;
+	int victim = -1, unavailable = 0, other = 0, slow = 0;
+
+	CHECK(c);
+	CHECK_RC(wait_map(four, 30000, &map), 0);
+	for (int i = 0; i < 2000 && victim < 0; i++) {
+		snprintf(k, sizeof(k), "s:%06d", i);
+		if (!strcmp(hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0), "sb"))
+			victim = i;
+	}
+	CHECK(victim >= 0);
+	snprintf(k, sizeof(k), "s:%06d", victim);
+	CHECK_RC(set_str(c, k, "acked"), 0);
+	hkvserver_kill(&ssrv[1]);
+	t0 = now_ms();
+	while (now_ms() - t0 < (uint64_t)atoi(TTL) * 1000 + 3000) {
+		uint64_t t1 = now_ms();
+		int ret = get_str(c, k, buf, sizeof(buf), NULL);
+
+		CHECK(ret != 0 || !strcmp(buf, "acked")); /* never a wrong value */
+		CHECK(ret != HKV_ENOTFOUND);              /* never re-homed empty */
+		if (ret == HKV_EUNAVAILABLE)
+			unavailable++;
+		else if (ret)
+			other++;
+		slow += now_ms() - t1 > 1500;
+		sleep_ms(50);
+	}
+	CHECK_RC(set_str(c, k, "lost?"), HKV_EUNAVAILABLE);
+	printf("# sb SIGKILLed: %d gets failed with HKV_EUNAVAILABLE, %d otherwise, %d slower "
+	       "than 1.5 s\n", unavailable, other, slow);
+	CHECK(unavailable > 0 && slow == 0);
+	CHECK_RC(read_map(&later), 0);
+	CHECK(hkv_cmap_moved(&map, &later) == 0); /* sb keeps its partitions */
+	hkv_cmap_free(&later);
+	t0 = now_ms();
+	CHECK_RC(member(&ssrv[1], "sb", 1), 0);
+	while (now_ms() - t0 < 20000) {
+		if (!get_str(c, k, buf, sizeof(buf), NULL)) {
+			t_back = now_ms();
+			break;
+		}
+		sleep_ms(50);
+	}
+	printf("# sb restarted on its memory file: its keys served again after %llu ms\n",
+	       (unsigned long long)(t_back - t0));
+	CHECK(t_back && !strcmp(buf, "acked"));
+	for (int i = 0; i < 2000; i++) {
+		char v[32];
+
+		snprintf(k, sizeof(k), "s:%06d", i);
+		snprintf(v, sizeof(v), "v%d", i);
+		if (i == victim)
+			continue;
+		if (get_str(c, k, buf, sizeof(buf), NULL) || strcmp(buf, v)) {
+			fprintf(stderr, "%s lost after the restart\n", k);
+			CHECK(0);
+			break;
+		}
+	}
+	hkv_cmap_free(&map);
 	hkv_close(c);
 }
 
@@ -871,6 +1198,7 @@ int main(int argc, char **argv)
 						       "installs etcd-server)" : "");
 		return 1;
 	}
+	snprintf(curi, sizeof(curi), "%s", etcd.uri);
 	snprintf(token_file, sizeof(token_file), "%s/cluster.token", etcd.dir);
 	f = fopen(token_file, "w");
 	if (!f)
@@ -896,6 +1224,14 @@ int main(int argc, char **argv)
 	for (int i = 0; i < NSERV; i++)
 		if (srv[i].pid)
 			hkvserver_stop(&srv[i]);
+	/* store mode, a cluster of its own beside the first */
+	snprintf(curi, sizeof(curi), "%s-store", etcd.uri);
+	store_mode = 1;
+	RUN_TEST(test_store_moves);
+	RUN_TEST(test_store_kill);
+	for (int i = 0; i < 4; i++)
+		if (ssrv[i].pid)
+			hkvserver_stop(&ssrv[i]);
 	hkv_test_etcd_stop(&etcd);
 	return hkv_test_finish();
 }
