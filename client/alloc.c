@@ -8,7 +8,7 @@
  * segment, so it alone chooses - and remembers - every block's generation.
  *
  * Freeing: the writer that retired a block (its mark CAS took it LIVE ->
- * OBSOLETE; see publish_replace) sets the block's bit in its segment's free
+ * OBSOLETE; see hkv_publish_replace in publish.c) sets the block's bit in its segment's free
  * bitmap with a FAA, posted
  * unsignaled at once (no round trip). The owner harvests its bitmaps when it
  * runs short: bits it has not taken yet go to a FIFO where each block rests
@@ -761,7 +761,7 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 			continue;
 		/* (at most two segments of other classes adopted per allocation: each
 		 * costs a scan and strands its owner; in cache mode they are what
-		 * reassign_segment re-carves next) */
+		 * hkv_reassign_segment (evict.c) re-carves next) */
 		ret = others < 2 ? claim_segment(c, cls) : HKV_EFULL;
 		others += ret == ADOPTED_OTHER;
 		if (ret != HKV_EFULL) {
