@@ -58,6 +58,7 @@ struct hkv_cluster {
 	uint32_t reg_gen; /* registrations: answers to jobs of an older one are void */
 	int settle_issued;
 	int64_t acked_rev, fence_rev, purged_rev, copied_rev, intaken_rev, ready_rev;
+	int copy_failures;
 	uint64_t fence_ns;
 	char *copy_crs; /* store mode: the registrations of the new homes a copy went to */
 	int64_t next_seen_rev;
@@ -506,6 +507,11 @@ static int store_move_sound(struct hkv_cluster *cl, const struct snap *sn,
 
 		if (!loses(cur, next, cur->names[i]) || !ak || strtoll(ak->value, &p, 10) != rev)
 			continue;
+		if (!strncmp(p, " failed", 7)) {
+			hkv_warn("cluster: %s could not copy its items to their new homes: the move is "
+				 "dropped", cur->names[i]);
+			return 0;
+		}
 		while (*p == ' ') {
 			const struct hkv_etcd_kv *m;
 			size_t n = strcspn(++p, "=");
@@ -763,11 +769,15 @@ static void collect_done(struct hkv_cluster *cl)
 		return; /* nothing, or for a registration of ours that is over */
 	cl->job_out = 0;
 	if (ret) {
-		hkv_warn("cluster: %s for move %lld failed (%s): trying again", job_name(kind),
-			 (long long)rev, hkv_strerror(ret));
+		hkv_warn("cluster: %s for move %lld failed (%s)", job_name(kind), (long long)rev,
+			 hkv_strerror(ret));
 		cl->settle_issued = 0;
+		if (kind == HKV_JOB_COPY && rev == cl->fence_rev)
+			cl->copy_failures++;
 		return;
 	}
+	if (rev < 0)
+		return; /* a gainer's tidy-up */
 	if (kind == HKV_JOB_PURGE && !rev) {
 		if (cl->settle_issued) {
 			atomic_store(&cl->settle, 0);
@@ -859,6 +869,8 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 	if (cl->job_out)
 		return 0; /* one job at a time */
 	if (atomic_load(&cl->settle)) { /* store mode: drop what the map does not place on us */
+		if (!mk)
+			return 0; /* none yet (the coordinator makes it): fenced, nothing dropped */
 		if (!(cur = map_of(mk))) {
 			hkv_err("cluster: %s/map does not parse: %s stays fenced", cl->prefix, cl->id);
 			return 0;
@@ -870,16 +882,30 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 		cl->settle_issued = 1;
 		return 0;
 	}
-	if (!nk) { /* no move (any more): committed or dropped */
-		if (atomic_load(&cl->move_fence)) {
-			if (cl->store_mode) /* drop what moved before serving */
-				atomic_store(&cl->settle, 1);
-			else
-				hkv_info("cluster: move over, %s serves again", cl->id);
-			atomic_store(&cl->move_fence, 0);
-		}
+	if (atomic_load(&cl->move_fence) && cl->fence_rev != rev) {
+		/* the move that fenced us is over (committed or dropped; another
+		 * may have followed it at once) */
+		if (cl->store_mode) /* drop what moved before serving */
+			atomic_store(&cl->settle, 1);
+		else
+			hkv_info("cluster: move over, %s serves again", cl->id);
+		atomic_store(&cl->move_fence, 0);
 		return 0;
 	}
+	if (cl->store_mode && cl->ready_rev && cl->ready_rev != rev && mk) {
+		/* a move we took copies for is over: if it was dropped, what was
+		 * copied in is no partition of ours; drop it (serving on: no client
+		 * routes those keys here) */
+		cl->ready_rev = 0;
+		if (!(cur = map_of(mk)) || !(job = job_new(HKV_JOB_PURGE, -1)))
+			goto nomem;
+		job->map = cur;
+		cur = NULL;
+		issue(cl, job);
+		return 0;
+	}
+	if (!nk)
+		return 0; /* no move */
 	if (!(cur = map_of(mk)) || !mk || !(next = hkv_calloc(1, sizeof(*next))) ||
 	    next_parse(nk, next, &base) || base != mk->mod_rev)
 		goto out; /* nothing we can act on: the coordinator cleans up */
@@ -889,6 +915,7 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 				 hkv_cmap_moved(cur, next), cl->store_mode ? "copy" : "purge");
 			cl->fence_rev = rev;
 			cl->fence_ns = boot_ns();
+			cl->copy_failures = 0;
 			atomic_store(&cl->move_fence, 1);
 			if (cl->store_mode)
 				goto out;
@@ -904,6 +931,18 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 		if (!cl->store_mode) {
 			if (cl->purged_rev == rev)
 				val = hkv_calloc(1, 32);
+		} else if (cl->copied_rev != rev && cl->copy_failures >= 3) {
+			/* the new homes refuse our items (full, gone, a smaller item
+			 * limit): say so, and the coordinator drops the move */
+			val = hkv_calloc(1, 32);
+			if (!val)
+				goto nomem;
+			snprintf(val, 32, "%lld failed", (long long)rev);
+			key_of(cl, key, sizeof(key), "ack", cl->id);
+			ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
+			if (!ret)
+				cl->acked_rev = rev;
+			goto out;
 		} else if (cl->copied_rev != rev) {
 			struct hkv_cmember *homes;
 
@@ -920,8 +959,9 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 				goto out;
 			}
 			job->map = next;
+			job->cur = cur;
 			job->homes = homes;
-			next = NULL;
+			next = cur = NULL;
 			hkv_free(cl->copy_crs);
 			cl->copy_crs = crs;
 			crs = NULL;
@@ -948,7 +988,8 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			if (!ret)
 				cl->acked_rev = rev;
 		}
-	} else if (cl->store_mode && gains(cur, next, cl->id) && cl->ready_rev != rev) {
+	} else if (cl->store_mode && gains(cur, next, cl->id) && cl->ready_rev != rev &&
+		   !hkv_cluster_fenced(cl)) { /* (copies need our data plane up) */
 		if (cl->intaken_rev != rev) {
 			if (!(job = job_new(HKV_JOB_INTAKE, rev)))
 				goto nomem;

@@ -26,12 +26,17 @@
  *  - Moves: a map change that takes partitions from a live server is
  *    two-phase. The coordinator writes the new map to PREFIX/next; each
  *    live server that gives partitions up fences itself (closes every
- *    client connection), purges the items of those partitions, and writes
- *    PREFIX/ack/ID; once all have, the coordinator commits PREFIX/map
- *    (compare on its revision) and deletes PREFIX/next, and they serve
- *    again. A client can thus never write into a partition's old home
- *    after its new home took writes: it must reconnect, and the router
- *    reads the map before it reconnects (client/router.c).
+ *    client connection) and, in cache mode, purges the items of those
+ *    partitions; in store mode it copies them into their new homes once
+ *    those have emptied what they gain (PREFIX/ready/ID), and drops them
+ *    only after the commit. It writes PREFIX/ack/ID; once all have, the
+ *    coordinator commits PREFIX/map (compare on its revision and on the
+ *    registrations of the servers involved) and deletes PREFIX/next, and
+ *    they serve again. A client can thus never write into a partition's
+ *    old home after its new home took writes: it must reconnect, and the
+ *    router reads the map before it reconnects (client/router.c).
+ *  - Store mode: a server that left keeps its partitions (clients get
+ *    HKV_EUNAVAILABLE) until it is back on its --memory-file or removed.
  *  - An operator's `hatchkv-admin remove ID` (PREFIX/removed/ID) makes the
  *    server fence for good and hkv_cluster_removed() turn true.
  */
@@ -80,12 +85,15 @@ int hkv_cluster_store_mode(const struct hkv_cluster *cl);
  * went with hkv_cluster_job_done() and frees it with hkv_cluster_job_free().
  *
  *  PURGE   drop every item `map` does not place on us. Cache mode: a
- *          loser's purge before it acks a move. Store mode: on
+ *          loser's purge before it acks a move (rev > 0). Store mode: on
  *          (re)registration and when a move that fenced us is over, before
- *          serving (`map` is the committed map then).
- *  COPY    store mode, a loser (fenced): copy every live item `map` places
- *          elsewhere to its new home (homes[], indexed like map.names) with
- *          the client library; drop nothing (that waits for the commit).
+ *          serving (rev 0: settle); and, serving, on a gainer once the move
+ *          it took copies for is over (rev -1: a dropped move's copies go).
+ *  COPY    store mode, a loser (fenced): copy every live item `cur` places
+ *          on us and `map` elsewhere to its new home (homes[], indexed like
+ *          map.names) with the client library; drop nothing (that waits for
+ *          the commit). Three failures: the loser acks "failed" and the
+ *          coordinator drops the move.
  *  INTAKE  store mode, a gainer: drop what we hold of the partitions `map`
  *          gives us and `cur` does not (left by a move that never
  *          committed), before the losers copy them in.
@@ -95,9 +103,9 @@ enum hkv_cluster_job_kind { HKV_JOB_PURGE = 1, HKV_JOB_COPY, HKV_JOB_INTAKE };
 struct hkv_cmember;
 struct hkv_cluster_job {
 	enum hkv_cluster_job_kind kind;
-	int64_t rev;          /* PREFIX/next's revision; 0 for a settling PURGE */
+	int64_t rev;          /* PREFIX/next's revision; 0, -1: see PURGE */
 	struct hkv_cmap *map; /* the keeping map (see above) */
-	struct hkv_cmap *cur; /* INTAKE: the map in force */
+	struct hkv_cmap *cur; /* INTAKE, COPY: the map in force */
 	struct hkv_cmember *homes;
 	const char *self;     /* (the loop's) */
 	uint32_t gen;         /* (the cluster thread's) */

@@ -193,6 +193,10 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	if (o->cluster.uri) {
 		if (!o->cluster.id || !hkv_cluster_id_valid(o->cluster.id))
 			return fprintf(stderr, "--cluster needs --id NAME ([A-Za-z0-9._-], < 64)\n"), -1;
+		if (!o->store.cache_mode && !o->store.memory_file)
+			return fprintf(stderr, "--cluster without --cache (a store) needs "
+					       "--memory-file: a server that restarts must come back "
+					       "with its items\n"), -1;
 		if (o->store.cache_mode && o->store.memory_file)
 			return fprintf(stderr, "--cluster --cache and --memory-file do not go "
 					       "together: a cache server that lost its lease comes "
@@ -339,7 +343,8 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 		n = hkv_store_purge(&sv->store, keep_key, &k);
 		hkv_info("server: purged %llu items of partitions not ours (%.0f ms)",
 			 (unsigned long long)n, (double)(mono_ns() - t0) / 1e6);
-		if (job->rev && sv->o->kind == HKV_TRANSPORT_SHM) { /* cache mode: again before serving */
+		if (job->rev > 0 && !hkv_cluster_store_mode(sv->cluster) &&
+		    sv->o->kind == HKV_TRANSPORT_SHM) { /* cache mode: again before serving */
 			drop_map(&sv->repurge);
 			sv->repurge = job->map;
 			job->map = NULL;
@@ -357,7 +362,7 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 		 * (1-4 ms); let such late writes land before we copy */
 		while (mono_ns() - sv->fenced_ns < 100000000ull)
 			nanosleep(&(struct timespec){0, 10000000}, NULL);
-		ret = hkv_move_copy(&sv->store, job->map, job->homes, id, sv->token,
+		ret = hkv_move_copy(&sv->store, job->cur, job->map, job->homes, id, sv->token,
 				    sv->store.geom->class_size[sv->store.geom->nclasses - 1], &st);
 		if (!ret)
 			hkv_info("server: copied %llu items (%llu bytes) to their new homes in %.0f ms"

@@ -14,7 +14,7 @@
 #define MOVE_TIMEOUT_MS 5000
 
 struct copy {
-	const struct hkv_cmap *map;
+	const struct hkv_cmap *map, *cur;
 	const struct hkv_cmember *homes;
 	const char *self, *token;
 	uint64_t max_value;
@@ -71,8 +71,9 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 	if (hkv_meta_state(meta) != HKV_BLK_LIVE)
 		return 0; /* an insert the fence cut off: never acknowledged */
 	p = hkv_cmap_partition(cp->map, key, h->klen);
-	if (!strcmp(hkv_cmap_server(cp->map, p, 0), cp->self))
-		return 0;
+	if (!strcmp(hkv_cmap_server(cp->map, p, 0), cp->self) ||
+	    strcmp(hkv_cmap_server(cp->cur, p, 0), cp->self))
+		return 0; /* staying, or never ours (a stray: not ours to hand on) */
 	if (h->crc != hkv_block_crc(h, key)) {
 		hkv_err("cluster: a live item fails its CRC during a move's copy");
 		return HKV_ECORRUPT;
@@ -94,11 +95,11 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 	return 0;
 }
 
-int hkv_move_copy(struct hkv_store *s, const struct hkv_cmap *map,
+int hkv_move_copy(struct hkv_store *s, const struct hkv_cmap *cur, const struct hkv_cmap *map,
 		  const struct hkv_cmember *homes, const char *self, const char *token,
 		  uint64_t max_value, struct hkv_move_stats *st)
 {
-	struct copy cp = {map, homes, self, token, max_value, NULL, (uint32_t)time(NULL), st};
+	struct copy cp = {map, cur, homes, self, token, max_value, NULL, (uint32_t)time(NULL), st};
 	int ret;
 
 	memset(st, 0, sizeof(*st));

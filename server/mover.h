@@ -19,12 +19,13 @@ struct hkv_move_stats {
 };
 
 /*
- * Copy the live, unexpired items `map` does not place on `self` to their
- * primaries (homes[], indexed like map->names), with `token`. 0, or the
+ * Copy the live, unexpired items that `cur` places on `self` and `map`
+ * does not to their new primaries (homes[], indexed like map->names), with
+ * `token`. 0, or the
  * first error (nothing dropped here: the caller's settle does that once
  * the move is committed). max_value: the largest value to expect.
  */
-int hkv_move_copy(struct hkv_store *s, const struct hkv_cmap *map,
+int hkv_move_copy(struct hkv_store *s, const struct hkv_cmap *cur, const struct hkv_cmap *map,
 		  const struct hkv_cmember *homes, const char *self, const char *token,
 		  uint64_t max_value, struct hkv_move_stats *st);
 
