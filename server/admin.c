@@ -25,9 +25,12 @@ static void usage(FILE *f)
 		"                     waits up to --wait seconds (default 30) for the map\n"
 		"  undrain NAME       let NAME hold partitions again\n"
 		"  remove NAME        NAME leaves for good: its server shuts down, its\n"
-		"                     partitions move; the name cannot register again\n"
+		"                     partitions move; the name cannot register again.\n"
+		"                     A store-mode cluster drains a live NAME first (its\n"
+		"                     items move); a dead one that still holds partitions\n"
+		"                     is refused unless --force (its items are lost)\n"
 		"  admit NAME         undo remove (and drain) for NAME\n"
-		"options: --wait SECONDS, -h/--help\n");
+		"options: --wait SECONDS, --force, -h/--help\n");
 }
 
 struct admin {
@@ -171,6 +174,57 @@ static int del_key(struct admin *a, const char *dir, const char *id)
 	return hkv_etcd_delete(a->e, key, 0, NULL);
 }
 
+/* Is the cluster a store (its identity says so)? 1, 0, or an error. */
+static int store_mode(struct admin *a)
+{
+	char key[512];
+	struct hkv_etcd_kv *kvs;
+	uint32_t parts;
+	uint8_t hk[16];
+	int n, ret, store = 0;
+
+	snprintf(key, sizeof(key), "%s/identity", a->prefix);
+	ret = hkv_etcd_range(a->e, key, 0, &kvs, &n, NULL);
+	if (ret)
+		return ret;
+	if (n)
+		ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, &parts, hk, &store);
+	hkv_etcd_kvs_free(kvs, n);
+	return ret ? ret : store;
+}
+
+static int wait_off(struct admin *a, const char *id, int wait_s);
+
+/* Store mode: a partition's items exist only on its server, so a live one
+ * is drained (its items move) before it goes; a dead one that still holds
+ * partitions would take them along: only with --force. */
+static int remove_safely(struct admin *a, const char *id, int wait_s, int force)
+{
+	struct hkv_cmap map;
+	uint32_t held = 0;
+	int ret = store_mode(a);
+
+	if (ret <= 0)
+		return ret;
+	if (!load_map(a, &map)) {
+		held = primaries_of(&map, id);
+		hkv_cmap_free(&map);
+	}
+	if (!held || force)
+		return 0;
+	if (has_key(a, "servers", id)) {
+		printf("%s holds %u partitions of a store-mode cluster: draining it first\n", id,
+		       held);
+		ret = put_flag(a, "drain", id);
+		return ret ? ret : wait_off(a, id, wait_s);
+	}
+	fprintf(stderr, "hatchkv-admin: %s is down and still holds %u partitions of a "
+			"store-mode cluster; their items live only there. Start it again "
+			"(its --memory-file) and remove it then, or pass --force to give its "
+			"partitions away without their items\n", id, held);
+	return -EBUSY;
+}
+
 /* Wait until the map places nothing on id. */
 static int wait_off(struct admin *a, const char *id, int wait_s)
 {
@@ -210,14 +264,16 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
 					      {"wait", required_argument, NULL, 'w'},
+					      {"force", no_argument, NULL, 'f'},
 					      {"help", no_argument, NULL, 'h'},
 					      {NULL, 0, NULL, 0}};
 	const char *uri = getenv("HATCHKV_CLUSTER"), *cmd, *id = NULL;
 	struct admin a;
-	int wait_s = 30, c, ret;
+	int wait_s = 30, force = 0, c, ret;
 
-	while ((c = getopt_long(argc, argv, "c:w:h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:w:fh", opts, NULL)) != -1) {
 		switch (c) {
+		case 'f': force = 1; break;
 		case 'c': uri = optarg; break;
 		case 'w': wait_s = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
@@ -249,7 +305,9 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "undrain")) {
 		ret = del_key(&a, "drain", id);
 	} else if (!strcmp(cmd, "remove")) {
-		ret = put_flag(&a, "removed", id);
+		ret = remove_safely(&a, id, wait_s, force);
+		if (!ret)
+			ret = put_flag(&a, "removed", id);
 		if (!ret)
 			ret = put_flag(&a, "drain", id);
 		if (!ret)
@@ -264,7 +322,7 @@ int main(int argc, char **argv)
 		usage(stderr);
 		ret = -EINVAL;
 	}
-	if (ret && ret != -ETIMEDOUT && ret != -EINVAL && ret != -ENOENT)
+	if (ret && ret != -ETIMEDOUT && ret != -EINVAL && ret != -ENOENT && ret != -EBUSY)
 		fprintf(stderr, "hatchkv-admin: %s: %s\n", cmd, hkv_strerror(ret));
 	hkv_etcd_close(a.e);
 	return ret ? 1 : 0;

@@ -6,7 +6,7 @@
  *   test_cluster shm     (unit tier)
  *   test_cluster verbs   (rdma tier: etcd and the servers in the guest)
  *
- * Cache mode (this version's cluster). What a user checks:
+ * Cache mode. What a user checks:
  *   test_join_and_route  3 servers join; the map places every partition;
  *                        `hatchkv-admin members` / `map` show them; 3000
  *                        keys set through the cluster read back, spread
@@ -38,6 +38,20 @@
  *                        one) until the map is good again; a new handle
  *                        fails with a clear error; an unreachable etcd
  *                        fails hkv_open promptly.
+ *
+ * Store mode (a second cluster beside the first; each server on a
+ * --memory-file):
+ *   test_store_moves     a 4th server joins, then is drained, under a load
+ *                        whose histories go to the linearizability
+ *                        checker: items are copied before the map changes;
+ *                        every history linearizable, every preloaded key
+ *                        intact, the joiner holds its keys itself, the
+ *                        drained server nothing.
+ *   test_store_kill      a server SIGKILLed: its keys fail fast with
+ *                        HKV_EUNAVAILABLE, the map keeps its partitions,
+ *                        `remove` is refused; restarted on its memory file
+ *                        it serves every key again; removed alive, it is
+ *                        drained first and nothing is lost.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -1109,7 +1123,7 @@ static void test_store_kill(void)
 	const char *four[] = {"sa", "sb", "sc", "sd", NULL};
 	struct hkv_client *c = cluster_client();
 	struct hkv_cmap map, later;
-	char k[32], buf[32];
+	char k[32], buf[32], out[4096];
 	uint64_t t0, t_back = 0;
 	int victim = -1, unavailable = 0, other = 0, slow = 0;
 
@@ -1142,6 +1156,8 @@ static void test_store_kill(void)
 	printf("# sb SIGKILLed: %d gets failed with HKV_EUNAVAILABLE, %d otherwise, %d slower "
 	       "than 1.5 s\n", unavailable, other, slow);
 	CHECK(unavailable > 0 && slow == 0);
+	/* its items live only there: removing it now is refused */
+	CHECK(admin(out, sizeof(out), "remove sb") != 0);
 	CHECK_RC(read_map(&later), 0);
 	CHECK(hkv_cmap_moved(&map, &later) == 0); /* sb keeps its partitions */
 	hkv_cmap_free(&later);
@@ -1170,6 +1186,13 @@ static void test_store_kill(void)
 			break;
 		}
 	}
+	/* alive, it is drained first: its items move, then it goes */
+	snprintf(k, sizeof(k), "s:%06d", victim);
+	snprintf(buf, sizeof(buf), "v%d", victim);
+	CHECK_RC(set_str(c, k, buf), 0);
+	CHECK_RC(admin(out, sizeof(out), "remove sb"), 0);
+	CHECK(strstr(out, "draining it first") != NULL);
+	CHECK(preload_intact(c, 2000) == 0);
 	hkv_cmap_free(&map);
 	hkv_close(c);
 }
