@@ -341,27 +341,36 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	return op_end(c, &sc, ret);
 }
 
+/* A multi-get item found: copy its value out (or say why not). */
+static void mget_found(struct hkv_mget_item *m, const struct item *it, const uint8_t *blk)
+{
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+
+	m->vlen = h->vlen;
+	m->status = hkv_item_expired(it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
+	if (!m->status)
+		memcpy(m->buf, blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+	fill_info(it, &m->info);
+}
+
 /* A block read for a multi-get item: keep it if it is still the key's. */
 static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
 		      uint8_t *blk)
 {
-	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 	struct item it;
 
 	if (!hkv_loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
 		return; /* stale: the single-key path will find it */
 	hkv_item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, 0);
-	m->vlen = h->vlen;
-	m->status = hkv_item_expired(&it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
-	if (!m->status)
-		memcpy(m->buf, blk + HKV_BLOCK_HDR + h->klen, h->vlen);
-	fill_info(&it, &m->info);
+	mget_found(m, &it, blk);
 }
 
 /*
- * Multi-get: the keys with a usable cached location are read in one chain
- * (one round trip for all of them); the rest, and any whose block turned out
- * stale, take the single-key path.
+ * Multi-get, a chain of up to 32 keys at a time: a key with a usable cached
+ * location has its block read; any other has its two buckets read in the
+ * same chain, and then the candidate blocks of all of them in one more
+ * chain. Warm keys: one round trip; cold ones: two, however many. A key
+ * whose read turns out stale, torn or too large takes the single-key path.
  */
 /* Build the chain for the items from *i on (statuses set: CONFLICT = to
  * read, by this chain or, if not in it, by a single get afterwards). */
@@ -370,9 +379,9 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
 {
 	size_t used = 0;
 
-	ch->nw = 0;
+	ch->nw = ch->ncold = ch->nwr = 0;
 	ch->first = *i;
-	for (; *i < n && ch->nw < 32; (*i)++) {
+	for (; *i < n && ch->nw + ch->ncold < 32; (*i)++) {
 		struct hkv_loc *loc = &ch->locs[ch->nw];
 		struct key k;
 
@@ -381,25 +390,109 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
 			continue;
 		items[*i].status = CONFLICT; /* not read yet */
 		if (!hkv_cached_loc(c, &k, loc, 0) || !hkv_slot_sane(c, loc->slot) ||
-		    loc->blen > c->read_cap)
+		    loc->blen > c->read_cap) { /* cold: its buckets */
+			if (ch->nwr && used + CANON_SLOTS * 8 > c->read_cap)
+				break;
+			ch->cidx[ch->ncold] = *i;
+			ch->coff[ch->ncold++] = used;
+			ch->nwr = hkv_append_bucket_reads(c, ch->wrs, ch->nwr, &k, c->rblk + used);
+			used += CANON_SLOTS * 8;
 			continue;
-		if (ch->nw && used + loc->blen + 64 > c->read_cap)
+		}
+		if (ch->nwr && used + loc->blen + 64 > c->read_cap)
 			break;
 		ch->idx[ch->nw] = *i;
 		ch->offs[ch->nw] = used;
-		ch->wrs[ch->nw] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
+		ch->wrs[ch->nwr++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
 		used += (loc->blen + 63) & ~(size_t)63; /* keep headers aligned */
 		ch->nw++;
 	}
 	ch->end = *i;
+	ch->seen_ns = hkv_coarse_ns();
 }
 
-/* The chain's READs have completed: take what they read; the rest one by one. */
+/*
+ * The cold keys of a chain whose bucket READs completed: READ every
+ * candidate block of all of them in one chain and check each as the
+ * single-key path does (hkv_candidate_check, the view still fresh). A key
+ * with no candidate is absent; one whose candidates do not fit, or read
+ * torn, stays CONFLICT (the single-key path looks again).
+ */
+static void mget_cold(struct hkv_client *c, struct hkv_mget_item *items,
+		      const struct mget_chain *ch)
+{
+	struct view v[32];
+	struct hkv_wr wrs[64];
+	int nwr = 0, first[33], pos[64];
+	size_t off[64], used = 0;
+
+	for (int q = 0; q < ch->ncold; q++) {
+		memcpy(v[q].slot, c->rblk + ch->coff[q], sizeof(v[q].slot));
+		v[q].seen_ns = ch->seen_ns;
+	}
+	for (int q = 0; q < ch->ncold; q++) {
+		struct key k;
+		int before = nwr, fits = 1;
+
+		first[q] = nwr;
+		hkv_key_init(c, &k, items[ch->cidx[q]].key, items[ch->cidx[q]].klen);
+		for (int p = 0; p < CANON_SLOTS && fits; p++) {
+			uint64_t s = v[q].slot[p];
+			uint32_t sz;
+
+			if (!s || hkv_slot_fp(s) != k.fp || !hkv_slot_sane(c, s))
+				continue;
+			sz = c->g.class_size[hkv_slot_class(s)];
+			fits = nwr < 64 && used + sz <= c->read_cap;
+			if (!fits)
+				break;
+			pos[nwr] = p;
+			off[nwr] = used;
+			wrs[nwr++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(s), sz);
+			used += (sz + 63) & ~(size_t)63;
+		}
+		if (!fits) /* the single-key path reads them */
+			nwr = before, first[q] = -1;
+		else if (nwr == before)
+			items[ch->cidx[q]].status = HKV_ENOTFOUND; /* no candidate: absent */
+	}
+	first[ch->ncold] = nwr;
+	if (!nwr || hkv_exec(c, wrs, nwr) || !hkv_view_fresh(c, ch->seen_ns))
+		return; /* (an error: the single-key path meets it too) */
+	for (int q = 0; q < ch->ncold; q++) {
+		struct hkv_mget_item *m = &items[ch->cidx[q]];
+		int end = q + 1, torn = 0;
+		struct key k;
+
+		if (first[q] < 0 || m->status != CONFLICT)
+			continue;
+		while (first[end] < 0)
+			end++;
+		hkv_key_init(c, &k, m->key, m->klen);
+		for (int w = first[q]; w < first[end]; w++) {
+			struct item it;
+			int chk = hkv_candidate_check(c, &k, &it, &v[q], pos[w], c->rblk + off[w]);
+
+			torn |= chk == TORN;
+			if (!chk) {
+				mget_found(m, &it, c->rblk + off[w]);
+				break;
+			}
+		}
+		if (m->status == CONFLICT && !torn)
+			m->status = HKV_ENOTFOUND;
+	}
+}
+
+/* The chain's READs have completed: take what they read, look for the cold
+ * keys; the rest one by one. */
 static void mget_take_chain(struct hkv_client *c, struct hkv_mget_item *items,
 			    const struct mget_chain *ch)
 {
 	for (int w = 0; w < ch->nw; w++)
 		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w]);
+	if (ch->ncold)
+		mget_cold(c, items, ch);
 	for (size_t j = ch->first; j < ch->end; j++)
 		if (items[j].status == CONFLICT)
 			items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
@@ -415,7 +508,7 @@ static int mget_rest(struct hkv_client *c, struct hkv_mget_item *items, size_t n
 		int ret;
 
 		mget_build(c, items, n, &i, &ch);
-		ret = ch.nw ? hkv_exec(c, ch.wrs, ch.nw) : 0;
+		ret = ch.nwr ? hkv_exec(c, ch.wrs, ch.nwr) : 0;
 		if (ret)
 			return op_end(c, sc, ret);
 		mget_take_chain(c, items, &ch);
@@ -442,9 +535,9 @@ int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		return ret;
 	op_begin(c, &pd->sc, HKV_OP_MGET);
 	mget_build(c, items, n, &i, ch);
-	if (!ch->nw)
+	if (!ch->nwr)
 		return 0;
-	ret = hkv_conn_post(c->conn, ch->wrs, ch->nw);
+	ret = hkv_conn_post(c->conn, ch->wrs, ch->nwr);
 	if (ret == -EAGAIN)
 		ret = c->conn->error = HKV_ETRANSPORT;
 	if (ret)

@@ -199,11 +199,17 @@ struct op_scope {
 
 /* One chain of a multi-get: up to 32 keys whose location the cache holds,
  * one READ of each block. */
+/* One multi-get chain: up to 32 keys, each either warm (a cached location:
+ * its block's READ) or cold (its two buckets' READs; its candidates' blocks
+ * are read in one more chain for all the cold keys at once). */
 struct mget_chain {
-	struct hkv_wr wrs[32];
+	struct hkv_wr wrs[64];
 	struct hkv_loc locs[32];
-	size_t idx[32], offs[32], first, end;
-	int nw;
+	size_t idx[32], offs[32];  /* warm: item, where its block lands in rblk */
+	size_t cidx[32], coff[32]; /* cold: item, where its buckets land in rblk */
+	size_t first, end;
+	int nw, ncold, nwr;        /* warm keys, cold keys, work requests */
+	uint64_t seen_ns;          /* when the buckets' READs went out */
 };
 
 struct hkv_mget_pending {

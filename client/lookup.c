@@ -160,6 +160,27 @@ int hkv_find_warm(struct hkv_client *c, const struct key *k, struct item *it)
  * garbage) in torn[*ntorn]. Blocks of a class larger than this handle's read
  * area are never read (*too_big counts them).
  */
+int hkv_candidate_check(struct hkv_client *c, const struct key *k, struct item *it,
+			const struct view *v, int pos, uint8_t *blk)
+{
+	uint64_t s = v->slot[pos];
+	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+	int chk = hkv_block_check(&c->g, blk, c->g.class_size[hkv_slot_class(s)], k->p, k->len);
+
+	if (chk == HKV_ECORRUPT || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
+	    hkv_meta_class(h->meta) != hkv_slot_class(s))
+		return TORN; /* torn, or no longer the block the slot named: it was
+			      * replaced and its memory reused, perhaps by another key */
+	if (chk == HKV_ENOTFOUND)
+		return chk; /* the block the slot names holds another key */
+	if (hkv_meta_state(h->meta) == HKV_BLK_PENDING || (h->meta & HKV_META_ABORTED))
+		return HKV_ENOTFOUND; /* an insert not (or never) committed: absent */
+	hkv_item_from_block(it, blk, hkv_slot_off_of(c, k, pos), s, pos, v->seen_ns);
+	if (it->state == HKV_BLK_LIVE)
+		hkv_remember_loc(c, k, it);
+	return 0;
+}
+
 static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
 			    const struct view *v, const int *cand, int ncand, uint64_t *torn,
 			    int *ntorn, int *too_big)
@@ -197,28 +218,13 @@ static int check_candidates(struct hkv_client *c, const struct key *k, struct it
 		used = 0;
 		for (int i = first; i < first + n; i++) {
 			uint64_t s = v->slot[cand[i]];
-			uint8_t *blk = c->rblk + used;
-			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
-			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
-			int chk = hkv_block_check(&c->g, blk, sz, k->p, k->len);
+			int chk = hkv_candidate_check(c, k, it, v, cand[i], c->rblk + used);
 
-			used += sz;
-			if (chk == HKV_ECORRUPT || (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s) ||
-			    hkv_meta_class(h->meta) != hkv_slot_class(s)) {
-				/* torn, or no longer the block the slot named: it was
-				 * replaced and its memory reused, perhaps by another key */
+			used += c->g.class_size[hkv_slot_class(s)];
+			if (chk == TORN)
 				torn[(*ntorn)++] = s;
-				continue;
-			}
-			if (chk == HKV_ENOTFOUND)
-				continue; /* the block the slot names holds another key */
-			if (hkv_meta_state(h->meta) == HKV_BLK_PENDING || (h->meta & HKV_META_ABORTED))
-				continue; /* an insert not (or never) committed: absent */
-			hkv_item_from_block(it, blk, hkv_slot_off_of(c, k, cand[i]), s, cand[i],
-					    v->seen_ns);
-			if (it->state == HKV_BLK_LIVE)
-				hkv_remember_loc(c, k, it);
-			return 0;
+			else if (!chk)
+				return 0;
 		}
 		first += n;
 	}

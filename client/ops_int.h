@@ -47,6 +47,7 @@
 #define NO_CACHE 2 /* no usable cache entry, nothing was sent */
 #define YIELDED  3 /* our new block was withdrawn (and freed): start over with a fresh one */
 #define STALE    4 /* a view grew too old to act on, or a stale write was undone: look again */
+#define TORN     5 /* a block read through a slot is torn, or no longer the slot's */
 
 static inline void hkv_test_at(struct hkv_client *c, enum hkv_test_point point)
 {
@@ -186,6 +187,12 @@ int hkv_loc_block_current(const struct hkv_client *c, const struct hkv_loc *loc,
 int hkv_find_warm(struct hkv_client *c, const struct key *k, struct item *it);
 /* Cold find: READ both buckets (after the `lead` requests), then the
  * candidate blocks; fills *v. 0 found, HKV_ENOTFOUND, or <0. */
+/* A candidate's block (blk: class-size bytes read, after the view v, from
+ * the block v->slot[pos] names): 0 and *it when it is k's (remembered when
+ * LIVE), HKV_ENOTFOUND (another key's, or an insert never committed), or
+ * TORN. The caller has checked that v is still fresh. */
+int hkv_candidate_check(struct hkv_client *c, const struct key *k, struct item *it,
+			const struct view *v, int pos, uint8_t *blk);
 int hkv_find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
 		  struct hkv_wr *lead, int nlead);
 /* Warm, else cold. */

@@ -6,13 +6,14 @@
  *   test_store verbs   (rdma tier, Soft-RoCE guest)
  *
  * Semantics of every operation and its error codes, expiry, round trips per
- * operation read from the counters, a long random operation sequence checked
+ * operation read from the counters (a multi-get of cold keys: 2), a long random operation sequence checked
  * against an in-memory reference model in a region small enough that blocks
  * are reused all the time, the index load factor when it first fills, and
  * memory coming back from a client that closed.
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +199,149 @@ static uint64_t rt_of(struct hkv_client *c, enum hkv_op op, uint64_t *bytes_read
 	if (bytes_read)
 		*bytes_read = st.op[op].bytes_read;
 	return st.op[op].round_trips;
+}
+
+/* Multi-get of keys no location cache knows: their buckets go out in one
+ * chain, then every candidate block in one more: 2 round trips for 32 cold
+ * keys (one at a time they take 2 each); then warm, 1. Values of many
+ * sizes, some keys absent, each checked. And with a writer replacing and
+ * deleting the keys meanwhile, every value a cold multi-get returns is one
+ * its key had (its own name, a generation, the pad that generation wrote). */
+#define MG_KEYS 200
+
+static int mg_fmt(char *out, size_t cap, int key, unsigned gen)
+{
+	int n = snprintf(out, cap, "mg:%d:%u:", key, gen);
+	int pad = (int)((key * 37u + gen * 101u) % 3000u);
+
+	if (n + pad > (int)cap)
+		pad = (int)cap - n;
+	memset(out + n, 'a' + (int)(gen % 26), (size_t)pad);
+	return n + pad;
+}
+
+/* Is v (len bytes) a value key had? */
+static int mg_valid(const char *v, size_t len, int key)
+{
+	char want[3200], head[32];
+	unsigned gen;
+	int n = snprintf(head, sizeof(head), "mg:%d:", key);
+
+	if (len < (size_t)n || memcmp(v, head, (size_t)n) || sscanf(v + n, "%u", &gen) != 1)
+		return 0;
+	return (size_t)mg_fmt(want, sizeof(want), key, gen) == len && !memcmp(v, want, len);
+}
+
+struct mg_writer {
+	struct hkv_client *c;
+	volatile int stop;
+	unsigned gens;
+};
+
+static void *mg_write(void *arg)
+{
+	struct mg_writer *w = arg;
+	char k[32], v[3200];
+
+	for (unsigned gen = 1; !w->stop; gen++, w->gens++) {
+		int key = (int)((gen * 7919u) % 64u);
+		int n = mg_fmt(v, sizeof(v), key, gen);
+
+		snprintf(k, sizeof(k), "mg:%d", key);
+		if (gen % 7 == 0)
+			hkv_delete(w->c, k, strlen(k));
+		else
+			hkv_set(w->c, k, strlen(k), v, (size_t)n, NULL);
+	}
+	return NULL;
+}
+
+static void test_mget_cold(void)
+{
+	static char bufs[MG_KEYS][3200];
+	struct hkv_mget_item it[MG_KEYS];
+	struct hkvserver s;
+	struct hkv_client *c, *cold, *nocache;
+	struct hkv_config *cfg;
+	struct mg_writer w = {0};
+	pthread_t thr;
+	char k[MG_KEYS][32], v[3200];
+	uint64_t rt0, rt1;
+	int bad = 0, rounds = 0, found = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "64M", "256K", NULL) == 0);
+	c = hkvserver_client(&s);
+	for (int i = 0; i < MG_KEYS; i++) {
+		int n = mg_fmt(v, sizeof(v), i, 0);
+
+		snprintf(k[i], sizeof(k[i]), "mg:%d", i);
+		if (i % 5 != 4) /* every fifth key absent */
+			CHECK_RC(hkv_set(c, k[i], strlen(k[i]), v, (size_t)n, NULL), 0);
+		it[i] = (struct hkv_mget_item){.key = k[i], .klen = strlen(k[i]), .buf = bufs[i],
+					       .cap = sizeof(bufs[i])};
+	}
+	cold = hkvserver_client(&s); /* a config of its own: an empty location cache */
+	rt0 = rt_of(cold, HKV_OP_MGET, NULL);
+	CHECK_RC(hkv_mget(cold, it, 32), 0);
+	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
+	printf("# multi-get of 32 cold keys: %llu round trips\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 2);
+	for (int i = 0; i < 32; i++) {
+		int n = mg_fmt(v, sizeof(v), i, 0);
+
+		if (i % 5 == 4)
+			CHECK(it[i].status == HKV_ENOTFOUND);
+		else
+			CHECK(it[i].status == 0 && it[i].vlen == (size_t)n && !memcmp(bufs[i], v, (size_t)n));
+	}
+	rt0 = rt1;
+	CHECK_RC(hkv_mget(cold, it, 32), 0); /* now warm (the absent keys: their buckets) */
+	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
+	printf("# the same 32 keys again: %llu round trip(s)\n", (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 1);
+	rt0 = rt1;
+	CHECK_RC(hkv_mget(cold, it + 32, MG_KEYS - 32), 0); /* 168 cold keys: 6 chains */
+	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
+	printf("# multi-get of %d cold keys: %llu round trips\n", MG_KEYS - 32,
+	       (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 2 * ((MG_KEYS - 32 + 31) / 32));
+	for (int i = 32; i < MG_KEYS; i++) {
+		int n = mg_fmt(v, sizeof(v), i, 0);
+
+		if (i % 5 == 4)
+			CHECK(it[i].status == HKV_ENOTFOUND);
+		else
+			CHECK(it[i].status == 0 && it[i].vlen == (size_t)n && !memcmp(bufs[i], v, (size_t)n));
+	}
+	/* under a writer: a handle without a location cache (every key cold) */
+	cfg = hkvserver_config(&s);
+	hkv_config_set_cache_entries(cfg, 0);
+	CHECK_RC(hkv_open(cfg, &nocache), 0);
+	hkv_config_free(cfg);
+	w.c = c;
+	pthread_create(&thr, NULL, mg_write, &w);
+	for (uint64_t t0 = now_ms_mono(); now_ms_mono() - t0 < 2000; rounds++) {
+		CHECK_RC(hkv_mget(nocache, it, 64), 0);
+		for (int i = 0; i < 64; i++) {
+			if (it[i].status == HKV_ENOTFOUND)
+				continue;
+			found++;
+			if (it[i].status || !mg_valid(bufs[i], it[i].vlen, i)) {
+				if (bad++ < 5)
+					fprintf(stderr, "mg:%d: status %d, %zu bytes: not a value it had\n",
+						i, it[i].status, it[i].vlen);
+			}
+		}
+	}
+	w.stop = 1;
+	pthread_join(thr, NULL);
+	printf("# %d cold multi-gets of 64 keys beside %u writes: %d values read, %d wrong\n",
+	       rounds, w.gens, found, bad);
+	CHECK(bad == 0 && found > 0 && w.gens > 0);
+	hkv_close(nocache);
+	hkv_close(cold);
+	hkv_close(c);
+	hkvserver_stop(&s);
 }
 
 /* The round-trip budget of each operation, from the transport counters. */
@@ -893,6 +1037,7 @@ int main(int argc, char **argv)
 	if (use_verbs)
 		hkv_test_need_rdma(hkv_verbs_available(), "no RDMA device on this host");
 	RUN_TEST(test_semantics);
+	RUN_TEST(test_mget_cold);
 	RUN_TEST(test_expiry);
 	RUN_TEST(test_round_trips);
 	RUN_TEST(test_reference_fuzz);
