@@ -36,6 +36,7 @@
 struct opts {
 	const char *workloads;
 	uint64_t records, operations, warmup;
+	int no_load; /* the records are there already (an earlier run loaded them) */
 	double duration, target;
 	int threads;
 	size_t fieldcount, fieldlength;
@@ -644,9 +645,12 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 	       "process(es) x %d threads\n", system, (unsigned long long)o->records,
 	       o->fieldcount * o->fieldlength, o->threads, o->processes, o->threads);
 	fflush(stdout);
-	if (phase(o, system, NULL, &load, server_pid))
+	if (o->no_load)
+		printf("   (not loaded: --no-load)\n");
+	else if (phase(o, system, NULL, &load, server_pid))
 		goto out;
-	printf("   loaded in %.0f ms (%.0f inserts/s)\n", load.runtime_ms, load.throughput);
+	else
+		printf("   loaded in %.0f ms (%.0f inserts/s)\n", load.runtime_ms, load.throughput);
 	for (const char *p = o->workloads; *p; p++) {
 		const struct ycsb_workload *w = ycsb_workload(*p);
 		struct result *r = &out[(*nout)++];
@@ -843,6 +847,8 @@ static void usage(FILE *f)
 		"  --batch N              operations in flight per thread: reads go out as\n"
 		"                         one multi-get (default 1: one at a time)\n"
 		"  --warmup N             unmeasured operations per thread first (default 1000)\n"
+		"  --no-load              skip the load phase: the records are there already\n"
+		"                         (reads of missing ones count as not_found)\n"
 		"  --target OPS           aggregate target rate (default: as fast as possible)\n"
 		"  --fieldcount N --fieldlength B   record shape (default 10 x 100)\n"
 		"  --server-pid PID       report this process's CPU use as server_cpu_percent\n"
@@ -863,6 +869,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
 		{"processes", required_argument, NULL, 'p'},
 		{"batch", required_argument, NULL, 'B'},
+		{"no-load", no_argument, NULL, 'N'},
 		{"via-memcached", no_argument, NULL, 'V'},
 		{"hkv-memcached", required_argument, NULL, 'H'},
 		{"child-index", required_argument, NULL, 'I'},
@@ -892,6 +899,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'j': o->json = optarg; break;
 		case 'p': o->processes = atoi(optarg); break;
 		case 'B': o->batch = atoi(optarg); break;
+		case 'N': o->no_load = 1; break;
 		case 'V': o->via_memcached = 1; break;
 		case 'H': o->hkv_memcached = optarg; break;
 		case 'I': o->pidx = atoi(optarg); break;
