@@ -1,8 +1,9 @@
 /*
  * api.c - the public operations (include/hatchkv.h): each checks its key
  * and the connection, counts its round trips and bytes, and runs the
- * protocol of its room; multi-get (cached keys in one chain, in two halves
- * for a cluster handle), flush_all and count_items (index walks).
+ * protocol of its room; multi-get (32 keys a chain: cached ones' blocks and
+ * cold ones' buckets, then the cold ones' candidates; in two halves for a
+ * cluster handle), flush_all and count_items (index walks).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -341,13 +342,26 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	return op_end(c, &sc, ret);
 }
 
-/* A multi-get item found: copy its value out (or say why not). */
-static void mget_found(struct hkv_mget_item *m, const struct item *it, const uint8_t *blk)
+/* A multi-get item found: copy its value out (or say why not), as hkv_get
+ * does: an expired item is a miss (and its cache entry goes; its memory is
+ * left to the next single-key read or eviction), a live one is touched
+ * (cache mode: LRU). */
+static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const struct item *it,
+		       const uint8_t *blk)
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 
+	if (hkv_item_expired(it)) {
+		struct key k;
+
+		if (!hkv_key_init(c, &k, m->key, m->klen))
+			hkv_cache_drop(c->cache, k.h);
+		m->status = HKV_ENOTFOUND;
+		return;
+	}
+	hkv_touch_atime(c, it);
 	m->vlen = h->vlen;
-	m->status = hkv_item_expired(it) ? HKV_ENOTFOUND : h->vlen > m->cap ? -ENOSPC : 0;
+	m->status = h->vlen > m->cap ? -ENOSPC : 0;
 	if (!m->status)
 		memcpy(m->buf, blk + HKV_BLOCK_HDR + h->klen, h->vlen);
 	fill_info(it, &m->info);
@@ -355,14 +369,15 @@ static void mget_found(struct hkv_mget_item *m, const struct item *it, const uin
 
 /* A block read for a multi-get item: keep it if it is still the key's. */
 static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
-		      uint8_t *blk)
+		      uint8_t *blk, uint64_t seen_ns)
 {
 	struct item it;
 
 	if (!hkv_loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
 		return; /* stale: the single-key path will find it */
-	hkv_item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, 0);
-	mget_found(m, &it, blk);
+	c->stats.cache_hits++;
+	hkv_item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, seen_ns);
+	mget_found(c, m, &it, blk);
 }
 
 /*
@@ -393,6 +408,7 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
 		    loc->blen > c->read_cap) { /* cold: its buckets */
 			if (ch->nwr && used + CANON_SLOTS * 8 > c->read_cap)
 				break;
+			c->stats.cache_misses++;
 			ch->cidx[ch->ncold] = *i;
 			ch->coff[ch->ncold++] = used;
 			ch->nwr = hkv_append_bucket_reads(c, ch->wrs, ch->nwr, &k, c->rblk + used);
@@ -433,6 +449,7 @@ static void mget_cold(struct hkv_client *c, struct hkv_mget_item *items,
 	for (int q = 0; q < ch->ncold; q++) {
 		struct key k;
 		int before = nwr, fits = 1;
+		size_t used_before = used;
 
 		first[q] = nwr;
 		hkv_key_init(c, &k, items[ch->cidx[q]].key, items[ch->cidx[q]].klen);
@@ -452,7 +469,7 @@ static void mget_cold(struct hkv_client *c, struct hkv_mget_item *items,
 			used += (sz + 63) & ~(size_t)63;
 		}
 		if (!fits) /* the single-key path reads them */
-			nwr = before, first[q] = -1;
+			nwr = before, first[q] = -1, used = used_before;
 		else if (nwr == before)
 			items[ch->cidx[q]].status = HKV_ENOTFOUND; /* no candidate: absent */
 	}
@@ -475,7 +492,7 @@ static void mget_cold(struct hkv_client *c, struct hkv_mget_item *items,
 
 			torn |= chk == TORN;
 			if (!chk) {
-				mget_found(m, &it, c->rblk + off[w]);
+				mget_found(c, m, &it, c->rblk + off[w]);
 				break;
 			}
 		}
@@ -490,7 +507,7 @@ static void mget_take_chain(struct hkv_client *c, struct hkv_mget_item *items,
 			    const struct mget_chain *ch)
 {
 	for (int w = 0; w < ch->nw; w++)
-		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w]);
+		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w], ch->seen_ns);
 	if (ch->ncold)
 		mget_cold(c, items, ch);
 	for (size_t j = ch->first; j < ch->end; j++)
@@ -519,7 +536,7 @@ static int mget_rest(struct hkv_client *c, struct hkv_mget_item *items, size_t n
 /*
  * A multi-get in two halves, so that a cluster handle posts every server's
  * first chain before it waits for any (client/router.c): start builds and
- * posts the first chain (up to 32 cached keys), finish waits for it and does
+ * posts the first chain (up to 32 keys), finish waits for it and does
  * the rest. n must be the same for both; between them the handle does
  * nothing else.
  */

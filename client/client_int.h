@@ -197,8 +197,6 @@ struct op_scope {
 	enum hkv_op op;
 };
 
-/* One chain of a multi-get: up to 32 keys whose location the cache holds,
- * one READ of each block. */
 /* One multi-get chain: up to 32 keys, each either warm (a cached location:
  * its block's READ) or cold (its two buckets' READs; its candidates' blocks
  * are read in one more chain for all the cold keys at once). */

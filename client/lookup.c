@@ -152,14 +152,6 @@ int hkv_find_warm(struct hkv_client *c, const struct key *k, struct item *it)
 	return 0;
 }
 
-/*
- * Read the blocks of the candidate slots (canonical order, batches that fit
- * the read area) and take the first that holds the key with the generation
- * its slot names. 0 found; HKV_ENOTFOUND, with the slot values of candidates
- * that failed validation (replaced and reused since the bucket READ, or
- * garbage) in torn[*ntorn]. Blocks of a class larger than this handle's read
- * area are never read (*too_big counts them).
- */
 int hkv_candidate_check(struct hkv_client *c, const struct key *k, struct item *it,
 			const struct view *v, int pos, uint8_t *blk)
 {
@@ -181,6 +173,14 @@ int hkv_candidate_check(struct hkv_client *c, const struct key *k, struct item *
 	return 0;
 }
 
+/*
+ * Read the blocks of the candidate slots (canonical order, batches that fit
+ * the read area) and take the first that holds the key with the generation
+ * its slot names. 0 found; HKV_ENOTFOUND, with the slot values of candidates
+ * that failed validation (replaced and reused since the bucket READ, or
+ * garbage) in torn[*ntorn]. Blocks of a class larger than this handle's read
+ * area are never read (*too_big counts them).
+ */
 static int check_candidates(struct hkv_client *c, const struct key *k, struct item *it,
 			    const struct view *v, const int *cand, int ncand, uint64_t *torn,
 			    int *ntorn, int *too_big)

@@ -185,14 +185,14 @@ int hkv_loc_block_current(const struct hkv_client *c, const struct hkv_loc *loc,
 			  const uint8_t *blk, const void *key, uint16_t klen);
 /* Warm find: one READ of the cached block. 0 found, 1 not usable, <0 error. */
 int hkv_find_warm(struct hkv_client *c, const struct key *k, struct item *it);
-/* Cold find: READ both buckets (after the `lead` requests), then the
- * candidate blocks; fills *v. 0 found, HKV_ENOTFOUND, or <0. */
 /* A candidate's block (blk: class-size bytes read, after the view v, from
  * the block v->slot[pos] names): 0 and *it when it is k's (remembered when
  * LIVE), HKV_ENOTFOUND (another key's, or an insert never committed), or
  * TORN. The caller has checked that v is still fresh. */
 int hkv_candidate_check(struct hkv_client *c, const struct key *k, struct item *it,
 			const struct view *v, int pos, uint8_t *blk);
+/* Cold find: READ both buckets (after the `lead` requests), then the
+ * candidate blocks; fills *v. 0 found, HKV_ENOTFOUND, or <0. */
 int hkv_find_cold(struct hkv_client *c, const struct key *k, struct item *it, struct view *v,
 		  struct hkv_wr *lead, int nlead);
 /* Warm, else cold. */
