@@ -306,14 +306,12 @@ def expiry_phase(a, b):
     """Real expiry: TTL 1 set by each command that can set one, looked at 2.5 s later, when
     both clocks (memcached's once-a-second tick, hatchkv's time(NULL)) are past it. Nothing
     is looked at while a TTL could be running out."""
-    t0 = time.monotonic()
     for cmd in EXPIRY_SETUP:
         ra, rb = normalize(cmd, a.run(cmd)), normalize(cmd, b.run(cmd))
-        if cmd.startswith(b"get ") and time.monotonic() - t0 > 0.5:
-            # a TTL of 1 may be running out by now (a slow, loaded machine):
-            # what each reads depends on where its clock's second ticks
-            print("expiry setup took %.2f s: its read-back is not compared" %
-                  (time.monotonic() - t0))
+        if cmd.startswith(b"get "):
+            # not compared: memcached expires a TTL of 1 at its clock's next
+            # once-a-second tick, which may come a millisecond after the set
+            # (seen in a loaded run: memcached had none, hatchkv all six)
             continue
         if ra != rb:
             print("MISMATCH in expiry setup: %r\n  memcached: %r\n  hatchkv:   %r" % (cmd, ra, rb))
