@@ -251,6 +251,8 @@ uint64_t hkv_hash64(const void *key, size_t len);
  */
 uint64_t hkv_key_hash(const struct hkv_geometry *g, const void *key, size_t len);
 uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len);
+/* The same by table only (what a CPU without SSE4.2 runs), for tests. */
+uint32_t hkv_crc32c_table(uint32_t crc, const void *buf, size_t len);
 
 /* The two candidate buckets and the fingerprint of a key hash. */
 static inline void hkv_buckets_of(const struct hkv_geometry *g, uint64_t h, uint64_t *b1,
