@@ -59,6 +59,7 @@ struct worker {
 	struct hkv_client *hkv;     /* NULL after a lost server, until reopened */
 	char *vbuf;                 /* one value (max_value + 1 bytes) */
 	size_t vcap;
+	char *mbuf;                 /* a multi-get's values: MC_MGET_KEYS x MC_MGET_VCAP */
 	struct event *flush_ev;     /* this worker's delayed flush_all (see process_flush) */
 	uint64_t flush_gen;         /* the pending flush it was armed for */
 	struct mc_counters ctr;
@@ -251,6 +252,72 @@ static size_t conn_output(const struct ctx *x)
  * never holds more than a few MiB here. As memcached does, values already
  * written stay written if a later key fails.
  */
+/*
+ * get/gets of several keys: MC_MGET_KEYS at a time through hkv_mget (one
+ * round trip for keys whose location the handle knows, two for the others,
+ * instead of one or two per key); a value larger than MC_MGET_VCAP is read
+ * again alone. Keys in order; the same output and counters as one by one.
+ */
+#define MC_MGET_KEYS 32
+#define MC_MGET_VCAP 4096
+
+static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p, const char *end)
+{
+	const struct mc_req *r = x->r;
+	int with_cas = r->cmd == MC_CMD_GETS;
+	struct hkv_mget_item it[MC_MGET_KEYS];
+	const char *after[MC_MGET_KEYS];
+	struct worker *w = x->w;
+
+	while (p < end) {
+		int n = 0, rc = 0;
+		const char *key;
+		size_t klen;
+
+		while (n < MC_MGET_KEYS && mc_key_next(&p, end, &key, &klen)) {
+			it[n].key = key;
+			it[n].klen = klen;
+			it[n].buf = w->mbuf + (size_t)n * MC_MGET_VCAP;
+			it[n].cap = MC_MGET_VCAP;
+			after[n++] = p;
+		}
+		if (!n)
+			break;
+		rc = checked(x, hkv_mget(h, it, (size_t)n));
+		for (int i = 0; i < n && !rc; i++) {
+			const char *v = it[i].buf;
+			size_t vlen = it[i].vlen;
+
+			rc = it[i].status;
+			if (rc == -ENOSPC) { /* bigger than a multi-get slot: alone */
+				rc = get_one(x, h, it[i].key, it[i].klen, &vlen, &it[i].info);
+				v = w->vbuf;
+			} else {
+				rc = checked(x, rc);
+			}
+			count(&w->ctr.cmd_get, 1);
+			if (rc == HKV_ENOTFOUND) {
+				count(&w->ctr.get_misses, 1);
+				rc = 0;
+				continue;
+			}
+			if (rc)
+				break;
+			count(&w->ctr.get_hits, 1);
+			add_value(x->out, it[i].key, it[i].klen, v, vlen, &it[i].info, with_cas);
+			if (conn_output(x) > MC_OUT_HIGH && after[i] < end) {
+				x->c->get_pos = (size_t)(after[i] - r->keys); /* more when it drained */
+				return;
+			}
+		}
+		if (rc) {
+			reply_hkv_error(x, rc);
+			return;
+		}
+	}
+	evbuffer_add(x->out, "END\r\n", 5);
+}
+
 static void process_get(struct ctx *x)
 {
 	const struct mc_req *r = x->r;
@@ -264,6 +331,15 @@ static void process_get(struct ctx *x)
 	x->c->get_pos = 0;
 	if (!h)
 		return;
+	if (!touch && w->mbuf) {
+		const char *q = p, *k2;
+		size_t l2;
+
+		if (mc_key_next(&q, end, &k2, &l2) && mc_key_next(&q, end, &k2, &l2)) {
+			process_get_many(x, h, p, end); /* two keys or more */
+			return;
+		}
+	}
 	while (mc_key_next(&p, end, &key, &klen)) {
 		struct hkv_item_info info;
 		size_t vlen;
@@ -624,6 +700,7 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	STAT_U("hkv_cache_mode", si.cache_mode);
 	STAT_U("hkv_max_value", si.max_value);
 	STAT_U("hkv_index_slots", si.index_slots);
+	STAT_U("hkv_read_round_trips", h.op[HKV_OP_GET].round_trips + h.op[HKV_OP_MGET].round_trips);
 	STAT_U("hkv_cache_hits", h.cache_hits);
 	STAT_U("hkv_cache_misses", h.cache_misses);
 	STAT_U("hkv_corrupt_reads", h.corrupt_reads);
@@ -1200,6 +1277,7 @@ static int worker_init(struct mc_server *s, struct worker *w, int id)
 		return -1;
 	w->vcap = s->max_value;
 	w->vbuf = malloc(w->vcap + 1);
+	w->mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP); /* (NULL: one key at a time) */
 	w->base = event_base_new();
 	if (!w->vbuf || !w->base)
 		return -1;
@@ -1217,6 +1295,7 @@ static void worker_destroy(struct worker *w)
 	if (w->base)
 		event_base_free(w->base);
 	free(w->vbuf);
+	free(w->mbuf);
 	free(w->queue);
 	if (w->hkv)
 		hkv_close(w->hkv);
