@@ -277,6 +277,8 @@ int hkv_conn_check(struct hkv_conn *c)
 	return ret ? (c->error = ret) : 0;
 }
 
+_Thread_local struct hkv_conn_idle hkv_conn_idle;
+
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 {
 	uint64_t start = 0, now, last_check = 0;
@@ -298,6 +300,8 @@ int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 		got += n;
 		if (first_err)
 			return c->error = first_err;
+		if (!n && hkv_conn_idle.fn)
+			hkv_conn_idle.fn(hkv_conn_idle.arg); /* the other lanes run meanwhile */
 		if (n || ++spins % 1024)
 			continue;
 		/* Idle: read the clock now and then; only after a quiet spell ask

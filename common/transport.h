@@ -213,6 +213,14 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n);
  * completion error, or HKV_ETIMEDOUT / HKV_EDISCONNECTED.
  */
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want);
+/* While fn is set (on this thread), hkv_conn_wait calls fn(arg) whenever it
+ * polled and found nothing yet: a pipe's lane gives the thread to the other
+ * lanes while its chain is on the wire (client/pipe.c). */
+struct hkv_conn_idle {
+	void (*fn)(void *arg);
+	void *arg;
+};
+extern _Thread_local struct hkv_conn_idle hkv_conn_idle;
 /* Has the peer gone? Asks the backend (a system call: shm polls its
  * socket, verbs reads its connection manager's events) without posting.
  * 0, or the error the connection is now in. */

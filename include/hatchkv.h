@@ -236,6 +236,64 @@ HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_s
 HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
 				  uint64_t *bytes_read, uint64_t *bytes_written);
 
+/* ---- operations in flight -------------------------------------------------- */
+
+/*
+ * A pipe keeps up to `depth` operations in flight from one thread. Submit
+ * operations (they are queued, not run), then poll: polling runs them, each
+ * on a lane of its own (a handle with its own connection, opened from the
+ * config, in a coroutine), switching to another lane whenever one waits for
+ * the network, and hands back finished operations. Operations on different
+ * keys proceed at once; operations on one key complete in submission
+ * order. Each behaves exactly as the blocking call of the same name (same
+ * results and errors; a lane whose server is lost fails its operation, and
+ * every later one reconnects or fails likewise: none is left hanging).
+ * Rare waits inside an operation (back-off after contention, waiting for
+ * memory to free up) still sleep the whole thread. Not thread-safe: one
+ * thread per pipe, as a handle.
+ */
+struct hkv_pipe;
+
+enum hkv_pipe_kind {
+	HKV_PIPE_GET, HKV_PIPE_SET, HKV_PIPE_ADD, HKV_PIPE_REPLACE, HKV_PIPE_CAS,
+	HKV_PIPE_DELETE, HKV_PIPE_INCR, HKV_PIPE_DECR, HKV_PIPE_TOUCH
+};
+
+struct hkv_pipe_op {
+	/* in: what to do (the memory stays the caller's until the op is done) */
+	enum hkv_pipe_kind kind;
+	const void *key;
+	size_t klen;
+	const void *val;              /* SET/ADD/REPLACE/CAS */
+	size_t vlen;
+	struct hkv_write_opts opts;   /* SET/ADD/REPLACE/CAS; TOUCH: opts.exptime */
+	uint64_t version;             /* CAS */
+	uint64_t delta;               /* INCR/DECR */
+	void *buf;                    /* GET: where the value goes */
+	size_t cap;
+	void *user;                   /* the caller's */
+	/* out, once hkv_pipe_poll() returned it */
+	int status;                   /* what the blocking call returns */
+	size_t out_vlen;              /* GET */
+	struct hkv_item_info info;    /* GET */
+	uint64_t number;              /* INCR/DECR: the new value */
+};
+
+/* Open depth (1..64) lanes from cfg. 0, or hkv_open's error. */
+HKV_EXPORT int hkv_pipe_open(const struct hkv_config *cfg, int depth, struct hkv_pipe **out);
+/* Finish every operation submitted (their results are dropped), close. */
+HKV_EXPORT void hkv_pipe_close(struct hkv_pipe *p);
+/* Queue op. 0, or -EAGAIN when 4 x depth operations are queued or in
+ * flight and not yet returned by hkv_pipe_poll (poll first). */
+HKV_EXPORT int hkv_pipe_submit(struct hkv_pipe *p, struct hkv_pipe_op *op);
+/* Run the operations until at least one is done (or none is pending) and
+ * return up to max of the finished ones in done[]: how many. */
+HKV_EXPORT int hkv_pipe_poll(struct hkv_pipe *p, struct hkv_pipe_op **done, int max);
+/* Submitted and not yet returned by hkv_pipe_poll(). */
+HKV_EXPORT int hkv_pipe_pending(const struct hkv_pipe *p);
+/* The lanes' counters, added up. */
+HKV_EXPORT void hkv_pipe_stats(const struct hkv_pipe *p, struct hkv_client_stats *out);
+
 #ifdef __cplusplus
 }
 #endif
