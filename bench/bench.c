@@ -46,6 +46,7 @@ struct opts {
 	int via_memcached;         /* --compare also runs hatchkv-memcached */
 	int processes;             /* client processes per run phase */
 	int batch;                 /* operations in flight per thread (reads batched) */
+	int depth;                 /* hatchkv: operations in flight per thread (hkv_pipe) */
 	int pidx;                  /* this process's index (children: >= 1) */
 	const char *child_result;  /* child mode: write the phase's result here */
 	pid_t server_pid;
@@ -254,6 +255,100 @@ static void batch_ops(struct worker *w, int n)
 	w->cnt[YOP_READ].bytes_read += c1.bytes_read - c0.bytes_read;
 }
 
+/*
+ * --depth D (hatchkv): D operations in flight per thread through an
+ * hkv_pipe; each is timed from its submission to its completion. A
+ * read-modify-write is a GET, then (when it is back) a SET of the key.
+ * Round trips per op: the pipe's GET round trips go to reads, its SET ones
+ * to updates and inserts (the lanes' counters).
+ */
+#define MAX_DEPTH 64
+
+struct dslot {
+	struct hkv_pipe_op op;
+	enum ycsb_op kind;
+	uint64_t t0;
+	char key[32];
+	uint8_t *buf;
+};
+
+static void depth_submit(struct worker *w, struct hkv_pipe *p, struct dslot *s)
+{
+	struct run *r = w->run;
+	uint64_t latest = atomic_load(&r->next_insert), key;
+	size_t klen;
+
+	s->kind = ycsb_next_op(r->w, &w->rng);
+	if (s->kind == YOP_INSERT) {
+		key = atomic_fetch_add(&r->next_insert, 1);
+	} else {
+		key = ycsb_choose(&w->chooser, &w->rng, r->o->records + (latest - r->insert_base));
+		if (key >= r->o->records)
+			key = r->insert_base + (key - r->o->records);
+	}
+	klen = ycsb_key(key, s->key, sizeof(s->key));
+	if (s->kind == YOP_READ || s->kind == YOP_RMW)
+		s->op = (struct hkv_pipe_op){.kind = HKV_PIPE_GET, .key = s->key, .klen = klen,
+					     .buf = s->buf, .cap = r->vlen + 64, .user = s};
+	else
+		s->op = (struct hkv_pipe_op){.kind = HKV_PIPE_SET, .key = s->key, .klen = klen,
+					     .val = w->val, .vlen = r->vlen, .user = s};
+	s->t0 = now_ns();
+	(void)hkv_pipe_submit(p, &s->op); /* (never more than depth at once) */
+}
+
+static void depth_run(struct worker *w, uint64_t start, uint64_t end)
+{
+	const struct opts *o = w->run->o;
+	struct dslot slots[MAX_DEPTH];
+	struct hkv_client_stats st;
+	struct hkv_pipe *p;
+	uint64_t submitted = 0;
+	int ret = hkv_pipe_open(hkv_cfg, o->depth, &p);
+
+	(void)start;
+	if (ret) {
+		fprintf(stderr, "hatchkv-bench: hkv_pipe_open: %s\n", hkv_strerror(ret));
+		w->failed = 1;
+		return;
+	}
+	for (int i = 0; i < o->depth; i++) {
+		slots[i].buf = w->buf + (size_t)i * (w->run->vlen + 64);
+		depth_submit(w, p, &slots[i]);
+		submitted++;
+	}
+	while (hkv_pipe_pending(p)) {
+		struct hkv_pipe_op *done[MAX_DEPTH];
+		int n = hkv_pipe_poll(p, done, MAX_DEPTH);
+
+		for (int i = 0; i < n; i++) {
+			struct dslot *s = done[i]->user;
+
+			if (s->kind == YOP_RMW && s->op.kind == HKV_PIPE_GET && !s->op.status) {
+				s->op = (struct hkv_pipe_op){.kind = HKV_PIPE_SET, .key = s->key,
+							     .klen = s->op.klen, .val = w->val,
+							     .vlen = w->run->vlen, .user = s};
+				(void)hkv_pipe_submit(p, &s->op);
+				continue;
+			}
+			hist_add(&w->h[s->kind], now_ns() - s->t0);
+			account(w, s->kind, s->op.status);
+			atomic_fetch_add(&w->run->done, 1);
+			if (!stop_requested &&
+			    (end ? now_ns() < end : submitted < w->run->ops_per_thread)) {
+				depth_submit(w, p, s);
+				submitted++;
+			}
+		}
+	}
+	hkv_pipe_stats(p, &st);
+	w->cnt[YOP_READ].round_trips += st.op[HKV_OP_GET].round_trips;
+	w->cnt[YOP_READ].bytes_read += st.op[HKV_OP_GET].bytes_read;
+	w->cnt[YOP_UPDATE].round_trips += st.op[HKV_OP_SET].round_trips;
+	w->cnt[YOP_UPDATE].bytes_written += st.op[HKV_OP_SET].bytes_written;
+	hkv_pipe_close(p);
+}
+
 static void *run_main(void *arg)
 {
 	struct worker *w = arg;
@@ -264,6 +359,10 @@ static void *run_main(void *arg)
 	for (uint64_t i = 0; i < o->warmup; i++)
 		one_op(w, 0);
 	start = now_ns();
+	if (o->depth > 1 && !strcmp(w->run->system, "hatchkv")) { /* (others: one at a time) */
+		depth_run(w, start, end);
+		return NULL;
+	}
 	for (uint64_t i = 0; !stop_requested; i++) {
 		if (end ? now_ns() >= end : i >= w->run->ops_per_thread)
 			break;
@@ -341,7 +440,9 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		for (int k = 0; k < YOP_N; k++)
 			hist_init(&wk->h[k]);
 		wk->val = malloc(r.vlen + 64);
-		wk->buf = malloc((r.vlen + 64) * (size_t)(o->batch > 1 ? o->batch : 1));
+		wk->buf = malloc((r.vlen + 64) * (size_t)(o->batch > 1	? o->batch
+							  : o->depth > 1 ? o->depth
+									 : 1));
 		ycsb_fill_record(wk->val, r.vlen, &wk->rng);
 		wk->drv = open_driver(o, system);
 		if (!wk->drv)
@@ -846,6 +947,9 @@ static void usage(FILE *f)
 		"  -p, --processes N      client processes, each with --threads (default 1)\n"
 		"  --batch N              operations in flight per thread: reads go out as\n"
 		"                         one multi-get (default 1: one at a time)\n"
+		"  --depth D              hatchkv: D operations in flight per thread (an\n"
+		"                         hkv_pipe; each timed from submission to completion;\n"
+		"                         other systems run one at a time)\n"
 		"  --warmup N             unmeasured operations per thread first (default 1000)\n"
 		"  --no-load              skip the load phase: the records are there already\n"
 		"                         (reads of missing ones count as not_found)\n"
@@ -869,6 +973,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"server-pid", required_argument, NULL, 'P'}, {"json", required_argument, NULL, 'j'},
 		{"processes", required_argument, NULL, 'p'},
 		{"batch", required_argument, NULL, 'B'},
+		{"depth", required_argument, NULL, 'D'},
 		{"no-load", no_argument, NULL, 'N'},
 		{"via-memcached", no_argument, NULL, 'V'},
 		{"hkv-memcached", required_argument, NULL, 'H'},
@@ -899,6 +1004,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'j': o->json = optarg; break;
 		case 'p': o->processes = atoi(optarg); break;
 		case 'B': o->batch = atoi(optarg); break;
+		case 'D': o->depth = atoi(optarg); break;
 		case 'N': o->no_load = 1; break;
 		case 'V': o->via_memcached = 1; break;
 		case 'H': o->hkv_memcached = optarg; break;
@@ -923,7 +1029,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			return -1;
 		}
 	}
-	if (o->batch < 0 || o->batch > MAX_BATCH || o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
+	if (o->batch < 0 || o->batch > MAX_BATCH || o->depth < 0 || o->depth > MAX_DEPTH ||
+	    (o->depth > 1 && o->batch > 1) || o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
 	    !o->records || !o->fieldcount ||
 	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
 				(!o->uri || !o->token_file)) ||
