@@ -145,30 +145,38 @@ static void fill_info(const struct item *it, struct hkv_item_info *info)
 	info->exptime = hkv_item_hdr(it)->exptime;
 }
 
+/* A GET's item, found and live (the rest of a GET: copy or point). */
+static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
+{
+	struct view view;
+	int ret = hkv_find(c, k, it, &view);
+
+	if (!ret && hkv_item_expired(it)) {
+		/* a miss; reclaim its memory now (one round trip, expired hits only) */
+		if (!c->readonly && it->state == HKV_BLK_LIVE &&
+		    hkv_publish_remove(c, it, NULL) == 0)
+			c->stats.expired_reclaimed++;
+		hkv_cache_drop(c->cache, k->h);
+		ret = HKV_ENOTFOUND;
+	} else if (!ret) {
+		hkv_touch_atime(c, it);
+	}
+	return ret;
+}
+
 HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
 		       size_t *vlen, struct hkv_item_info *info)
 {
 	HKV_ROUTE_READ(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
 	struct op_scope sc;
 	struct item it;
-	struct view view;
 	struct key k;
 	int ret = key_ready(c, &k, key, klen);
 
 	if (ret)
 		return ret;
 	op_begin(c, &sc, HKV_OP_GET);
-	ret = hkv_find(c, &k, &it, &view);
-	if (!ret && hkv_item_expired(&it)) {
-		/* a miss; reclaim its memory now (one round trip, expired hits only) */
-		if (!c->readonly && it.state == HKV_BLK_LIVE &&
-		    hkv_publish_remove(c, &it, NULL) == 0)
-			c->stats.expired_reclaimed++;
-		hkv_cache_drop(c->cache, k.h);
-		ret = HKV_ENOTFOUND;
-	} else if (!ret) {
-		hkv_touch_atime(c, &it);
-	}
+	ret = get_item(c, &k, &it);
 	if (!ret) {
 		const struct hkv_block_hdr *h = hkv_item_hdr(&it);
 
@@ -177,6 +185,29 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 			ret = -ENOSPC;
 		else if (h->vlen)
 			memcpy(buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
+		fill_info(&it, info);
+	}
+	return op_end(c, &sc, ret);
+}
+
+HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, const void **val,
+			    size_t *vlen, struct hkv_item_info *info)
+{
+	HKV_ROUTE_READ(c, key, klen, hkv_get_view(c, key, klen, val, vlen, info));
+	struct op_scope sc;
+	struct item it;
+	struct key k;
+	int ret = key_ready(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_GET);
+	ret = get_item(c, &k, &it);
+	if (!ret) {
+		const struct hkv_block_hdr *h = hkv_item_hdr(&it);
+
+		*vlen = h->vlen;
+		*val = it.blk + HKV_BLOCK_HDR + h->klen; /* in the handle's read buffer */
 		fill_info(&it, info);
 	}
 	return op_end(c, &sc, ret);

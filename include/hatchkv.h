@@ -115,6 +115,15 @@ struct hkv_write_opts {
 HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
 		       size_t *vlen, struct hkv_item_info *info);
 
+/*
+ * Read key without copying: *val points at the value inside the handle's
+ * registered read buffer, where its READ landed; valid until the handle's
+ * next operation (any), never to be written. Otherwise as hkv_get (a value
+ * is never too big for it: HKV_ETOOBIG if larger than the handle reads).
+ */
+HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, const void **val,
+			    size_t *vlen, struct hkv_item_info *info);
+
 /* Store unconditionally. opts may be NULL. */
 HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		       size_t vlen, const struct hkv_write_opts *opts);

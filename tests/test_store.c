@@ -139,6 +139,17 @@ static void test_semantics(void)
 		CHECK_RC(hkv_get(c, "empty", 5, out, sizeof(out), &vlen, NULL), 0);
 		CHECK(vlen == 0);
 	}
+	/* a view: the value where its READ landed, no copy */
+	{
+		const void *vp = NULL;
+		size_t vl = 0;
+		struct hkv_item_info vi;
+
+		CHECK_RC(hkv_set(c, "view", 4, "seen in place", 13, NULL), 0);
+		CHECK_RC(hkv_get_view(c, "view", 4, &vp, &vl, &vi), 0);
+		CHECK(vp && vl == 13 && !memcmp(vp, "seen in place", 13) && vi.version);
+		CHECK_RC(hkv_get_view(c, "noview", 6, &vp, &vl, NULL), HKV_ENOTFOUND);
+	}
 	/* multi-get */
 	{
 		struct hkv_mget_item it[4] = {0};
