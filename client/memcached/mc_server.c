@@ -342,9 +342,17 @@ static void process_get(struct ctx *x)
 	}
 	while (mc_key_next(&p, end, &key, &klen)) {
 		struct hkv_item_info info;
+		const void *v = w->vbuf;
 		size_t vlen;
-		int rc = get_one(x, h, key, klen, &vlen, &info);
+		int rc;
 
+		/* a get copies the value once, from where its READ landed (a view:
+		 * taken before the handle does anything else); a gat's touch comes
+		 * between, so it reads into vbuf */
+		if (touch)
+			rc = get_one(x, h, key, klen, &vlen, &info);
+		else
+			rc = checked(x, hkv_get_view(h, key, klen, &v, &vlen, &info));
 		/* memcached fetches, then sets the new TTL (a gat -1 still returns it) */
 		if (!rc && touch)
 			rc = checked(x, hkv_touch(h, key, klen, r->exptime));
@@ -358,7 +366,7 @@ static void process_get(struct ctx *x)
 			return;
 		}
 		count(touch ? &w->ctr.touch_hits : &w->ctr.get_hits, 1);
-		add_value(x->out, key, klen, w->vbuf, vlen, &info, with_cas);
+		add_value(x->out, key, klen, v, vlen, &info, with_cas);
 		if (conn_output(x) > MC_OUT_HIGH && p < end) {
 			x->c->get_pos = (size_t)(p - r->keys); /* more when it drained */
 			return;
