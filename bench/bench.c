@@ -73,6 +73,7 @@ struct worker {
 	uint64_t ok[YOP_N], notfound[YOP_N], err[YOP_N];
 	struct drv_counters cnt[YOP_N];
 	uint8_t *val, *buf;
+	struct hkv_pipe *pipe; /* --depth: opened before the clock starts */
 	int failed;
 };
 
@@ -302,16 +303,10 @@ static void depth_run(struct worker *w, uint64_t start, uint64_t end)
 	const struct opts *o = w->run->o;
 	struct dslot slots[MAX_DEPTH];
 	struct hkv_client_stats st;
-	struct hkv_pipe *p;
+	struct hkv_pipe *p = w->pipe;
 	uint64_t submitted = 0;
-	int ret = hkv_pipe_open(hkv_cfg, o->depth, &p);
 
 	(void)start;
-	if (ret) {
-		fprintf(stderr, "hatchkv-bench: hkv_pipe_open: %s\n", hkv_strerror(ret));
-		w->failed = 1;
-		return;
-	}
 	for (int i = 0; i < o->depth; i++) {
 		slots[i].buf = w->buf + (size_t)i * (w->run->vlen + 64);
 		depth_submit(w, p, &slots[i]);
@@ -346,7 +341,6 @@ static void depth_run(struct worker *w, uint64_t start, uint64_t end)
 	w->cnt[YOP_READ].bytes_read += st.op[HKV_OP_GET].bytes_read;
 	w->cnt[YOP_UPDATE].round_trips += st.op[HKV_OP_SET].round_trips;
 	w->cnt[YOP_UPDATE].bytes_written += st.op[HKV_OP_SET].bytes_written;
-	hkv_pipe_close(p);
 }
 
 static void *run_main(void *arg)
@@ -359,7 +353,7 @@ static void *run_main(void *arg)
 	for (uint64_t i = 0; i < o->warmup; i++)
 		one_op(w, 0);
 	start = now_ns();
-	if (o->depth > 1 && !strcmp(w->run->system, "hatchkv")) { /* (others: one at a time) */
+	if (w->pipe) {
 		depth_run(w, start, end);
 		return NULL;
 	}
@@ -447,6 +441,15 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		wk->drv = open_driver(o, system);
 		if (!wk->drv)
 			return -1;
+		wk->pipe = NULL;
+		if (w && o->depth > 1 && !strcmp(system, "hatchkv")) { /* (others: one at a time) */
+			int ret = hkv_pipe_open(hkv_cfg, o->depth, &wk->pipe);
+
+			if (ret) {
+				fprintf(stderr, "hatchkv-bench: hkv_pipe_open: %s\n", hkv_strerror(ret));
+				return -1;
+			}
+		}
 	}
 	cpu0 = proc_cpu_ticks(server_pid);
 	t0 = now_ns();
@@ -491,6 +494,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 			res->cnt[k].bytes_read += wk->cnt[k].bytes_read;
 			res->cnt[k].bytes_written += wk->cnt[k].bytes_written;
 		}
+		hkv_pipe_close(wk->pipe); /* (NULL: none) */
 		wk->drv->ops->close(wk->drv);
 		free(wk->val);
 		free(wk->buf);
