@@ -374,10 +374,10 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
  * posted yet, so a server that cannot be reached is tried again, the map
  * read first: for up to the handle's timeout while it answers but refuses
  * (fenced for a move: a few hundred milliseconds, seconds on a slow host),
- * for up to ROUTER_GONE_MS when nobody answers (a dead server: its keys
- * fail fast until the map re-homes them, or in store mode until it is
- * back): then HKV_EUNAVAILABLE, as at once for a server that is no member
- * (nothing was done). Other failures: HKV_EDISCONNECTED.
+ * for up to ROUTER_GONE_MS when nobody answers or it is no member (a dead
+ * server: its keys fail fast until the map re-homes them, or in store mode
+ * until it is back; one registering again: it is back within that): then
+ * HKV_EUNAVAILABLE (nothing was done). Other failures: HKV_EDISCONNECTED.
  *
  * Every connection made here is followed by a read of the map before its
  * first use: a server serves again after a move only once the move is
@@ -462,9 +462,11 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 			return 0;
 		}
 		now = hkv_coarse_ns();
-		if (ret != HKV_EDISCONNECTED ||
+		if ((ret != HKV_EDISCONNECTED && ret != HKV_EUNAVAILABLE) ||
 		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
 			return ret;
+		/* a server that is no member, or refuses: perhaps it is just
+		 * registering again (the view may be a moment older than it) */
 		if (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull)
 			return HKV_EUNAVAILABLE; /* nothing was posted */
 		if (now - r->reload_ns >= 50000000ull) { /* the map may have moved */
