@@ -164,32 +164,6 @@ static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
 	return ret;
 }
 
-HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
-		       size_t *vlen, struct hkv_item_info *info)
-{
-	HKV_ROUTE_READ(c, key, klen, hkv_get(c, key, klen, buf, cap, vlen, info));
-	struct op_scope sc;
-	struct item it;
-	struct key k;
-	int ret = key_ready(c, &k, key, klen);
-
-	if (ret)
-		return ret;
-	op_begin(c, &sc, HKV_OP_GET);
-	ret = get_item(c, &k, &it);
-	if (!ret) {
-		const struct hkv_block_hdr *h = hkv_item_hdr(&it);
-
-		*vlen = h->vlen;
-		if (h->vlen > cap)
-			ret = -ENOSPC;
-		else if (h->vlen)
-			memcpy(buf, it.blk + HKV_BLOCK_HDR + h->klen, h->vlen);
-		fill_info(&it, info);
-	}
-	return op_end(c, &sc, ret);
-}
-
 HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, const void **val,
 			    size_t *vlen, struct hkv_item_info *info)
 {
@@ -211,6 +185,20 @@ HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, 
 		fill_info(&it, info);
 	}
 	return op_end(c, &sc, ret);
+}
+
+/* A GET is a view, copied out (the block is already in our read buffer). */
+HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       size_t *vlen, struct hkv_item_info *info)
+{
+	const void *val;
+	int ret = hkv_get_view(c, key, klen, &val, vlen, info);
+
+	if (!ret && *vlen > cap)
+		ret = -ENOSPC;
+	else if (!ret && *vlen)
+		memcpy(buf, val, *vlen);
+	return ret;
 }
 
 /* Start of every write: the key is valid and this handle may write. */
