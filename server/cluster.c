@@ -724,6 +724,15 @@ out:
 	return ret;
 }
 
+/* PREFIX/dir/ID = text, under our lease (our acks and readiness go with it). */
+static int put_ours(struct hkv_cluster *cl, const char *dir, const char *text)
+{
+	char key[512];
+
+	key_of(cl, key, sizeof(key), dir, cl->id);
+	return hkv_etcd_put(cl->e, key, text, strlen(text), atomic_load(&cl->lease), NULL);
+}
+
 static void issue(struct hkv_cluster *cl, struct hkv_cluster_job *job)
 {
 	job->gen = cl->reg_gen;
@@ -857,7 +866,7 @@ static int homes_ready(struct hkv_cluster *cl, const struct snap *sn, const stru
  */
 static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 {
-	char key[512], *val = NULL, *crs = NULL;
+	char *val = NULL, *crs = NULL, small[48];
 	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
 	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
 	struct hkv_cmap *cur = NULL, *next = NULL;
@@ -929,20 +938,15 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 		if (cl->acked_rev == rev)
 			goto out;
 		if (!cl->store_mode) {
-			if (cl->purged_rev == rev)
-				val = hkv_calloc(1, 32);
+			if (cl->purged_rev != rev)
+				goto out;
+			crs = hkv_calloc(1, 1); /* the ack: "REV" */
 		} else if (cl->copied_rev != rev && cl->copy_failures >= 3) {
 			/* the new homes refuse our items (full, gone, a smaller item
 			 * limit): say so, and the coordinator drops the move */
-			val = hkv_calloc(1, 32);
-			if (!val)
-				goto nomem;
-			snprintf(val, 32, "%lld failed", (long long)rev);
-			key_of(cl, key, sizeof(key), "ack", cl->id);
-			ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
-			if (!ret)
-				cl->acked_rev = rev;
-			goto out;
+			crs = hkv_malloc(sizeof(" failed"));
+			if (crs)
+				memcpy(crs, " failed", sizeof(" failed"));
 		} else if (cl->copied_rev != rev) {
 			struct hkv_cmember *homes;
 
@@ -978,16 +982,14 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 				ret = ret < 0 ? ret : 0;
 				goto out;
 			}
-			val = hkv_calloc(1, strlen(crs) + 32);
 		}
-		if (val) {
-			snprintf(val, strlen(crs ? crs : "") + 32, "%lld%s", (long long)rev,
-				 crs ? crs : "");
-			key_of(cl, key, sizeof(key), "ack", cl->id);
-			ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
-			if (!ret)
-				cl->acked_rev = rev;
-		}
+		/* the ack: "REV", "REV failed" or "REV a=12 b=40" (the new homes copied into) */
+		if (!crs || !(val = hkv_malloc(strlen(crs) + 32)))
+			goto nomem;
+		snprintf(val, strlen(crs) + 32, "%lld%s", (long long)rev, crs);
+		ret = put_ours(cl, "ack", val);
+		if (!ret)
+			cl->acked_rev = rev;
 	} else if (cl->store_mode && gains(cur, next, cl->id) && cl->ready_rev != rev &&
 		   !hkv_cluster_fenced(cl)) { /* (copies need our data plane up) */
 		if (cl->intaken_rev != rev) {
@@ -999,12 +1001,8 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			issue(cl, job);
 			goto out;
 		}
-		val = hkv_calloc(1, 32);
-		if (!val)
-			goto nomem;
-		snprintf(val, 32, "%lld", (long long)rev);
-		key_of(cl, key, sizeof(key), "ready", cl->id);
-		ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
+		snprintf(small, sizeof(small), "%lld", (long long)rev);
+		ret = put_ours(cl, "ready", small);
 		if (!ret)
 			cl->ready_rev = rev;
 	}
