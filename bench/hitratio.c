@@ -307,17 +307,17 @@ int main(int argc, char **argv)
 	       100.0 * ((double)warm_lru - (double)warm_hkv) / (double)(o.requests - o.keys),
 	       (unsigned long long)st.evictions, (double)gets_rt / (double)o.requests,
 	       (double)o.requests / secs, (unsigned long long)errors);
-	/* what moving memory between classes costs (segments re-carved or
-	 * adopted happen inside the sets that needed them) */
-	printf("sets: %llu, %.3f round trips each; %llu segment(s) re-carved or adopted "
-	       "(one per %.0f sets), %llu renewals\n",
+	/* what moving memory between classes costs: CARVE requests (the server
+	 * carves or moves a segment) happen inside the sets that needed them */
+	printf("sets: %llu, %.3f round trips each; %llu CARVE request(s) (one per %.0f sets), "
+	       "%llu claims (%llu lost), %llu surveys\n",
 	       (unsigned long long)st.op[HKV_OP_SET].count,
 	       st.op[HKV_OP_SET].count ? (double)st.op[HKV_OP_SET].round_trips /
 					 (double)st.op[HKV_OP_SET].count : 0.0,
-	       (unsigned long long)st.segments_adopted,
-	       st.segments_adopted ? (double)st.op[HKV_OP_SET].count /
-				     (double)st.segments_adopted : 0.0,
-	       (unsigned long long)st.segments_renewed);
+	       (unsigned long long)st.carves,
+	       st.carves ? (double)st.op[HKV_OP_SET].count / (double)st.carves : 0.0,
+	       (unsigned long long)st.claims, (unsigned long long)st.claims_lost,
+	       (unsigned long long)st.surveys);
 	hkv_close(c);
 	hkvserver_stop(&srv);
 	lru_free(&lru);

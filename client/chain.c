@@ -22,15 +22,12 @@ struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint3
 			       .remote_addr = hkv_raddr(c, off), .rkey = c->rkey, .length = len};
 }
 
-/* We only ever WRITE into segments we own; with memory windows each has its
- * own rkey (the base rkey carries no WRITE right and would fail at the NIC). */
+/* We only ever WRITE blocks (in the data area); with memory windows that
+ * takes the data area's WRITE window (the base rkey has no WRITE right). */
 struct hkv_wr hkv_wr_write(struct hkv_client *c, const void *local, uint64_t off, uint32_t len)
 {
-	uint32_t rkey = c->rkey;
+	uint32_t rkey = c->windows && off >= c->g.data_off ? c->wkey : c->rkey;
 
-	if (c->wkeys && off >= c->g.data_off &&
-	    (off - c->g.data_off) / c->g.seg_size < c->g.nsegs)
-		rkey = c->wkeys[(off - c->g.data_off) / c->g.seg_size];
 	return (struct hkv_wr){.opcode = HKV_WR_WRITE, .local = (void *)local, .mr = c->mr,
 			       .remote_addr = hkv_raddr(c, off), .rkey = rkey, .length = len};
 }

@@ -103,36 +103,38 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
 /* ---- allocator (alloc.c) ------------------------------------------------------ */
 
-struct hkv_seg_own {
-	uint32_t idx, cls, nblocks;
-	uint32_t carved;  /* blocks [0, carved) handed out at least once */
-	uint32_t *gen;    /* per block: generation last written */
-	uint64_t *held;   /* per block: its set bitmap bit is already in our FIFO */
-	uint64_t entry;    /* our segment table entry, as we last set it */
-	uint64_t lease_ns; /* when we posted the CAS that set it (0: never) */
-	struct hkv_seg_own *next;
+/* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
+struct hkv_held {
+	uint64_t off;
+	uint32_t gen;      /* generation in its meta when claimed: we write gen + 1 */
+	uint32_t rsv;
+	uint64_t claim_ns; /* clock read before the claim (or re-stamp) was posted */
+	uint64_t ready_ns; /* not written before: the rest after its free */
 };
 
-struct hkv_free_block {
-	uint32_t seg, blk;
-	uint32_t bit_set; /* its bitmap bit is still set: clear it when reused */
-	uint64_t ready_ns;
+/* A bitmap word of a segment of the class, as last seen, with free bits. */
+struct hkv_hint {
+	uint32_t seg, word;
+	uint64_t bits;
 };
 
 struct hkv_class_alloc {
-	struct hkv_seg_own *segs;
-	struct hkv_free_block *fifo;
-	uint32_t head, tail, cap; /* ring; cap is a power of two */
-	uint64_t last_harvest_ns;
+	struct hkv_held *held; /* FIFO: [head, n) */
+	uint32_t head, n, cap;
+	struct hkv_hint *hints;
+	uint32_t nhints, caphints;
+	uint32_t scarce;        /* the last survey found under 1/8 of the class free */
 	uint32_t pressure;      /* cache mode: this class had to evict */
-	uint32_t evict_pending; /* blocks evicted since the last harvest */
+	uint32_t evict_pending; /* blocks evicted since the last claim */
+	uint64_t empty_survey_ns; /* the last survey found nothing to claim */
 };
 
-/* A bitmap bit to clear in the chain that writes the block just allocated. */
-struct hkv_bit_clear {
-	uint64_t word_off; /* 0: nothing to clear */
-	uint64_t bit;
-	uint32_t seg, blk;
+/* The block allocated for the write in progress. */
+struct hkv_cur_alloc {
+	uint64_t off;      /* 0: none */
+	uint64_t claim_ns;
+	uint32_t cls, gen; /* gen: as claimed (the block is written with gen + 1) */
+	int written;       /* a chain that writes it was posted */
 };
 
 /* ---- the handle ---------------------------------------------------------- */
@@ -151,8 +153,8 @@ struct hkv_client {
 	uint32_t client_id;
 	uint8_t ticket[HKV_TICKET_LEN]; /* spent on the data plane; proves us in GRANTs */
 	int readonly; /* granted RDMA Read rights only: writes fail with -EPERM */
-	int windows;  /* memory windows: rkey READs, akey atomics, wkeys WRITEs */
-	uint32_t *wkeys; /* windows: per segment index, the WRITE window's rkey (0: none) */
+	int windows;  /* memory windows: rkey READs, akey atomics, wkey WRITEs */
+	uint32_t wkey; /* windows: the WRITE window over the data area */
 	int timeout_ms;
 	size_t max_value;
 	uint32_t max_block; /* largest block this handle writes or reads */
@@ -166,14 +168,16 @@ struct hkv_client {
 	size_t read_cap, scr_cap;
 
 	struct hkv_cache *cache; /* the config's, shared (one reference) */
-	struct hkv_seg_own **owned; /* by segment index */
 	struct hkv_class_alloc *classes;
-	struct hkv_bit_clear alloc_clear;
+	uint64_t *table;    /* the segment table as last read */
+	uint64_t table_ns;  /* when (0: never) */
+	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
+	uint64_t tidy_ns;   /* last pass over every class's held blocks */
+	struct hkv_cur_alloc cur;
 	uint64_t rng;
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
-	uint64_t idle_wait_until_ns; /* no hkv_alloc_wait_idle() before then */
-	uint64_t free_own_until_ns;  /* no hkv_alloc_take_free_own() before then */
+	uint64_t carve_full_until_ns; /* the server said no memory: no CARVE before then */
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write
 	 * read, which no eviction or segment move of its own may take. */
@@ -295,35 +299,33 @@ struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint
 struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t add);
 
 /*
- * Allocate a block of class cls: its region offset and the generation to
- * write. If c->alloc_clear.word_off is then set, the chain that WRITEs the
- * block must also carry hkv_wr_alloc_clear() (before it publishes the block).
+ * Allocate a block of class cls from the shared pool: its region offset and
+ * the generation to write. HKV_EFULL when no segment of the class has a
+ * free block to claim (the caller evicts, or asks the server to carve).
  */
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen);
-/* Appends the pending bitmap-bit clear, if any, to wrs[n]; returns the new n. */
-int hkv_wr_alloc_clear(struct hkv_client *c, struct hkv_wr *wrs, int n);
+/* Ask the server for a segment of class cls (control plane; rare): 0 (the
+ * class has new memory), HKV_EFULL, <0. */
+int hkv_alloc_carve(struct hkv_client *c, uint32_t cls);
+/* Before posting the first chain that writes the block just allocated: 0
+ * if our hold on it is young enough (docs/design.md, "Held blocks"), -1
+ * if not (the block is abandoned: build a new one). */
+int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off);
 /* The block at off (class cls) is no longer referenced: set its bitmap bit
  * (one unsignaled FAA, posted now, no round trip). */
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls);
-/* A block allocated and written but never published: give it back locally. */
+/* A block allocated (perhaps written) but never published: held again. */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls);
 int hkv_alloc_init(struct hkv_client *c);
 /* Give every block this handle holds back to the shared pool (at close). */
 void hkv_alloc_release(struct hkv_client *c);
 void hkv_alloc_fini(struct hkv_client *c);
-/* Cache mode, moving a segment of ours to another class: pick one, stop
- * allocating from it, and (once everything in it is evicted) re-carve it. */
-struct hkv_seg_own *hkv_alloc_donor(struct hkv_client *c, uint32_t cls);
-int hkv_alloc_hold(struct hkv_client *c, struct hkv_seg_own *so);
-void hkv_alloc_forget(struct hkv_client *c, struct hkv_seg_own *so);
-int hkv_alloc_wait_idle(struct hkv_client *c);
-int hkv_alloc_take_free_own(struct hkv_client *c, uint32_t cls);
-int hkv_alloc_detach(struct hkv_client *c, struct hkv_seg_own *so);
-int hkv_alloc_recarve_own(struct hkv_client *c, struct hkv_seg_own *so, uint32_t cls);
-/* Adopting a dead client's segment: take back its blocks no slot names
- * (n <= 64 candidates of class cls, with the meta words the scan saw). */
-int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *offs,
-			    const uint64_t *metas, int n);
+/* From the table as last read: is any segment FREE; how many are SHARED in cls. */
+int hkv_alloc_any_free(const struct hkv_client *c);
+uint32_t hkv_alloc_class_segs(const struct hkv_client *c, uint32_t cls);
+/* The segment table as the handle last read it, refreshed if older than
+ * max_age_ns (0: always). */
+int hkv_alloc_table(struct hkv_client *c, uint64_t max_age_ns);
 
 uint64_t hkv_rand(struct hkv_client *c);
 
@@ -340,10 +342,10 @@ extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a
  * huge one models a stop after the age check, inside the post). */
 extern uint64_t hkv_test_view_max_ns;
-/* Memory windows: ask the server (control plane) for rights to segment seg
- * (HKV_GRANT_BASE: the base rights); *rkey works on this connection only. */
-int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey);
-/* Memory windows: the base grant (READ rkey, and a writer's ATOMIC rkey). */
+/* Control plane: ask for a segment of class cls (CARVE); *seg on success. */
+int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t *seg);
+/* Memory windows: the base grant (READ rkey, and a writer's ATOMIC and
+ * WRITE rkeys). */
 int hkv_grant_base(struct hkv_client *c);
 /* Before an operation: 0 if the connection is up or was re-established;
  * HKV_EDISCONNECTED (or the reconnect's error) if not. */

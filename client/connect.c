@@ -270,16 +270,6 @@ static int grant(struct hkv_client *c, uint32_t seg, struct hkv_ctl_granted *out
 	return 0;
 }
 
-int hkv_grant(struct hkv_client *c, uint32_t seg, uint32_t *rkey)
-{
-	struct hkv_ctl_granted out;
-	int ret = grant(c, seg, &out);
-
-	if (!ret)
-		*rkey = out.rkey;
-	return ret;
-}
-
 int hkv_grant_base(struct hkv_client *c)
 {
 	struct hkv_ctl_granted out;
@@ -287,12 +277,34 @@ int hkv_grant_base(struct hkv_client *c)
 
 	if (ret)
 		return ret;
-	if (!c->readonly && !out.atomic_rkey)
+	if (!c->readonly && (!out.atomic_rkey || !out.write_rkey))
 		return HKV_EPROTO;
 	c->rkey = out.rkey;
 	c->akey = out.atomic_rkey;
+	c->wkey = out.write_rkey;
 	if (!c->readonly)
-		c->stats.grants++; /* the ATOMIC window is a second one */
+		c->stats.grants += 2; /* the ATOMIC and WRITE windows */
+	return 0;
+}
+
+int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t *seg)
+{
+	struct hkv_ctl_carve req = {.client_id = c->client_id, .cls = cls, .keep_off = keep_off};
+	struct hkv_ctl_carved out;
+	int ret;
+
+	if (!c->via)
+		return HKV_EFULL;
+	memcpy(req.ticket, c->ticket, HKV_TICKET_LEN);
+	ret = ctl_request(&c->via->ep, HKV_CTL_CARVE, &req, sizeof(req), c->timeout_ms,
+			  HKV_CTL_CARVED, &out, sizeof(out));
+	if (!ret && (out.cls != cls || out.seg >= c->g.nsegs))
+		ret = HKV_EPROTO;
+	if (ret) {
+		hkv_debug("client %u: carve for class %u: %s", c->client_id, cls, hkv_strerror(ret));
+		return ret;
+	}
+	*seg = out.seg;
 	return 0;
 }
 
@@ -499,7 +511,7 @@ int hkv_revive(struct hkv_client *c)
 	c->revive_ns = 0;
 	hkv_free(n);
 	old.origin = NULL;
-	hkv_alloc_fini(&old); /* the old connection's segments are not ours any more */
+	hkv_alloc_fini(&old); /* its held blocks: the server takes them back */
 	hkv_cache_unref(old.cache);
 	hkv_conn_dereg(old.conn, old.mr);
 	hkv_conn_close(old.conn);

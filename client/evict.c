@@ -1,8 +1,7 @@
 /*
  * evict.c - cache mode: access times, eviction (sampled LRU, expired
- * first), the victim slot of an insert into two full buckets, moving one of
- * our segments to another class; and taking back the blocks a dead client
- * wrote but never published.
+ * first) and the victim slot of an insert into two full buckets. Moving a
+ * segment between classes is the server's (CARVE, server/store.c).
  */
 #include <errno.h>
 #include <stddef.h>
@@ -170,164 +169,47 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 }
 
 /*
- * Blocks of a segment we just adopted from a dead client that are allocated
- * (bit clear) and LIVE or PENDING: n candidates at offs[] (class cls) whose
- * meta words were metas[]. Those no slot names were written but never
- * published (an insert or update that died before its slot CAS) and would
- * leak: nobody else can publish or free them, since only a block's writer
- * ever makes a slot name it, and the writer's queue pair is gone. They are
- * taken back the way every block is retired: whoever's CAS takes the meta
- * from LIVE/PENDING to OBSOLETE frees it. The buckets are read before that
- * CAS: a slot removal that came before the read had marked the meta first
- * (or its remover's repair mark will fail against ours), so exactly one
- * CAS wins and nothing is freed twice; after the read no slot can come to
- * name the block. Any slot with the block's offset counts as naming it.
- * 3 round trips per batch of up to EVICT_SAMPLES. Returns how many were
- * taken back, or <0.
- */
-int hkv_reclaim_unpublished(struct hkv_client *c, uint32_t cls, const uint64_t *offs,
-			    const uint64_t *metas, int n)
-{
-	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
-	uint64_t *bkts = (uint64_t *)(c->rblk + (size_t)EVICT_SAMPLES * EVICT_READ);
-	uint64_t *res = bkts + EVICT_SAMPLES * 2 * HKV_BUCKET_SLOTS;
-	struct hkv_wr wrs[2 * EVICT_SAMPLES];
-	struct key key[EVICT_SAMPLES];
-	int idx[EVICT_SAMPLES], nk = 0, nc = 0, ret, got = 0;
-
-	if (n > EVICT_SAMPLES || (size_t)EVICT_SAMPLES * EVICT_READ +
-					 (size_t)EVICT_SAMPLES * (2 * HKV_BUCKET_SIZE + 8) > c->read_cap)
-		return -EINVAL;
-	for (int i = 0; i < n; i++)
-		wrs[i] = hkv_wr_read(c, c->rblk + (size_t)i * EVICT_READ, offs[i], rd);
-	if (n && (ret = hkv_exec(c, wrs, n)))
-		return ret;
-	for (int i = 0; i < n; i++) { /* a block that names its key, as read in the scan */
-		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)(c->rblk +
-									       (size_t)i * EVICT_READ);
-
-		if (h->meta != metas[i] || h->klen == 0 || h->klen > HKV_MAX_KEY ||
-		    (uint32_t)HKV_BLOCK_HDR + h->klen > rd)
-			continue; /* changed, or garbage: leave it */
-		hkv_key_init(c, &key[nk], c->rblk + (size_t)i * EVICT_READ + HKV_BLOCK_HDR,
-			     h->klen);
-		hkv_append_bucket_reads(c, wrs, 2 * nk, &key[nk], bkts + nk * 2 * HKV_BUCKET_SLOTS);
-		idx[nk++] = i;
-	}
-	if (nk && (ret = hkv_exec(c, wrs, 2 * nk)))
-		return ret;
-	for (int k = 0; k < nk; k++) {
-		const uint64_t *sl = bkts + k * 2 * HKV_BUCKET_SLOTS;
-		uint64_t m = metas[idx[k]], dead;
-		int named = 0;
-
-		for (int p = 0; p < CANON_SLOTS; p++)
-			named |= sl[p] && hkv_slot_off(sl[p]) == offs[idx[k]];
-		if (named)
-			continue;
-		dead = hkv_meta_make(HKV_BLK_OBSOLETE, hkv_meta_class(m), hkv_meta_gen(m)) |
-		       (hkv_meta_state(m) == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
-		wrs[nc] = hkv_wr_cas(c, &res[nc], offs[idx[k]], m, dead);
-		idx[nc++] = idx[k];
-	}
-	if (nc && (ret = hkv_exec(c, wrs, nc)))
-		return ret;
-	for (int k = 0; k < nc; k++) {
-		if (res[k] != metas[idx[k]])
-			continue; /* someone else's mark won: theirs to free */
-		hkv_free_block(c, offs[idx[k]], cls);
-		got++;
-	}
-	c->stats.blocks_reclaimed += (uint64_t)got;
-	if (got)
-		hkv_info("client %u: took back %d unpublished block(s) of a dead client", c->client_id,
-			 got);
-	return got;
-}
-
-/* Region offset of block b of our segment so. */
-static uint64_t own_block_off(const struct hkv_client *c, const struct hkv_seg_own *so, uint64_t b)
-{
-	return c->g.data_off + (uint64_t)so->idx * c->g.seg_size + b * c->g.class_size[so->cls];
-}
-
-/*
- * Memory is full in class cls (cache mode): evict some of our own items of
- * that class. Samples EVICT_SAMPLES of our carved blocks and evicts the
- * EVICT_BATCH oldest (3 round trips); the freed blocks come back through our
- * bitmap after the quarantine. Returns how many were evicted, or <0.
+ * Memory is full in class cls (cache mode): evict some items of that class,
+ * whoever wrote them. Samples EVICT_SAMPLES blocks of the class's segments
+ * (the table as read at most 100 ms ago) and evicts the EVICT_BATCH oldest
+ * (3 round trips); their bits are set as they go, for any writer to claim.
+ * Returns how many were evicted, or <0.
  */
 int hkv_evict(struct hkv_client *c, uint32_t cls)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
 	struct victim v[EVICT_SAMPLES];
-	uint64_t total = 0;
-	int n = 0;
+	uint32_t segs[EVICT_SAMPLES], nseg = 0, nb = c->g.seg_size / c->g.class_size[cls];
+	uint32_t start;
+	int n = 0, ret;
 
-	for (struct hkv_seg_own *so = ca->segs; so; so = so->next)
-		total += so->carved;
-	if (!total || (size_t)EVICT_SAMPLES * EVICT_READ + EVICT_BATCH * 2 * HKV_BUCKET_SIZE >
-			      c->read_cap)
+	if ((size_t)EVICT_SAMPLES * EVICT_READ + EVICT_BATCH * 2 * HKV_BUCKET_SIZE > c->read_cap)
+		return 0;
+	if ((ret = hkv_alloc_table(c, 100ull * 1000000ull)))
+		return ret;
+	start = (uint32_t)(hkv_rand(c) % c->g.nsegs);
+	for (uint32_t k = 0; k < c->g.nsegs && nseg < EVICT_SAMPLES; k++) {
+		uint32_t i = (start + k) % c->g.nsegs;
+
+		if (hkv_seg_state(c->table[i]) == HKV_SEG_SHARED && hkv_seg_class(c->table[i]) == cls)
+			segs[nseg++] = i;
+	}
+	if (!nseg)
 		return 0;
 	for (int i = 0; i < EVICT_SAMPLES; i++) {
-		uint64_t pick = hkv_rand(c) % total;
-		struct hkv_seg_own *so = ca->segs;
+		uint32_t seg = segs[hkv_rand(c) % nseg], b = (uint32_t)(hkv_rand(c) % nb);
 
-		while (pick >= so->carved) {
-			pick -= so->carved;
-			so = so->next;
-		}
-		if (so->held[pick / 64] & 1ull << (pick % 64))
-			continue; /* free already, waiting in our FIFO */
-		v[n++].off = own_block_off(c, so, pick);
+		v[n++].off = c->g.data_off + (uint64_t)seg * c->g.seg_size +
+			     (uint64_t)b * c->g.class_size[cls];
 	}
 	n = evict_offs(c, cls, v, n, EVICT_BATCH);
 	if (n > 0) {
 		ca->pressure = 1;
 		ca->evict_pending += (uint32_t)n;
+		ca->nhints = 0; /* survey again: the freed bits are somewhere else */
+		ca->empty_survey_ns = 0;
 	}
 	return n;
-}
-
-/*
- * No block of class cls to be had, not even by evicting in it: take one of
- * our segments of another class (of the class we hold most segments of),
- * evict everything in it and re-carve it into cls (what memcached's slab
- * rebalancer does). 0 when cls has a new segment, HKV_EFULL, or <0.
- */
-int hkv_reassign_segment(struct hkv_client *c, uint32_t cls)
-{
-	struct hkv_seg_own *so;
-	struct victim v[EVICT_SAMPLES];
-	uint32_t ocls;
-	int ret;
-
-	while ((so = hkv_alloc_donor(c, cls))) { /* one still ours (hkv_alloc_hold) */
-		ret = hkv_alloc_hold(c, so);
-		if (ret <= 0)
-			break;
-		hkv_alloc_forget(c, so);
-	}
-	if (!so)
-		return HKV_EFULL;
-	if (ret < 0)
-		return ret;
-	ocls = so->cls;
-	if ((ret = hkv_alloc_detach(c, so)))
-		return ret;
-	for (uint32_t first = 0; first < so->carved; first += EVICT_SAMPLES) {
-		int n = 0;
-
-		for (uint32_t b = first; b < so->carved && n < EVICT_SAMPLES; b++)
-			v[n++].off = own_block_off(c, so, b);
-		ret = evict_offs(c, ocls, v, n, n);
-		if (ret < 0)
-			return ret;
-	}
-	ret = hkv_alloc_recarve_own(c, so, cls);
-	hkv_debug("client %u: segment %u from class %u to class %u: %s", c->client_id, so->idx,
-		  ocls, cls, hkv_strerror(ret));
-	return ret;
 }
 
 /*

@@ -230,7 +230,6 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it);
 /* Evict some of our own items of class cls. How many, or <0. */
 int hkv_evict(struct hkv_client *c, uint32_t cls);
 /* Move one of our segments of another class to cls. 0, HKV_EFULL or <0. */
-int hkv_reassign_segment(struct hkv_client *c, uint32_t cls);
 /* Both buckets full: the position of a slot to take over (*victim), or -1. */
 int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct view *view,
 			 struct item *victim);

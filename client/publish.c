@@ -22,12 +22,15 @@ static uint64_t our_meta(const struct hkv_client *c, enum hkv_block_state st)
 	return hkv_meta_make(st, hkv_meta_class(m), hkv_meta_gen(m));
 }
 
-/* WRITE of the block just built, with its bitmap-bit clear if it was reused. */
+/* WRITE of the block just built; -1 if our hold on it is too old for its
+ * first write (hkv_alloc_write_ok: the caller builds a new block). */
 int hkv_append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, uint64_t slot,
 			   uint32_t blen)
 {
+	if (hkv_alloc_write_ok(c, hkv_slot_off(slot)))
+		return -1;
 	wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
-	return hkv_wr_alloc_clear(c, wrs, n);
+	return n;
 }
 
 /* WRITE of just our block's meta word in state st (8 bytes, from atom[4 + st % 2]). */
@@ -153,8 +156,9 @@ static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_
 	w->meta = hkv_meta_make(HKV_BLK_LIVE, cls, gen);
 	w->crc = hkv_block_crc(w, c->wblk + HKV_BLOCK_HDR);
 	copy = hkv_slot_make(hkv_slot_fp(old->slot), cls, gen, off);
+	if (hkv_alloc_write_ok(c, off))
+		return 0; /* held too long: abandoned */
 	wrs[n++] = hkv_wr_write(c, c->wblk, off, HKV_BLOCK_HDR + h->klen + h->vlen);
-	n = hkv_wr_alloc_clear(c, wrs, n);
 	wrs[n++] = hkv_wr_cas(c, &c->atom[3], old->slot_off, new_slot, copy);
 	if (hkv_exec(c, wrs, n))
 		return 0;
@@ -232,8 +236,8 @@ int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t n
 
 	if (!hkv_view_fresh(c, old->seen_ns))
 		return STALE;
-	if (with_write)
-		n = hkv_append_block_write(c, wrs, n, new_slot, blen);
+	if (with_write && (n = hkv_append_block_write(c, wrs, n, new_slot, blen)) < 0)
+		return YIELDED; /* our block is abandoned: build another */
 	else if (new_slot)
 		wrs[n++] = wr_our_meta(c, new_slot, HKV_BLK_LIVE);
 	n = hkv_append_retire(c, wrs, n, old, new_slot, c->atom);

@@ -41,47 +41,48 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
 	if (v->l2)
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len + v->l1, v->p2, v->l2);
-	for (int waits = 0;; waits++) {
-		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
-		for (int round = 0, empty = 0; ret == HKV_EFULL && hkv_cache_mode(c) && round < 64;
-		     round++) {
-			int n = hkv_evict(c, (uint32_t)cls);
+	/* cache mode: evict ahead, so blocks freed now have rested when needed */
+	if (hkv_cache_mode(c)) {
+		struct hkv_class_alloc *ca = &c->classes[cls];
 
-			if (n < 0)
-				return n;
-			empty = n ? 0 : empty + 1;
-			if (empty >= 4) { /* nothing of ours in this class to evict */
-				if ((ret = hkv_reassign_segment(c, (uint32_t)cls)))
-					break;
-				empty = 0;
-			}
-			ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
-		}
-		if (ret != HKV_EFULL || waits == 8)
+		if (ca->pressure && ca->n - ca->head + ca->evict_pending < 2 * EVICT_BATCH &&
+		    (ret = hkv_evict(c, (uint32_t)cls)) < 0)
+			return ret;
+	}
+	for (int carves = 0;; carves++) {
+		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+		if (ret != HKV_EFULL)
 			break;
-		/* store mode: a wholly free segment of ours in another class */
-		if (!hkv_cache_mode(c) &&
-		    (ret = hkv_alloc_take_free_own(c, (uint32_t)cls)) != HKV_EFULL) {
-			if (ret)
+		if ((ret = hkv_alloc_table(c, 0)))
+			break;
+		/* cache mode, no FREE segment left: evict in the class */
+		if (hkv_cache_mode(c) && !hkv_alloc_any_free(c) && hkv_alloc_class_segs(c, cls)) {
+			ret = HKV_EFULL;
+			for (int round = 0, empty = 0; round < 64 && empty < 4; round++) {
+				int n = hkv_evict(c, (uint32_t)cls);
+
+				if (n < 0)
+					return n;
+				empty = n ? 0 : empty + 1;
+				ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
+				if (ret != HKV_EFULL)
+					break;
+			}
+			if (ret != HKV_EFULL)
 				break;
-			continue;
 		}
-		/* nothing of ours to use: wait for other clients' segments to go idle */
-		if ((ret = hkv_alloc_wait_idle(c)))
+		/* nothing to claim or evict in the class: the server carves a
+		 * segment into it (a FREE one, a wholly free one, or - cache mode -
+		 * one it empties of another class) */
+		if (carves == 4) {
+			ret = HKV_EFULL;
+			break;
+		}
+		if ((ret = hkv_alloc_carve(c, (uint32_t)cls)))
 			break;
 	}
 	if (ret)
 		return ret;
-	if (hkv_cache_mode(c)) {
-		struct hkv_class_alloc *ca = &c->classes[cls];
-
-		/* evict ahead: blocks freed now are out of quarantine when needed */
-		if (ca->pressure && ca->tail - ca->head + ca->evict_pending < 2 * EVICT_BATCH &&
-		    (ret = hkv_evict(c, (uint32_t)cls)) < 0) {
-			hkv_unalloc_block(c, off, (uint32_t)cls);
-			return ret;
-		}
-	}
 	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
 	h->atime = hkv_now_ms32();
 	h->crc = hkv_block_crc(h, c->wblk + HKV_BLOCK_HDR);
@@ -185,6 +186,8 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 	struct view view;
 	int ret, pos, nlead = *written ? 0 : hkv_append_block_write(c, lead, 0, slot, blen);
 
+	if (nlead < 0)
+		return YIELDED; /* our block is abandoned (held too long): build another */
 	ret = hkv_find_cold(c, k, &it, &view, lead, nlead);
 	*written = 1; /* the new block went out with the bucket reads */
 	if (ret && ret != HKV_ENOTFOUND)

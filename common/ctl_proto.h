@@ -11,16 +11,23 @@
  *   WELCOME  server -> client  body: struct hkv_ctl_welcome
  *   GRANT    client -> server  body: struct hkv_ctl_grant
  *   GRANTED  server -> client  body: struct hkv_ctl_granted
+ *   CARVE    client -> server  body: struct hkv_ctl_carve
+ *   CARVED   server -> client  body: struct hkv_ctl_carved
  *   ERROR    server -> client  status: HKV_E* code, body: a message
  *
  * One request per connection. GRANT exists when the data plane uses memory
  * windows (the accept's region access has HKV_ACCESS_WINDOWS): a connected
  * client asks for its base rights (READ over the region, and for a writer
  * ATOMIC over everything past the header, a second rkey) and then for WRITE
- * rights to each segment it has claimed in the segment table. The server binds a window on the
- * client's own queue pair and answers its rkey. It is the only control
- * message a client sends after connecting, and it is rare: once per
- * connection and once per segment claimed, never per operation.
+ * rights over the data area (a third rkey, for writers). The server binds
+ * the windows on the client's own queue pair and answers their rkeys.
+ *
+ * CARVE asks for memory of one size class when no segment of that class
+ * has a free block to claim: the server carves a FREE segment into the
+ * class, or moves one from another class (a wholly free one; in cache mode
+ * it evicts one first, memcached's slab mover), and answers its index.
+ * Rare: once per segment's worth of memory that changes class, never per
+ * operation.
  *
  * No address or rkey is sent before the token checks out: the WELCOME only
  * carries a one-time ticket; the region's rkey travels in the data plane's
@@ -43,6 +50,8 @@ enum hkv_ctl_type {
 	HKV_CTL_ERROR = 3,
 	HKV_CTL_GRANT = 4,
 	HKV_CTL_GRANTED = 5,
+	HKV_CTL_CARVE = 6,
+	HKV_CTL_CARVED = 7,
 };
 
 struct hkv_ctl_hdr {
@@ -90,6 +99,23 @@ struct hkv_ctl_granted {
 	uint32_t access; /* HKV_ACCESS_* it carries */
 	uint32_t atomic_rkey; /* base grant to a writer: its ATOMIC window, over the
 			       * region past the header (from seg_table_off); else 0 */
+	uint32_t write_rkey;  /* base grant to a writer: its WRITE window over the
+			       * data area (from data_off); else 0 */
+	uint32_t pad;
+};
+
+/* A connected writer asks for a segment of class cls (see CARVE above). */
+struct hkv_ctl_carve {
+	uint32_t client_id;
+	uint32_t cls;
+	uint8_t ticket[HKV_TICKET_LEN];
+	uint64_t keep_off; /* cache mode: never empty the segment holding this
+			    * block (the item a read-modify-write rewrites); 0: none */
+};
+
+struct hkv_ctl_carved {
+	uint32_t seg; /* now SHARED in class cls */
+	uint32_t cls;
 };
 
 #endif /* HKV_CTL_PROTO_H */

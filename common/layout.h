@@ -7,9 +7,10 @@
  *   +----------------+ 0
  *   | header 4 KiB   |  magic, layout version, geometry, hash key, checksum
  *   +----------------+ seg_table_off
- *   | segment table  |  nsegs x 8 B: who owns each segment (one CAS word)
+ *   | segment table  |  nsegs x 8 B: each segment's class (the server's word)
  *   +----------------+ bitmap_off
- *   | free bitmaps   |  nsegs x bitmap_bytes: bit i = block i freed (FAA)
+ *   | free bitmaps   |  nsegs x bitmap_bytes: bit i = block i free (FAA sets,
+ *   |                |  a writer's claim CAS clears)
  *   +----------------+ index_off
  *   | hash index     |  nbuckets x 128 B buckets of 16 slots
  *   +----------------+ data_off
@@ -31,20 +32,22 @@
  *   12 u32 vlen
  *   16 u32 flags    client flags (memcached)
  *   20 u16 klen
- *   22 u16 rsv
+ *   22 u16 rsv      (a held free block: bytes 16..23 are its HELD stamp)
  *   24 u32 exptime  absolute Unix seconds, 0 = never
  *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
  *                   (readers refresh it; not in crc)
  *   32 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
  *   about to be by the writer that marked it), 3 pending (an insert not yet
- *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the segment's
- *   owner each time it reuses the address; never repeats for an address.
+ *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the
+ *   writer that claimed the block each time the address is reused; never
+ *   repeats for an address.
  *
- * Segment table entry (8 B CAS word):
- *   state(8) | class(8) | owner client id(16) | epoch(32)
- *   state: 0 free (never carved), 1 owned, 2 orphaned (owner gone; its
- *   live blocks stay, its free blocks are in the bitmap, adoptable).
+ * Segment table entry (8 B, written by the server only):
+ *   state(8) | class(8) | rsv(16) | epoch(32)
+ *   state: 0 free (never carved), 1 shared (carved into one class; any
+ *   writer claims its free blocks), 2 draining (the server is moving it to
+ *   another class: nobody claims there).
  */
 #ifndef HKV_LAYOUT_H
 #define HKV_LAYOUT_H
@@ -53,7 +56,7 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 2 /* 2: keyed key hash (hash_key) */
+#define HKV_LAYOUT_VERSION 3 /* 3: shared per-class pools; 2: keyed key hash */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
@@ -80,7 +83,7 @@ struct hkv_geometry {
 	uint32_t bitmap_bytes; /* per segment */
 	uint32_t nclasses;
 	uint64_t boot_id;   /* random per server start */
-	uint64_t max_client_segs; /* segments one client may own at once; 0 = no limit */
+	uint64_t rsv_segs; /* unused since layout 3 (was: segments per client) */
 	/* SipHash-2-4 key of this region's key hash (hkv_key_hash): random when
 	 * the region is made, kept across warm restarts. Only clients that
 	 * passed AUTH can read it, so nobody else can aim keys at a bucket. */
@@ -193,31 +196,16 @@ int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avai
 /* ---- segment table --------------------------------------------------------- */
 
 /*
- * FREE: never used since the region was made. OWNED: a connected client
- * allocates in it, and renews its lease on it (a CAS bumping the epoch) at
- * least every HKV_SEG_LEASE_MS while it does. IDLE: the server saw an OWNED
- * entry unchanged for HKV_SEG_IDLE_MS (its owner's lease long over) and
- * marked it; the owner may take it back, or any client short of memory
- * adopt it (owner alive: its unpublished blocks are not reclaimed). ORPHAN:
- * its owner disconnected.
+ * FREE: never carved. SHARED: carved into one class; its free blocks (bits
+ * set) are any writer's to claim. DRAINING: the server is emptying it to
+ * carve it into another class (its slab mover); a claim that finds this
+ * state gives its blocks back. Only the server's CPU writes the table.
  */
-enum hkv_seg_state { HKV_SEG_FREE = 0, HKV_SEG_OWNED = 1, HKV_SEG_ORPHAN = 2, HKV_SEG_IDLE = 3 };
+enum hkv_seg_state { HKV_SEG_FREE = 0, HKV_SEG_SHARED = 1, HKV_SEG_DRAINING = 2 };
 
-/* A client allocates in an OWNED segment only within this long of posting
- * the CAS that last renewed it; it renews from HKV_SEG_RENEW_MS on. */
-#define HKV_SEG_LEASE_MS 500
-#define HKV_SEG_RENEW_MS 250
-/* The server marks an OWNED entry IDLE once it has seen it unchanged this
- * long (it looks every HKV_SEG_SWEEP_MS): at least 750 ms after any lease
- * it held ran out. */
-#define HKV_SEG_IDLE_MS 1250
-#define HKV_SEG_SWEEP_MS 100
-
-static inline uint64_t hkv_seg_make(enum hkv_seg_state st, uint32_t cls, uint32_t owner,
-				    uint32_t epoch)
+static inline uint64_t hkv_seg_make(enum hkv_seg_state st, uint32_t cls, uint32_t epoch)
 {
-	return (uint64_t)st | (uint64_t)(cls & 0xff) << 8 | (uint64_t)(owner & 0xffff) << 16 |
-	       (uint64_t)epoch << 32;
+	return (uint64_t)st | (uint64_t)(cls & 0xff) << 8 | (uint64_t)epoch << 32;
 }
 
 static inline enum hkv_seg_state hkv_seg_state(uint64_t e)
@@ -230,14 +218,38 @@ static inline uint32_t hkv_seg_class(uint64_t e)
 	return (uint32_t)(e >> 8) & 0xff;
 }
 
-static inline uint32_t hkv_seg_owner(uint64_t e)
-{
-	return (uint32_t)(e >> 16) & 0xffff;
-}
-
 static inline uint32_t hkv_seg_epoch(uint64_t e)
 {
 	return (uint32_t)(e >> 32);
+}
+
+/*
+ * Held blocks. A writer claims free blocks by CAS on their bitmap word and
+ * stamps each one it holds: bytes 16..23 (flags | klen | rsv) become
+ * seq | 0xFFFF | holder id, a klen no written block has. It posts a chain
+ * that writes a held block only within HKV_HOLD_MS of posting the claim,
+ * and gives back (stamp cleared, then bit set) only within that time too.
+ * After that a held block is abandoned: the server reclaims a free block
+ * whose bit has stayed clear under one unchanged stamp for
+ * HKV_HOLD_RECLAIM_MS (and a disconnected client's stamps at once).
+ */
+#define HKV_HOLD_MS         500
+#define HKV_HOLD_RECLAIM_MS 1500
+#define HKV_HELD_KLEN       0xffffu
+
+static inline uint64_t hkv_held_make(uint32_t holder, uint32_t seq)
+{
+	return (uint64_t)seq | (uint64_t)HKV_HELD_KLEN << 32 | (uint64_t)(holder & 0xffff) << 48;
+}
+
+static inline int hkv_held_is(uint64_t word16)
+{
+	return (uint32_t)(word16 >> 32 & 0xffff) == HKV_HELD_KLEN;
+}
+
+static inline uint32_t hkv_held_holder(uint64_t word16)
+{
+	return (uint32_t)(word16 >> 48);
 }
 
 /* ---- hashing ----------------------------------------------------------------- */

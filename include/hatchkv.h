@@ -221,22 +221,21 @@ struct hkv_op_stats {
 struct hkv_client_stats {
 	struct hkv_op_stats op[HKV_OP_NTYPES];
 	uint64_t cache_hits, cache_misses; /* location cache */
-	uint64_t segments_claimed, segments_adopted;
-	uint64_t blocks_freed, blocks_harvested;
+	/* shared pools (docs/design.md, "Memory that flows"): claim chains won
+	 * and lost, blocks they took, blocks freed, bitmap surveys, CARVE
+	 * requests to the server, held blocks given back or abandoned (left for
+	 * the server to reclaim) */
+	uint64_t claims, claims_lost, blocks_claimed, blocks_freed;
+	uint64_t surveys, carves, blocks_given_back, blocks_abandoned;
 	uint64_t corrupt_reads; /* blocks that failed validation */
 	uint64_t evictions;     /* live items this handle evicted (cache mode) */
 	uint64_t reconnects;    /* times the handle connected again after losing the server */
 	uint64_t expired_reclaimed; /* expired items this handle removed */
-	uint64_t grants; /* memory windows the server bound for it (base + segments) */
-	uint64_t blocks_reclaimed; /* dead clients' unpublished blocks it took back */
+	uint64_t grants; /* memory windows the server bound for it */
 	/* writes whose view went stale past the ABA horizon inside the post
 	 * (docs/design.md): detected after the fact, undone, retried; never a success */
 	uint64_t stale_undone;
 	uint64_t stale_views; /* writes that re-read the key: view older than the bound */
-	/* segment leases (docs/design.md, "Memory that flows"): renewals posted,
-	 * idle segments of other clients adopted, and our segments found adopted
-	 * by someone else after we had stopped allocating in them */
-	uint64_t segments_renewed, segments_taken_idle, segments_lost;
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -68,6 +68,8 @@ struct ctl_conn {
 	struct event *deadline; /* the whole request must be in by then */
 	struct event *again;    /* a GRANT whose bind is in flight: asked again */
 	struct hkv_ctl_grant grant;
+	struct hkv_ctl_carve carve;
+	int is_carve;
 	uint64_t grant_until_ns;
 	uint64_t source; /* rate-limit key of the peer */
 	int closing;
@@ -242,10 +244,65 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 }
 
 static void grant_step(struct ctl_conn *cc);
+static void carve_step(struct ctl_conn *cc);
 
 static void on_grant_again(evutil_socket_t fd, short what, void *arg)
 {
-	grant_step(arg);
+	struct ctl_conn *cc = arg;
+
+	if (cc->is_carve)
+		carve_step(cc);
+	else
+		grant_step(cc);
+}
+
+/* Ask again in a millisecond (a bind, or a segment being moved); 0 if set. */
+static int again_later(struct ctl_conn *cc)
+{
+	struct timeval ms = {0, 1000};
+
+	if (!cc->again)
+		cc->again = evtimer_new(bufferevent_get_base(cc->bev), on_grant_again, cc);
+	return cc->again && !evtimer_add(cc->again, &ms) ? 0 : -1;
+}
+
+/*
+ * One step of a CARVE. Moving a segment between classes waits for frees in
+ * flight and for held blocks to be given back or abandoned: the request is
+ * looked at again every millisecond (each look is a step of the move) while
+ * everyone else is served, for up to 4 s.
+ */
+static void carve_step(struct ctl_conn *cc)
+{
+	struct hkv_ctl_carved out;
+	const char *why;
+	int ret = hkv_store_carve(cc->ctl->store, &cc->carve, &out, &why);
+
+	if (ret == -EINPROGRESS && now_ns() < cc->grant_until_ns && !again_later(cc))
+		return;
+	if (ret == -EINPROGRESS) {
+		ret = HKV_ETIMEDOUT;
+		why = "moving a segment did not finish within 4 s";
+	}
+	if (ret == HKV_EAUTH)
+		source_charge(cc);
+	if (ret) {
+		if (ret != HKV_EFULL)
+			hkv_warn("ctl: refused a carve to client %u: %s", cc->carve.client_id, why);
+		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
+		return;
+	}
+	reply(cc, HKV_CTL_CARVED, 0, &out, sizeof(out));
+}
+
+/* CARVE: a connected writer asks for memory of one class (see ctl_proto.h). */
+static void process_carve(struct ctl_conn *cc, const uint8_t *body)
+{
+	memcpy(&cc->carve, body, sizeof(cc->carve));
+	cc->is_carve = 1;
+	cc->grant_until_ns = now_ns() + 4000000000ull;
+	bufferevent_disable(cc->bev, EV_READ); /* one request per connection */
+	carve_step(cc);
 }
 
 /*
@@ -256,19 +313,14 @@ static void on_grant_again(evutil_socket_t fd, short what, void *arg)
  */
 static void grant_step(struct ctl_conn *cc)
 {
-	struct timeval ms = {0, 1000};
 	struct hkv_ctl_granted out;
 	const struct hkv_ctl_grant *g = &cc->grant;
 	const char *why;
 	int ret;
 
 	ret = hkv_store_grant(cc->ctl->store, g, &out, &why);
-	if (ret == -EINPROGRESS && now_ns() < cc->grant_until_ns) {
-		if (!cc->again)
-			cc->again = evtimer_new(bufferevent_get_base(cc->bev), on_grant_again, cc);
-		if (cc->again && !evtimer_add(cc->again, &ms))
-			return;
-	}
+	if (ret == -EINPROGRESS && now_ns() < cc->grant_until_ns && !again_later(cc))
+		return;
 	if (ret == -EINPROGRESS) {
 		ret = HKV_ETIMEDOUT;
 		why = "the window's bind did not complete within 2 s";
@@ -318,6 +370,8 @@ static void on_read(struct bufferevent *bev, void *arg)
 		refuse(cc, req.status, req.why);
 	} else if (req.type == HKV_CTL_GRANT) {
 		process_grant(cc, req.token);
+	} else if (req.type == HKV_CTL_CARVE) {
+		process_carve(cc, req.token);
 	} else {
 		process_auth(cc, req.token, req.token_len);
 	}
@@ -350,7 +404,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	struct ctl_conn *cc = arg;
 
 	if (cc->closing || cc->grant_until_ns)
-		return; /* answered, or a GRANT in flight (it answers within 2 s) */
+		return; /* answered, or a GRANT or CARVE in flight (it answers in time) */
 	source_charge(cc);
 	log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
 		    "a client did not send a whole request within 5 s; dropped");

@@ -4,13 +4,14 @@
  * state; server/ctl.c calls it on every read, tests/fuzz/fuzz_ctl.c feeds it
  * garbage.
  *
- * A request is one AUTH or GRANT message (common/ctl_proto.h):
+ * A request is one AUTH, GRANT or CARVE message (common/ctl_proto.h):
  *
  *   +--------+--------+--------+----------+--------+------------------+
  *   | magic4 | ver2   | type2  | status4  | len4   | body, len bytes  |
  *   +--------+--------+--------+----------+--------+------------------+
  *   AUTH: the token, 1 <= len <= HKV_TOKEN_MAX; GRANT: len ==
- *   sizeof(struct hkv_ctl_grant). So a request is at most HKV_CTL_REQ_MAX
+ *   sizeof(struct hkv_ctl_grant); CARVE: len == sizeof(struct
+ *   hkv_ctl_carve). So a request is at most HKV_CTL_REQ_MAX
  *   bytes: the server never buffers more per connection.
  *
  * The header is judged as soon as it is complete (magic, then version, then
@@ -36,7 +37,7 @@ enum hkv_ctl_verdict {
 };
 
 struct hkv_ctl_req {
-	uint16_t type;        /* HKV_CTL_AUTH or HKV_CTL_GRANT */
+	uint16_t type;        /* HKV_CTL_AUTH, HKV_CTL_GRANT or HKV_CTL_CARVE */
 	const uint8_t *token; /* the body: points into the caller's bytes */
 	uint32_t token_len;   /* AUTH: 1..HKV_TOKEN_MAX; GRANT: sizeof(struct hkv_ctl_grant) */
 	size_t consumed;      /* header + body bytes of this request */
@@ -63,8 +64,10 @@ static inline enum hkv_ctl_verdict hkv_ctl_decode(const void *buf, size_t len,
 		req->why = "not a hatchkv control message";
 	else if (h.version != HKV_CTL_VERSION)
 		req->why = "unsupported control protocol version";
-	else if (h.type == HKV_CTL_AUTH ? h.len == 0 || h.len > HKV_TOKEN_MAX
-					 : h.type != HKV_CTL_GRANT || h.len != sizeof(struct hkv_ctl_grant))
+	else if (h.type == HKV_CTL_AUTH    ? h.len == 0 || h.len > HKV_TOKEN_MAX
+		 : h.type == HKV_CTL_GRANT ? h.len != sizeof(struct hkv_ctl_grant)
+		 : h.type == HKV_CTL_CARVE ? h.len != sizeof(struct hkv_ctl_carve)
+					   : 1)
 		req->why = "malformed request";
 	if (req->why)
 		return HKV_CTL_REJECT;

@@ -57,15 +57,9 @@ static void usage(FILE *f)
 		"  -c, --cache                cache mode: evict when full instead of failing\n"
 		"  -C, --max-clients N        clients connected at once (default 1024); more get\n"
 		"                             ERROR \"too many clients\"\n"
-		"  -g, --max-segments-per-client N\n"
-		"                             segments one client may own at once (default: no\n"
-		"                             limit); a client at its limit evicts (cache mode)\n"
-		"                             or gets HKV_EFULL\n"
 		"  -K, --keepalive-ms MS      verbs: probe every client this often (a zero-length\n"
 		"                             RDMA WRITE); one that does not answer for ~15-20 s\n"
-		"                             is dropped and its memory orphaned (default 2000;\n"
-		"                             0: never, a client that vanished without a word\n"
-		"                             keeps its memory until the server restarts)\n"
+		"                             is dropped (default 2000; 0: never)\n"
 		"  -W, --no-windows           verbs: hand every client one rkey for the whole\n"
 		"                             region instead of memory windows bound to its own\n"
 		"                             connection (default: windows if the device has\n"
@@ -113,7 +107,6 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"memory-file", required_argument, NULL, 'f'},
 		{"ro-token-file", required_argument, NULL, 'r'},
 		{"max-clients", required_argument, NULL, 'C'},
-		{"max-segments-per-client", required_argument, NULL, 'g'},
 		{"no-windows", no_argument, NULL, 'W'},
 		{"keepalive-ms", required_argument, NULL, 'K'},
 		{"cluster", required_argument, NULL, 'E'},   {"id", required_argument, NULL, 'I'},
@@ -124,7 +117,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:g:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -154,11 +147,6 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			o->store.max_clients = (uint32_t)strtoul(optarg, NULL, 10);
 			if (!o->store.max_clients || o->store.max_clients > HKV_MAX_CLIENTS)
 				return fprintf(stderr, "bad --max-clients '%s'\n", optarg), -1;
-			break;
-		case 'g':
-			o->store.max_client_segs = (uint32_t)strtoul(optarg, NULL, 10);
-			if (!o->store.max_client_segs)
-				return fprintf(stderr, "bad --max-segments-per-client '%s'\n", optarg), -1;
 			break;
 		case 'W': o->no_windows = 1; break;
 		case 'K': {
@@ -241,9 +229,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		hkv_listener_tick(sv->data);
 }
 
-static void on_idle_sweep(evutil_socket_t fd, short what, void *arg)
+static void on_slab_tick(evutil_socket_t fd, short what, void *arg)
 {
-	hkv_store_idle_sweep(&((struct server *)arg)->store);
+	hkv_slab_tick(&((struct server *)arg)->store);
 }
 
 static int start_data_plane(struct server *sv, struct server_opts *o)
@@ -451,7 +439,7 @@ int main(int argc, char **argv)
 	struct server sv = {0};
 	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_cluster = NULL;
 	struct timeval one_sec = {1, 0};
-	struct timeval sweep = {0, HKV_SEG_SWEEP_MS * 1000};
+	struct timeval sweep = {0, HKV_SLAB_TICK_MS * 1000};
 	struct timeval cluster_poll = {0, 100 * 1000};
 	char endpoint[300];
 	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
@@ -548,7 +536,7 @@ int main(int argc, char **argv)
 	ev_int = evsignal_new(sv.base, SIGINT, on_signal, &sv);
 	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
 	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
-	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_idle_sweep, &sv);
+	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_slab_tick, &sv);
 	event_add(ev_int, NULL);
 	event_add(ev_term, NULL);
 	event_add(ev_tick, &one_sec);

@@ -11,12 +11,6 @@
 
 #define TICKET_TTL_NS (10ull * 1000000000ull)
 
-/* The segment table, in the region (entries change under us: load atomically). */
-static uint64_t *seg_table(const struct hkv_store *s)
-{
-	return (uint64_t *)((uint8_t *)s->region.base + s->geom->seg_table_off);
-}
-
 /* Does the data plane hand out memory windows (and so take GRANTs)? */
 static int windows_on(const struct hkv_store *s)
 {
@@ -40,7 +34,6 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 		return -errno;
 	if (o->hash_key)
 		memcpy(g.hash_key, o->hash_key, sizeof(g.hash_key));
-	g.max_client_segs = o->max_client_segs;
 	hkv_geometry_seal(&g);
 	memcpy(s->geom, &g, sizeof(g));
 	return 0;
@@ -49,14 +42,13 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 /*
  * Warm restart from --memory-file: the header must validate (a torn or
  * foreign header, or another layout version, is refused, never served). The
- * clients that owned segments are gone with the old process: their segments
- * are orphaned, so their live blocks stay and their free blocks get adopted.
+ * clients of the old process are gone: what they held or never published
+ * is free again (hkv_slab_rebuild).
  */
 static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 {
-	uint64_t *table, entries = 0;
 	const uint64_t *slot;
-	uint32_t orphaned = 0;
+	uint64_t entries = 0;
 	int ret = hkv_geometry_check(s->geom, s->region.length);
 
 	if (ret == HKV_EPROTO) {
@@ -70,23 +62,13 @@ static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 			o->memory_file);
 		return ret;
 	}
-	table = seg_table(s);
-	for (uint32_t i = 0; i < s->geom->nsegs; i++)
-		if (hkv_seg_state(table[i]) == HKV_SEG_OWNED ||
-		    hkv_seg_state(table[i]) == HKV_SEG_IDLE) {
-			table[i] = hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(table[i]), 0,
-						hkv_seg_epoch(table[i]) + 1);
-			orphaned++;
-		}
-	if (s->geom->max_client_segs != o->max_client_segs) { /* this start's limit */
-		s->geom->max_client_segs = o->max_client_segs;
-		hkv_geometry_seal(s->geom);
-	}
+	if ((ret = hkv_slab_rebuild(s)))
+		return ret;
 	slot = (const uint64_t *)((uint8_t *)s->region.base + s->geom->index_off);
 	for (uint64_t i = 0; i < s->geom->nbuckets * HKV_BUCKET_SLOTS; i++)
 		entries += slot[i] != 0;
-	hkv_info("store: warm restart from %s: %llu index entries, %u segments orphaned for "
-		 "adoption", o->memory_file, (unsigned long long)entries, orphaned);
+	hkv_info("store: warm restart from %s: %llu index entries", o->memory_file,
+		 (unsigned long long)entries);
 	return 0;
 }
 
@@ -97,6 +79,7 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 
 	memset(s, 0, sizeof(*s));
 	s->region.fd = -1;
+	s->slab.drain_seg = -1;
 	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
 	if (!s->clients)
 		return -ENOMEM;
@@ -116,14 +99,6 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	}
 	s->next_id = 1;
 	g = s->geom;
-	s->holder = hkv_calloc(g->nsegs, sizeof(*s->holder));
-	s->held_entry = hkv_calloc(g->nsegs, sizeof(*s->held_entry));
-	s->seen_entry = hkv_calloc(g->nsegs, sizeof(*s->seen_entry));
-	s->seen_ns = hkv_calloc(g->nsegs, sizeof(*s->seen_ns));
-	if (!s->holder || !s->held_entry || !s->seen_entry || !s->seen_ns) {
-		hkv_store_fini(s);
-		return -ENOMEM;
-	}
 	hkv_info("store: region %llu MiB%s: index %llu buckets (%llu slots), %u segments of %u KiB, "
 		 "%u size classes (%u..%u B)%s",
 		 (unsigned long long)(s->region.length >> 20), s->region.hugetlb ? " (hugetlb)" : "",
@@ -135,16 +110,8 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 
 void hkv_store_fini(struct hkv_store *s)
 {
-	hkv_free(s->holder);
-	hkv_free(s->held_entry);
-	hkv_free(s->seen_entry);
-	hkv_free(s->seen_ns);
-	s->holder = NULL;
-	s->held_entry = NULL;
-	s->seen_entry = s->seen_ns = NULL;
+	hkv_slab_fini(s);
 	hkv_region_destroy(&s->region);
-	for (uint32_t id = 1; s->clients && id <= HKV_MAX_CLIENTS; id++)
-		hkv_free(s->clients[id].grants);
 	hkv_free(s->clients);
 	s->clients = NULL;
 }
@@ -216,142 +183,68 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 	return 0;
 }
 
-/* Does entry e say the segment is client id's (OWNED, or IDLE and not yet
- * taken back or adopted)? */
-static int held_by(uint64_t e, uint32_t id)
-{
-	return (hkv_seg_state(e) == HKV_SEG_OWNED || hkv_seg_state(e) == HKV_SEG_IDLE) &&
-	       hkv_seg_owner(e) == (id & 0xffff);
-}
-
-/* A granted segment whose entry the server last saw IDLE, now OWNED by
- * another client one epoch on: adopted while idle, not stolen. */
-static int idle_taken(const struct hkv_store *s, uint32_t seg, uint64_t e)
-{
-	uint64_t was = s->held_entry[seg];
-
-	return hkv_seg_state(was) == HKV_SEG_IDLE && hkv_seg_state(e) == HKV_SEG_OWNED &&
-	       hkv_seg_owner(e) != hkv_seg_owner(was) && hkv_seg_epoch(e) == hkv_seg_epoch(was) + 1;
-}
-
 /*
  * The client's connection is gone, so nothing it posts can land any more
- * (the transport destroyed its queue pair first). Its segments keep their
- * live blocks; mark them orphaned so a client short of memory adopts them.
+ * (the transport destroyed its queue pair first). Blocks it held come back
+ * by the sweep (server/slab.c) once their stamps have stood long enough.
  */
 void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 {
 	struct hkv_store *s = arg;
-	uint64_t *table = seg_table(s);
-	uint32_t id = (uint32_t)cookie, n = 0;
+	uint32_t id = (uint32_t)cookie;
 
 	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected)
 		return;
 	s->clients[id].connected = 0;
 	memset(s->clients[id].ticket, 0, HKV_TICKET_LEN);
-	s->clients[id].ngrants = 0; /* the transport deallocated its windows */
 	s->nconnected--;
-	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
-		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE);
-
-		if (s->holder[i] == id) { /* its window's segment, whatever the table says */
-			s->holder[i] = 0;
-			if (!held_by(e, id) && !idle_taken(s, i, e)) {
-				e = s->held_entry[i]; /* put back, then orphan it below */
-				__atomic_store_n(&table[i], e, __ATOMIC_RELEASE);
-			}
-		}
-		if (!held_by(e, id))
-			continue;
-		/* Only the owner changes an owned entry, and it is gone: a CAS keeps
-		 * us honest against a garbage-writing client anyway. */
-		if (__atomic_compare_exchange_n(&table[i], &e,
-						hkv_seg_make(HKV_SEG_ORPHAN, hkv_seg_class(e), 0,
-							     hkv_seg_epoch(e) + 1),
-						0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			n++;
-	}
-	s->orphaned_segments += n;
 	if (windows_on(s))
-		hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption; "
-			 "memory windows bound: %d", id, n, hkv_listener_nwindows(s->data));
+		hkv_info("store: client %u disconnected; memory windows bound: %d", id,
+			 hkv_listener_nwindows(s->data));
 	else
-		hkv_info("store: client %u disconnected; %u segment(s) orphaned for adoption", id,
-			 n);
+		hkv_info("store: client %u disconnected", id);
 }
 
-/* ---- memory windows ----------------------------------------------------------- */
-
-static int owns(const struct hkv_store *s, uint32_t id, uint32_t seg)
+/* A connected client, by its ticket: its record, or NULL. */
+static struct hkv_client_rec *client_of(struct hkv_store *s, uint32_t id, const uint8_t *ticket)
 {
-	uint64_t e = __atomic_load_n(&seg_table(s)[seg], __ATOMIC_ACQUIRE);
-
-	return hkv_seg_state(e) == HKV_SEG_OWNED && hkv_seg_owner(e) == (id & 0xffff);
+	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected ||
+	    !ticket_equal(s->clients[id].ticket, ticket))
+		return NULL;
+	return &s->clients[id];
 }
 
-/* Client id no longer holds segment seg's window: off its grants, and no
- * longer the segment's holder. */
-static void drop_grant(struct hkv_store *s, uint32_t id, uint32_t seg)
+int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
+		    struct hkv_ctl_carved *out, const char **why)
 {
-	struct hkv_client_rec *c = &s->clients[id];
+	struct hkv_client_rec *c = client_of(s, req->client_id, req->ticket);
+	int ret;
 
-	for (uint32_t i = 0; i < c->ngrants; i++)
-		if (c->grants[i] == seg)
-			c->grants[i] = c->grants[--c->ngrants];
-	if (s->holder[seg] == id)
-		s->holder[seg] = 0;
-}
-
-/*
- * Segment seg was adopted while IDLE from client id, which holds its WRITE
- * window: the window goes (its rkey dies, so a late WRITE of id's fails
- * rather than lands in the adopter's blocks), and so does the grant.
- */
-static void revoke_transferred(struct hkv_store *s, uint32_t id, uint32_t seg)
-{
-	const struct hkv_geometry *geo = s->geom;
-
-	hkv_listener_revoke(s->data, id, geo->data_off + (uint64_t)seg * geo->seg_size);
-	drop_grant(s, id, seg);
-	s->transferred++;
-	hkv_debug("store: client %u's idle segment %u adopted by client %u; its window revoked",
-		  id, seg, hkv_seg_owner(__atomic_load_n(&seg_table(s)[seg], __ATOMIC_ACQUIRE)));
-}
-
-/*
- * A segment whose window the server granted stays its holder's until the
- * holder disconnects (the library never gives a granted segment back while
- * connected). Every writer can CAS the segment table, so an entry that no
- * longer says OWNED(holder) was changed by another client - to steal the
- * segment, or to free it for a claim: put it back. (The holder's own
- * re-carving keeps OWNED(holder) and is remembered as the entry to restore.)
- */
-static void sweep_client(struct hkv_store *s, uint32_t id)
-{
-	struct hkv_client_rec *c = &s->clients[id];
-	uint64_t *table = seg_table(s);
-
-	for (uint32_t i = 0; i < c->ngrants; i++) {
-		uint32_t seg = c->grants[i];
-		uint64_t e = __atomic_load_n(&table[seg], __ATOMIC_ACQUIRE);
-
-		if (held_by(e, id)) {
-			s->held_entry[seg] = e;
-			continue;
-		}
-		if (idle_taken(s, seg, e)) { /* adopted while idle: no longer id's */
-			revoke_transferred(s, id, seg);
-			i--; /* the grant at i was replaced by the last one */
-			continue;
-		}
-		if (__atomic_compare_exchange_n(&table[seg], &e, s->held_entry[seg], 0,
-						__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-			s->restored++;
-			hkv_warn("store: the segment table entry of client %u's segment %u was "
-				 "changed by another client (to 0x%llx); put back", id, seg,
-				 (unsigned long long)e);
-		}
+	memset(out, 0, sizeof(*out));
+	*why = "not carved";
+	if (!c) {
+		*why = "unknown client or wrong ticket";
+		return HKV_EAUTH;
 	}
+	if (c->readonly) {
+		*why = "read-only client";
+		return -EPERM;
+	}
+	if (s->fenced) {
+		*why = "fenced";
+		return HKV_EDISCONNECTED;
+	}
+	if (req->cls >= s->geom->nclasses) {
+		*why = "no such size class";
+		return -EINVAL;
+	}
+	ret = hkv_slab_carve(s, req->cls, req->keep_off, &out->seg);
+	if (ret == HKV_EFULL)
+		*why = "no memory for that size class";
+	else if (ret == -EINPROGRESS)
+		*why = "a segment is being moved";
+	out->cls = req->cls;
+	return ret;
 }
 
 int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
@@ -359,7 +252,6 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 {
 	const struct hkv_geometry *geo = s->geom;
 	struct hkv_client_rec *c;
-	uint32_t access;
 	int ret;
 
 	memset(out, 0, sizeof(*out));
@@ -368,80 +260,32 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 		*why = "this server does not use memory windows";
 		return -EOPNOTSUPP;
 	}
-	if (g->client_id == 0 || g->client_id > HKV_MAX_CLIENTS ||
-	    !s->clients[g->client_id].connected ||
-	    !ticket_equal(s->clients[g->client_id].ticket, g->ticket)) {
+	c = client_of(s, g->client_id, g->ticket);
+	if (!c) {
 		*why = "unknown client or wrong ticket";
 		return HKV_EAUTH;
 	}
-	c = &s->clients[g->client_id];
-	out->seg = g->seg;
-	if (g->seg == HKV_GRANT_BASE) {
-		/* READ everywhere; ATOMIC everywhere but the header, so no client
-		 * can break the geometry every other client validates */
-		access = HKV_ACCESS_READ;
-		out->off = 0;
-		out->len = s->region.length;
-		ret = c->readonly ? 0
-				  : hkv_listener_grant(s->data, g->client_id, geo->seg_table_off,
-						       s->region.length - geo->seg_table_off,
-						       HKV_ACCESS_ATOMIC, &out->atomic_rkey);
-		if (ret) {
-			*why = ret == -EINPROGRESS ? "binding"
-			       : ret == -EAGAIN ? "the data connection is not established"
-						: "binding the memory window failed";
-			return ret;
-		}
-	} else {
-		if (c->readonly) {
-			*why = "read-only client";
-			return -EPERM;
-		}
-		if (g->seg >= geo->nsegs) {
-			*why = "no such segment";
-			return -EINVAL;
-		}
-		if (s->holder[g->seg] && s->holder[g->seg] != g->client_id &&
-		    s->clients[s->holder[g->seg]].connected &&
-		    idle_taken(s, g->seg,
-			       __atomic_load_n(&seg_table(s)[g->seg], __ATOMIC_ACQUIRE)))
-			revoke_transferred(s, s->holder[g->seg], g->seg);
-		if (s->holder[g->seg] && s->holder[g->seg] != g->client_id &&
-		    s->clients[s->holder[g->seg]].connected) {
-			*why = "the segment is another client's (its window is granted)";
-			return -EPERM;
-		}
-		if (!owns(s, g->client_id, g->seg)) {
-			*why = "the segment table does not say the segment is yours";
-			return -EPERM;
-		}
-		access = HKV_ACCESS_WRITE;
-		out->off = geo->data_off + (uint64_t)g->seg * geo->seg_size;
-		out->len = geo->seg_size;
-		sweep_client(s, g->client_id);
-		for (uint32_t i = 0; i < c->ngrants; i++)
-			if (c->grants[i] == g->seg)
-				goto bind; /* granted before: the same rkey again */
-		if (geo->max_client_segs && c->ngrants >= geo->max_client_segs) {
-			*why = "segment limit reached";
-			return HKV_EFULL;
-		}
-		if (c->ngrants == c->capgrants) {
-			uint32_t cap = c->capgrants ? 2 * c->capgrants : 8;
-			void *p = hkv_realloc(c->grants, cap * sizeof(*c->grants));
-
-			if (!p)
-				return -ENOMEM;
-			c->grants = p;
-			c->capgrants = cap;
-		}
-		c->grants[c->ngrants++] = g->seg;
-		s->holder[g->seg] = g->client_id;
-		s->held_entry[g->seg] = __atomic_load_n(&seg_table(s)[g->seg], __ATOMIC_ACQUIRE);
+	if (g->seg != HKV_GRANT_BASE) {
+		*why = "only base rights are granted (layout 3)";
+		return -EINVAL;
 	}
-bind:
-	out->access = access;
-	ret = hkv_listener_grant(s->data, g->client_id, out->off, out->len, access, &out->rkey);
+	out->seg = g->seg;
+	out->access = HKV_ACCESS_READ;
+	out->off = 0;
+	out->len = s->region.length;
+	/* ATOMIC everywhere but the header, so no client can break the geometry
+	 * every other client validates; WRITE only over the data area (blocks) */
+	ret = c->readonly ? 0
+			  : hkv_listener_grant(s->data, g->client_id, geo->seg_table_off,
+					       s->region.length - geo->seg_table_off,
+					       HKV_ACCESS_ATOMIC, &out->atomic_rkey);
+	if (!ret && !c->readonly)
+		ret = hkv_listener_grant(s->data, g->client_id, geo->data_off,
+					 s->region.length - geo->data_off, HKV_ACCESS_WRITE,
+					 &out->write_rkey);
+	if (!ret)
+		ret = hkv_listener_grant(s->data, g->client_id, 0, s->region.length,
+					 HKV_ACCESS_READ, &out->rkey);
 	if (ret == -EINPROGRESS) { /* the control plane asks again, without waiting here */
 		*why = "binding";
 		return ret;
@@ -449,57 +293,12 @@ bind:
 	if (ret) {
 		*why = ret == -EAGAIN ? "the data connection is not established"
 				      : "binding the memory window failed";
-		if (g->seg != HKV_GRANT_BASE) /* not granted after all */
-			drop_grant(s, g->client_id, g->seg);
-		hkv_warn("store: client %u: window for %s %u: %s", g->client_id,
-			 g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg,
+		hkv_warn("store: client %u: windows for its base rights: %s", g->client_id,
 			 hkv_strerror(ret));
 		return ret;
 	}
-	hkv_debug("store: client %u granted %s %u, rkey 0x%x", g->client_id,
-		  g->seg == HKV_GRANT_BASE ? "base rights" : "segment", g->seg, out->rkey);
+	hkv_debug("store: client %u granted its base rights, rkey 0x%x", g->client_id, out->rkey);
 	return 0;
-}
-
-/*
- * Segments stop being stranded by clients that stopped allocating in them:
- * an OWNED entry of a connected client that has not changed for
- * HKV_SEG_IDLE_MS (its owner renews it every HKV_SEG_RENEW_MS while it
- * allocates there) goes IDLE, for its owner to take back or anyone short of
- * memory to adopt. Every 100 ms: a load per segment.
- */
-void hkv_store_idle_sweep(struct hkv_store *s)
-{
-	uint64_t *table = seg_table(s), now = hkv_now_ns();
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
-		uint64_t e = __atomic_load_n(&table[i], __ATOMIC_ACQUIRE), idle;
-		uint32_t owner = hkv_seg_owner(e);
-
-		if (e != s->seen_entry[i] || !s->seen_ns[i]) {
-			s->seen_entry[i] = e;
-			s->seen_ns[i] = now;
-			continue;
-		}
-		if (hkv_seg_state(e) != HKV_SEG_OWNED || owner == 0 || owner > HKV_MAX_CLIENTS ||
-		    !s->clients[owner].connected ||
-		    now - s->seen_ns[i] < (uint64_t)HKV_SEG_IDLE_MS * 1000000ull)
-			continue;
-		idle = hkv_seg_make(HKV_SEG_IDLE, hkv_seg_class(e), owner, hkv_seg_epoch(e) + 1);
-		if (__atomic_compare_exchange_n(&table[i], &e, idle, 0, __ATOMIC_ACQ_REL,
-						__ATOMIC_ACQUIRE)) {
-			n++;
-			e = idle;
-			if (s->holder[i] == owner) /* idle, not stolen: its adopter may have it */
-				s->held_entry[i] = idle;
-		}
-		s->seen_entry[i] = e;
-		s->seen_ns[i] = now;
-	}
-	if (n)
-		hkv_debug("store: %u segment(s) idle (owners stopped allocating there)", n);
-	s->idled += n;
 }
 
 void hkv_store_tick(struct hkv_store *s)
@@ -511,8 +310,6 @@ void hkv_store_tick(struct hkv_store *s)
 			s->clients[id].ticket_expiry_ns = 0;
 			s->npending--;
 		}
-		if (s->clients[id].connected && s->clients[id].ngrants)
-			sweep_client(s, id);
 	}
 }
 
@@ -596,7 +393,7 @@ static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hd
  * Cluster: drop every item whose key keep() refuses (live ones as a delete
  * does; pending ones - inserts the fence cut off - as an abort does)
  * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
- * so that an adopter of its segment reuses it). Called while no client can
+ * so that any writer reuses it). Called while no client can
  * reach the keys it drops (fenced, or partitions no client routes here),
  * with the atomics a client's delete uses, so clients working on other
  * keys (and an shm client that has not noticed a fence yet) are safe.

@@ -1,8 +1,8 @@
 /*
  * store.h - the memory server's side of the store: it owns the region, lays
  * out its header (common/layout.h), hands out client ids and one-time data
- * plane tickets, and when a client's data connection is gone marks that
- * client's segments orphaned so other clients can adopt them.
+ * plane tickets, carves segments into size classes when a client asks
+ * (server/slab.c), and takes back blocks held past their time.
  *
  * It never touches keys or values: every key-value operation is done by
  * clients with one-sided RDMA. Its work is per connection, never per op.
@@ -24,7 +24,6 @@ struct hkv_store_opts {
 	uint64_t index_slots;/* 0: derived from memory */
 	int cache_mode;      /* evict instead of failing when full */
 	uint32_t max_clients;     /* connected + admitted at once; 0 = HKV_MAX_CLIENTS */
-	uint32_t max_client_segs; /* announced in the header; clients keep to it (0: none) */
 	const char *memory_file; /* NULL: anonymous memfd */
 	/* the key hash's secret; NULL: random. A cluster's servers share the
 	 * cluster's (its identity), so a client hashes a key once to find both
@@ -37,8 +36,28 @@ struct hkv_client_rec {
 	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
 	int connected;
 	int readonly; /* its rkey permits RDMA Read only */
-	uint32_t *grants; /* memory windows: segments it has WRITE windows on */
-	uint32_t ngrants, capgrants;
+};
+
+/* A held block seen by the sweep (server/slab.c). */
+struct hkv_sighting {
+	uint64_t off, stamp, meta, first_ns;
+};
+
+struct hkv_sightings {
+	struct hkv_sighting *v;
+	uint32_t n, cap;
+};
+
+/* The slab mover and the sweep of held blocks (server/slab.c). */
+struct hkv_slab {
+	int64_t drain_seg; /* the segment being moved, or -1 */
+	uint32_t drain_from, drain_to;
+	uint64_t drain_entry, drain_start_ns;
+	struct hkv_sightings dprev, dcur; /* held blocks of the segment being moved */
+	uint32_t sweep_next; /* next segment the sweep looks at */
+	struct hkv_sightings prev, cur; /* held blocks of the last and this pass */
+	uint64_t *named; /* warm restart: blocks a slot names, one bit per 64 B */
+	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed;
 };
 
 struct hkv_store {
@@ -46,23 +65,11 @@ struct hkv_store {
 	struct hkv_geometry *geom; /* in the region, offset 0 */
 	struct hkv_client_rec *clients; /* indexed by client id (1..HKV_MAX_CLIENTS) */
 	uint32_t next_id;
-	uint64_t orphaned_segments;
 	uint32_t nconnected;
 	uint32_t npending; /* tickets handed out, not yet redeemed or expired by the tick */
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
-	/* Memory windows: who holds each segment's WRITE window, as the server
-	 * granted it (0: nobody), and the holder's table entry as last seen.
-	 * The table is CASable by every writer, so it is not proof of ownership:
-	 * a granted segment is its holder's until the holder disconnects. */
-	uint32_t *holder;
-	uint64_t *held_entry;
-	uint64_t restored; /* table entries of granted segments put back */
-	/* Idle segments: each entry as the tick last saw it change, and when
-	 * (entries of connected owners unchanged for HKV_SEG_IDLE_MS go IDLE) */
-	uint64_t *seen_entry, *seen_ns;
-	uint64_t idled;       /* entries the server marked IDLE */
-	uint64_t transferred; /* granted segments an adopter took while IDLE */
+	struct hkv_slab slab;
 	int fenced; /* cluster: lease in doubt, serve nobody (server/cluster.h) */
 };
 
@@ -78,27 +85,33 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 void hkv_store_on_disconnect(void *arg, uint64_t cookie);
 
 /*
- * Control plane, memory windows: a connected client asks for rights (see
- * struct hkv_ctl_grant). Base rights: READ over the region and, for
- * writers, ATOMIC past the header (a second window, in atomic_rkey). A
- * segment: WRITE over it, only while the segment table says the client
- * owns it and no other connected client holds its window, and at most
- * --max-segments-per-client of them. Fills *out;
- * returns 0, HKV_EAUTH (unknown client or wrong ticket), -EPERM (not its
- * segment, or a read-only client), HKV_EFULL (at its segment limit),
- * -EINVAL, -EOPNOTSUPP (no windows), or the bind's error. *why is for the
- * ERROR reply.
+ * Control plane, memory windows: a connected client asks for its rights
+ * (see struct hkv_ctl_grant): READ over the region and, for writers, ATOMIC
+ * past the header (atomic_rkey) and WRITE over the data area (write_rkey).
+ * Fills *out; returns 0, HKV_EAUTH (unknown client or wrong ticket),
+ * -EINVAL, -EOPNOTSUPP (no windows), -EINPROGRESS (ask again), or the
+ * bind's error. *why is for the ERROR reply.
  */
 int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 		    struct hkv_ctl_granted *out, const char **why);
+/* Control plane: a connected writer asks for a segment of class cls
+ * (struct hkv_ctl_carve): 0 with *out filled, HKV_EFULL, -EINPROGRESS (a
+ * segment is being moved: ask again), HKV_EAUTH, -EPERM, -EINVAL. */
+int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
+		    struct hkv_ctl_carved *out, const char **why);
 
-/* Expire tickets not redeemed in time; put back the table entry of any
- * granted segment that another client changed (sweep); called from a 1 s
- * timer. */
+/* Expire tickets not redeemed in time; called from a 1 s timer. */
 void hkv_store_tick(struct hkv_store *s);
-/* Mark IDLE the OWNED segments of connected clients that stopped renewing
- * them (HKV_SEG_IDLE_MS); run every HKV_SEG_SWEEP_MS. */
-void hkv_store_idle_sweep(struct hkv_store *s);
+
+/* server/slab.c. Carve a segment for class cls (see hkv_store_carve). */
+int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_t *seg);
+/* A step of a move in progress, and a few segments' held blocks looked at;
+ * every HKV_SLAB_TICK_MS. */
+#define HKV_SLAB_TICK_MS 100
+void hkv_slab_tick(struct hkv_store *s);
+/* Warm restart, before any client: exact bitmaps, moves undone. */
+int hkv_slab_rebuild(struct hkv_store *s);
+void hkv_slab_fini(struct hkv_store *s);
 
 /* Cluster: every sane LIVE or PENDING item of the index, until fn answers
  * non-zero (which is returned). */

@@ -1,0 +1,596 @@
+/*
+ * slab.c - the server's side of the shared pools: carving segments into
+ * size classes, moving a segment from one class to another (memcached's
+ * slab mover), reclaiming abandoned held blocks, and rebuilding the
+ * bitmaps exactly at a warm restart. See docs/design.md, "Memory that
+ * flows".
+ *
+ * None of this runs per operation: a CARVE request comes once per segment's
+ * worth of memory that changes class, and the sweep looks at a few segments
+ * every HKV_SLAB_TICK_MS. The server writes the segment table alone; it
+ * evicts with the atomics a client's delete uses (mark the block's meta,
+ * then swing the slot), so clients working meanwhile are safe.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+#include "common/transport_int.h"
+#include "server/store.h"
+
+#define DRAIN_MAX_NS   (3000ull * 1000000ull) /* a move that does not finish is undone */
+#define RECLAIM_NS     ((uint64_t)HKV_HOLD_RECLAIM_MS * 1000000ull)
+#define SWEEP_SEGS     8 /* segments looked at per tick */
+#define VICTIM_SAMPLES 16
+
+/* atime's clock: Unix ms mod 2^32, as clients stamp it */
+static uint32_t now_ms32(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+}
+
+static uint8_t *base(const struct hkv_store *s)
+{
+	return s->region.base;
+}
+
+static uint64_t *table(const struct hkv_store *s)
+{
+	return (uint64_t *)(base(s) + s->geom->seg_table_off);
+}
+
+static uint64_t *bitmap(const struct hkv_store *s, uint32_t seg)
+{
+	return (uint64_t *)(base(s) + s->geom->bitmap_off + (uint64_t)seg * s->geom->bitmap_bytes);
+}
+
+static uint64_t seg_off(const struct hkv_store *s, uint32_t seg)
+{
+	return s->geom->data_off + (uint64_t)seg * s->geom->seg_size;
+}
+
+static struct hkv_block_hdr *block(const struct hkv_store *s, uint32_t seg, uint32_t cls,
+				   uint32_t b)
+{
+	return (struct hkv_block_hdr *)(base(s) + seg_off(s, seg) +
+					(uint64_t)b * s->geom->class_size[cls]);
+}
+
+static uint32_t nblocks(const struct hkv_store *s, uint32_t cls)
+{
+	return s->geom->seg_size / s->geom->class_size[cls];
+}
+
+static uint64_t word_mask(uint32_t nb, uint32_t w)
+{
+	uint32_t left = nb - w * 64;
+
+	return left >= 64 ? ~0ull : (1ull << left) - 1;
+}
+
+static uint64_t load(const uint64_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static uint64_t *stamp_word(struct hkv_block_hdr *h)
+{
+	return (uint64_t *)((uint8_t *)h + 16);
+}
+
+/* Is h a free block held under a stamp (bit clear, never written since)? */
+static int held_free(struct hkv_block_hdr *h, uint64_t *meta, uint64_t *stamp)
+{
+	enum hkv_block_state st;
+
+	*meta = load(&h->meta);
+	*stamp = load(stamp_word(h));
+	st = hkv_meta_state(*meta);
+	return (st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) && hkv_held_is(*stamp);
+}
+
+/* Take back an abandoned held block: its stamp goes (only if unchanged),
+ * then its bit is set. 1 if taken. */
+static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
+			uint64_t stamp)
+{
+	if (!__atomic_compare_exchange_n(stamp_word(h), &stamp, 0, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return 0;
+	__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
+	s->slab.held_reclaimed++;
+	return 1;
+}
+
+/* ---- sightings of held blocks ------------------------------------------------- */
+
+/* Record a held block seen now; returns when it was first seen under the
+ * same stamp and meta (in `prev`, sorted by offset), or now. */
+static uint64_t sighting(struct hkv_sightings *cur, const struct hkv_sightings *prev,
+			 uint64_t off, uint64_t stamp, uint64_t meta, uint64_t now)
+{
+	uint64_t first = now;
+	uint32_t lo = 0, hi = prev->n;
+
+	while (lo < hi) {
+		uint32_t mid = (lo + hi) / 2;
+
+		if (prev->v[mid].off < off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < prev->n && prev->v[lo].off == off && prev->v[lo].stamp == stamp &&
+	    prev->v[lo].meta == meta)
+		first = prev->v[lo].first_ns;
+	if (cur->n == cur->cap) {
+		uint32_t cap = cur->cap ? 2 * cur->cap : 64;
+		void *p = hkv_realloc(cur->v, cap * sizeof(*cur->v));
+
+		if (!p)
+			return now; /* forget it: seen again next time */
+		cur->v = p;
+		cur->cap = cap;
+	}
+	cur->v[cur->n++] = (struct hkv_sighting){off, stamp, meta, first};
+	return first;
+}
+
+static void sightings_swap(struct hkv_sightings *a, struct hkv_sightings *b)
+{
+	struct hkv_sightings t = *a;
+
+	*a = *b;
+	*b = t;
+	b->n = 0;
+}
+
+/* Held blocks of SHARED segment seg whose stamp has stood RECLAIM_NS. */
+static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
+{
+	uint64_t e = load(&table(s)[seg]);
+	uint32_t cls = hkv_seg_class(e), nb;
+	uint64_t *bits = bitmap(s, seg);
+
+	if (hkv_seg_state(e) != HKV_SEG_SHARED || cls >= s->geom->nclasses)
+		return;
+	nb = nblocks(s, cls);
+	for (uint32_t w = 0; w * 64 < nb; w++) {
+		uint64_t clear = ~load(&bits[w]) & word_mask(nb, w);
+
+		for (; clear; clear &= clear - 1) {
+			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
+			struct hkv_block_hdr *h = block(s, seg, cls, b);
+			uint64_t meta, stamp, off = (uint64_t)((uint8_t *)h - base(s));
+
+			if (!held_free(h, &meta, &stamp))
+				continue;
+			if (now - sighting(&s->slab.cur, &s->slab.prev, off, stamp, meta, now) >=
+			    RECLAIM_NS)
+				reclaim_held(s, seg, b, h, stamp);
+		}
+	}
+}
+
+/* ---- carving ------------------------------------------------------------------- */
+
+/* Segment seg (nobody claims in it: FREE, or DRAINING with every bit
+ * cleared by us) becomes SHARED in class cls: every block's first 24 bytes
+ * say UNUSED with generation floor, then the entry, then the bits. */
+static void carve(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t floor, uint64_t was)
+{
+	uint32_t nb = nblocks(s, cls);
+	uint64_t *bits = bitmap(s, seg);
+
+	for (uint32_t b = 0; b < nb; b++) {
+		struct hkv_block_hdr *h = block(s, seg, cls, b);
+
+		__atomic_store_n(&h->meta, hkv_meta_make(HKV_BLK_UNUSED, cls, floor),
+				 __ATOMIC_RELAXED);
+		__atomic_store_n((uint64_t *)&h->crc, 0, __ATOMIC_RELAXED); /* crc, vlen */
+		__atomic_store_n(stamp_word(h), 0, __ATOMIC_RELAXED);
+	}
+	__atomic_store_n(&table(s)[seg], hkv_seg_make(HKV_SEG_SHARED, cls, hkv_seg_epoch(was) + 1),
+			 __ATOMIC_RELEASE);
+	for (uint32_t w = 0; w * 64 < nb; w++)
+		__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+	s->slab.carved++;
+}
+
+/* Are all of SHARED segment seg's blocks free (every bit set)? */
+static int wholly_free(const struct hkv_store *s, uint32_t seg, uint32_t cls)
+{
+	uint32_t nb = nblocks(s, cls);
+
+	for (uint32_t w = 0; w * 64 < nb; w++)
+		if ((load(&bitmap(s, seg)[w]) & word_mask(nb, w)) != word_mask(nb, w))
+			return 0;
+	return 1;
+}
+
+/* Free blocks in SHARED segment seg, as counted now. */
+static uint32_t free_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cls)
+{
+	uint32_t nb = nblocks(s, cls), n = 0;
+
+	for (uint32_t w = 0; w * 64 < nb; w++)
+		n += (uint32_t)__builtin_popcountll(load(&bitmap(s, seg)[w]) & word_mask(nb, w));
+	return n;
+}
+
+/* ---- eviction by the server (cache mode, a segment being moved) ------------------ */
+
+/*
+ * Remove the LIVE item in block b of seg (class cls, meta as loaded) as a
+ * client's delete does: mark its meta LIVE -> OBSOLETE, then swing the slot
+ * that names it to 0, then set its bit. Only if a slot of its key names it
+ * (an unpublished block is left to its writer). 1 if evicted.
+ */
+static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t b,
+		       struct hkv_block_hdr *h, uint64_t meta)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), kh, b1, b2;
+	uint64_t *slots = (uint64_t *)(base(s) + g->index_off);
+	uint32_t gen = hkv_meta_gen(meta), klen = h->klen;
+	uint8_t key[HKV_MAX_KEY];
+
+	if (klen == 0 || klen > HKV_MAX_KEY || HKV_BLOCK_HDR + klen > g->class_size[cls])
+		return 0;
+	memcpy(key, h + 1, klen);
+	kh = hkv_key_hash(g, key, klen);
+	hkv_buckets_of(g, kh, &b1, &b2);
+	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
+		uint64_t *slot = &slots[(p < HKV_BUCKET_SLOTS ? b1 : b2) * HKV_BUCKET_SLOTS +
+					(uint64_t)(p % HKV_BUCKET_SLOTS)];
+		uint64_t sl = load(slot), m = meta;
+
+		if (!sl || hkv_slot_off(sl) != off || hkv_slot_class(sl) != cls ||
+		    hkv_slot_ver(sl) != (gen & 0x7ff))
+			continue;
+		if (!__atomic_compare_exchange_n(&h->meta, &m,
+						 hkv_meta_make(HKV_BLK_OBSOLETE, cls, gen), 0,
+						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			return 0; /* someone else retires it: theirs to free */
+		/* (lost: a writer's slot CAS beat ours after our mark; it is out of
+		 * the index either way, and we won the mark, so we free it) */
+		__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
+		s->slab.evicted++;
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- moving a segment ------------------------------------------------------------ */
+
+static void drain_start(struct hkv_store *s, uint32_t seg, uint32_t to)
+{
+	uint64_t e = load(&table(s)[seg]);
+	uint64_t d = hkv_seg_make(HKV_SEG_DRAINING, hkv_seg_class(e), hkv_seg_epoch(e) + 1);
+
+	__atomic_store_n(&table(s)[seg], d, __ATOMIC_RELEASE);
+	s->slab.drain_seg = (int64_t)seg;
+	s->slab.drain_from = hkv_seg_class(e);
+	s->slab.drain_to = to;
+	s->slab.drain_entry = d;
+	s->slab.drain_start_ns = hkv_now_ns();
+	s->slab.dcur.n = s->slab.dprev.n = 0;
+}
+
+static void drain_end(struct hkv_store *s)
+{
+	s->slab.drain_seg = -1;
+}
+
+/* Undo the move: the segment serves its own class again, as it is. */
+static void drain_abort(struct hkv_store *s)
+{
+	uint32_t seg = (uint32_t)s->slab.drain_seg;
+
+	__atomic_store_n(&table(s)[seg],
+			 hkv_seg_make(HKV_SEG_SHARED, s->slab.drain_from,
+				      hkv_seg_epoch(s->slab.drain_entry) + 1),
+			 __ATOMIC_RELEASE);
+	s->slab.drains_aborted++;
+	hkv_info("slab: moving segment %u from class %u to %u did not finish in %llu ms; undone",
+		 seg, s->slab.drain_from, s->slab.drain_to,
+		 (unsigned long long)(DRAIN_MAX_NS / 1000000ull));
+	drain_end(s);
+}
+
+/*
+ * One step of the move in progress: evict what the index names (cache
+ * mode), take back abandoned holds, and once every bit is set clear them
+ * all (CAS each full word to 0: a claimer that got in first makes it fail,
+ * and we look again) and carve the segment into its new class, generations
+ * continuing above the highest its old blocks had. 0 when carved,
+ * -EINPROGRESS, HKV_EFULL when undone.
+ */
+static int drain_step(struct hkv_store *s)
+{
+	uint32_t seg = (uint32_t)s->slab.drain_seg, cls = s->slab.drain_from, nb = nblocks(s, cls);
+	uint64_t *bits = bitmap(s, seg), now = hkv_now_ns();
+	int all = 1, cache = s->geom->flags & HKV_GEOM_F_CACHE;
+	uint32_t floor = 0, w;
+
+	for (w = 0; w * 64 < nb; w++) {
+		uint64_t clear = ~load(&bits[w]) & word_mask(nb, w);
+
+		for (; clear; clear &= clear - 1) {
+			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
+			struct hkv_block_hdr *h = block(s, seg, cls, b);
+			uint64_t meta = load(&h->meta), stamp, off;
+
+			if (cache && hkv_meta_state(meta) == HKV_BLK_LIVE &&
+			    evict_block(s, seg, cls, b, h, meta))
+				continue;
+			all = 0;
+			if (!held_free(h, &meta, &stamp))
+				continue;
+			off = (uint64_t)((uint8_t *)h - base(s));
+			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now) >=
+			    RECLAIM_NS)
+				reclaim_held(s, seg, b, h, stamp);
+		}
+	}
+	sightings_swap(&s->slab.dprev, &s->slab.dcur);
+	if (!all) {
+		if (now - s->slab.drain_start_ns > DRAIN_MAX_NS) {
+			drain_abort(s);
+			return HKV_EFULL;
+		}
+		return -EINPROGRESS;
+	}
+	for (w = 0; w * 64 < nb; w++) {
+		uint64_t full = word_mask(nb, w);
+
+		if (!__atomic_compare_exchange_n(&bits[w], &full, 0, 0, __ATOMIC_ACQ_REL,
+						 __ATOMIC_ACQUIRE)) {
+			while (w--) /* a claimer got in: its blocks come back; again later */
+				__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+			return -EINPROGRESS;
+		}
+	}
+	for (uint32_t b = 0; b < nb; b++) {
+		uint32_t gen = hkv_meta_gen(load(&block(s, seg, cls, b)->meta));
+
+		if (gen > floor)
+			floor = gen;
+	}
+	/* (a block written at gen floor anywhere in the segment: the new blocks
+	 * start above it, so no address sees a generation twice) */
+	carve(s, seg, s->slab.drain_to, floor + 1, s->slab.drain_entry);
+	s->slab.moved++;
+	hkv_info("slab: segment %u moved from class %u to class %u", seg, cls, s->slab.drain_to);
+	drain_end(s);
+	return 0;
+}
+
+/* Mean age (ms) of the LIVE items sampled in seg; empty segments are oldest. */
+static uint64_t segment_age(const struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t now)
+{
+	uint32_t nb = nblocks(s, cls), live = 0;
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < VICTIM_SAMPLES; i++) {
+		struct hkv_block_hdr *h = block(s, seg, cls, (uint32_t)((uint64_t)i * nb / VICTIM_SAMPLES));
+
+		if (hkv_meta_state(load(&h->meta)) != HKV_BLK_LIVE)
+			continue;
+		sum += (uint32_t)(now - __atomic_load_n(&h->atime, __ATOMIC_RELAXED));
+		live++;
+	}
+	return live ? sum / live : UINT64_MAX;
+}
+
+/*
+ * Cache mode: the segment to empty for class cls - of another class, not
+ * holding keep_off, from a class with two or more segments if there is one,
+ * and of those the one whose sampled items are oldest. -1 if none.
+ */
+static int64_t pick_victim(const struct hkv_store *s, uint32_t cls, uint64_t keep_off)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint32_t *count = hkv_calloc(g->nclasses, sizeof(*count)), now = now_ms32();
+	int64_t best = -1;
+	uint64_t best_age = 0;
+	int best_multi = 0;
+
+	if (!count)
+		return -1;
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]);
+
+		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) < g->nclasses)
+			count[hkv_seg_class(e)]++;
+	}
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]), age;
+		uint32_t c = hkv_seg_class(e);
+		int multi;
+
+		if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
+		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size))
+			continue;
+		multi = count[c] >= 2;
+		age = segment_age(s, i, c, now);
+		if (best < 0 || multi > best_multi || (multi == best_multi && age > best_age)) {
+			best = i;
+			best_age = age;
+			best_multi = multi;
+		}
+	}
+	hkv_free(count);
+	return best;
+}
+
+int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_t *seg)
+{
+	const struct hkv_geometry *g = s->geom;
+	int64_t victim = -1;
+	int ret;
+
+	if (cls >= g->nclasses)
+		return -EINVAL;
+	if (s->slab.drain_seg >= 0) {
+		uint32_t d = (uint32_t)s->slab.drain_seg, to = s->slab.drain_to;
+
+		ret = drain_step(s);
+		if (ret == -EINPROGRESS)
+			return ret;
+		if (ret == 0 && to == cls) {
+			*seg = d;
+			return 0;
+		}
+	}
+	/* memory another request just gave the class (an eighth of a segment free) */
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]);
+
+		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) == cls &&
+		    free_blocks(s, i, cls) * 8 >= nblocks(s, cls)) {
+			*seg = i;
+			return 0;
+		}
+	}
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]);
+
+		if (hkv_seg_state(e) == HKV_SEG_FREE) {
+			carve(s, i, cls, hkv_meta_gen(load(&block(s, i, cls, 0)->meta)), e);
+			hkv_debug("slab: segment %u carved into class %u", i, cls);
+			*seg = i;
+			return 0;
+		}
+	}
+	/* a wholly free segment of another class (deleted, flushed, evicted) */
+	for (uint32_t i = 0; i < g->nsegs && victim < 0; i++) {
+		uint64_t e = load(&table(s)[i]);
+
+		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) != cls &&
+		    hkv_seg_class(e) < g->nclasses && wholly_free(s, i, hkv_seg_class(e)))
+			victim = i;
+	}
+	if (victim < 0 && (g->flags & HKV_GEOM_F_CACHE))
+		victim = pick_victim(s, cls, keep_off);
+	if (victim < 0)
+		return HKV_EFULL;
+	drain_start(s, (uint32_t)victim, cls);
+	ret = drain_step(s);
+	if (ret == 0)
+		*seg = (uint32_t)victim;
+	return ret;
+}
+
+void hkv_slab_tick(struct hkv_store *s)
+{
+	uint64_t now = hkv_now_ns();
+
+	if (s->slab.drain_seg >= 0)
+		drain_step(s);
+	for (uint32_t k = 0; k < SWEEP_SEGS && k < s->geom->nsegs; k++) {
+		sweep_segment(s, s->slab.sweep_next, now);
+		if (++s->slab.sweep_next == s->geom->nsegs) { /* a pass is over */
+			s->slab.sweep_next = 0;
+			sightings_swap(&s->slab.prev, &s->slab.cur);
+		}
+	}
+}
+
+/* ---- warm restart --------------------------------------------------------------- */
+
+static int mark_named(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr *h,
+		      uint64_t meta)
+{
+	struct hkv_store *s = arg;
+	uint64_t u = (hkv_slot_off(sl) - s->geom->data_off) / HKV_BLOCK_ALIGN;
+
+	(void)slot;
+	(void)h;
+	(void)meta;
+	s->slab.named[u / 64] |= 1ull << (u % 64);
+	return 0;
+}
+
+/*
+ * No client is connected yet: every block of a SHARED segment is free
+ * unless a slot names it. So the bitmaps are rebuilt exactly - what dead
+ * clients held, wrote but never published, or freed without posting the
+ * bit comes back - and a move the old process left half done is undone.
+ */
+int hkv_slab_rebuild(struct hkv_store *s)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint64_t units = (uint64_t)g->nsegs * g->seg_size / HKV_BLOCK_ALIGN, freed = 0;
+
+	s->slab.named = hkv_calloc((units + 63) / 64, 8);
+	if (!s->slab.named)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = table(s)[i];
+
+		if (hkv_seg_state(e) == HKV_SEG_DRAINING)
+			table(s)[i] = hkv_seg_make(HKV_SEG_SHARED, hkv_seg_class(e),
+						   hkv_seg_epoch(e) + 1);
+		else if (hkv_seg_state(e) != HKV_SEG_SHARED && hkv_seg_state(e) != HKV_SEG_FREE)
+			table(s)[i] = hkv_seg_make(HKV_SEG_FREE, 0, hkv_seg_epoch(e) + 1);
+	}
+	hkv_store_walk(s, mark_named, s);
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = table(s)[i];
+		uint32_t cls = hkv_seg_class(e), nb;
+
+		if (hkv_seg_state(e) != HKV_SEG_SHARED)
+			continue;
+		if (cls >= g->nclasses) { /* garbage: the segment is lost, not served */
+			hkv_warn("store: segment %u has class %u; left out", i, cls);
+			continue;
+		}
+		nb = nblocks(s, cls);
+		for (uint32_t w = 0; w * 64 < nb; w++) {
+			uint64_t bits = 0;
+
+			for (uint32_t b = w * 64; b < nb && b < w * 64 + 64; b++) {
+				struct hkv_block_hdr *h = block(s, i, cls, b);
+				uint64_t u = ((uint64_t)((uint8_t *)h - base(s)) - g->data_off) /
+					     HKV_BLOCK_ALIGN;
+				enum hkv_block_state st = hkv_meta_state(h->meta);
+
+				if (s->slab.named[u / 64] >> (u % 64) & 1)
+					continue;
+				if (st == HKV_BLK_LIVE || st == HKV_BLK_PENDING)
+					h->meta = hkv_meta_make(HKV_BLK_OBSOLETE, cls,
+								hkv_meta_gen(h->meta)) |
+						  (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
+				if (hkv_held_is(*stamp_word(h)))
+					*stamp_word(h) = 0;
+				bits |= 1ull << (b % 64);
+			}
+			freed += (uint64_t)__builtin_popcountll(bits & ~bitmap(s, i)[w]);
+			bitmap(s, i)[w] = bits;
+		}
+	}
+	hkv_free(s->slab.named);
+	s->slab.named = NULL;
+	if (freed)
+		hkv_info("store: warm restart: %llu block(s) no slot names were free again",
+			 (unsigned long long)freed);
+	return 0;
+}
+
+void hkv_slab_fini(struct hkv_store *s)
+{
+	hkv_free(s->slab.prev.v);
+	hkv_free(s->slab.cur.v);
+	hkv_free(s->slab.dprev.v);
+	hkv_free(s->slab.dcur.v);
+	hkv_free(s->slab.named);
+	memset(&s->slab, 0, sizeof(s->slab));
+	s->slab.drain_seg = -1;
+}
