@@ -43,6 +43,7 @@
 #define CLAIM_MAX   16
 #define MAX_HINTS   64
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
+#define SURVEY_EVERY_NS  (10ull * 1000000ull)
 
 uint64_t hkv_rand(struct hkv_client *c)
 {
@@ -228,10 +229,33 @@ static int survey(struct hkv_client *c, uint32_t cls)
 		}
 	}
 	ca->scarce = nfree * 8 < total;
+	ca->survey_ns = hkv_now_ns();
 	c->stats.surveys++;
 	if (!ca->nhints)
 		ca->empty_survey_ns = hkv_now_ns();
 	return (int)ca->nhints;
+}
+
+/*
+ * A block we freed: its word becomes a hint (or its hint learns the bit),
+ * so we reuse what we free, as memcached's slabs do. A word we had no hint
+ * for goes to the front, tried last: its other bits are a guess (0), so its
+ * claim CAS most likely fails once and returns the word as it is.
+ */
+static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t blk)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+	uint32_t word = blk / 64;
+
+	for (uint32_t i = 0; i < ca->nhints; i++)
+		if (ca->hints[i].seg == seg && ca->hints[i].word == word) {
+			ca->hints[i].bits |= 1ull << (blk % 64);
+			return;
+		}
+	if (ca->nhints >= MAX_HINTS || push_hint(ca, seg, word, 0))
+		return;
+	memmove(ca->hints + 1, ca->hints, (ca->nhints - 1) * sizeof(*ca->hints));
+	ca->hints[0] = (struct hkv_hint){seg, word, 1ull << (blk % 64)};
 }
 
 /* How many blocks one claim takes: CLAIM_BYTES' worth, one when scarce. */
@@ -411,6 +435,13 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 			c->cur = (struct hkv_cur_alloc){hb.off, hb.claim_ns, cls, hb.gen, 0};
 			return 0;
 		}
+		/* down to the last hint: look at the whole class again now and
+		 * then, for blocks freed elsewhere since */
+		if (ca->nhints == 1 && now - ca->survey_ns > SURVEY_EVERY_NS) {
+			ret = survey(c, cls);
+			if (ret < 0)
+				return ret;
+		}
 		if (!ca->nhints) {
 			/* nothing free a moment ago: frees may land any time, but do not
 			 * survey more than every 200 us for nothing */
@@ -488,6 +519,7 @@ void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	 * connection failed, the free is lost with it (docs/design.md, Known gaps) */
 	(void)hkv_conn_post(c->conn, &wr, 1);
 	c->stats.blocks_freed++;
+	note_free(c, cls, seg, blk);
 }
 
 /* At close: every block we hold and may still give back goes back. */

@@ -127,6 +127,7 @@ struct hkv_class_alloc {
 	uint32_t pressure;      /* cache mode: this class had to evict */
 	uint32_t evict_pending; /* blocks evicted since the last claim */
 	uint64_t empty_survey_ns; /* the last survey found nothing to claim */
+	uint64_t survey_ns;       /* the last survey */
 };
 
 /* The block allocated for the write in progress. */

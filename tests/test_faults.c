@@ -94,6 +94,8 @@ enum counter {
 	C_VANDAL_WRITES,
 	C_VANDAL_BYTES,
 	C_PROGRESS,      /* writer: sets issued so far */
+	C_CLAIMED,       /* hkv_client_stats: blocks its claims took */
+	C_GIVEN_BACK,    /* hkv_client_stats: held blocks it gave back */
 	NCOUNTERS
 };
 
@@ -117,6 +119,8 @@ static const char *const counter_names[NCOUNTERS] = {
 	[C_VANDAL_WRITES] = "vandal_writes",
 	[C_VANDAL_BYTES] = "vandal_bytes",
 	[C_PROGRESS] = "progress",
+	[C_CLAIMED] = "claimed",
+	[C_GIVEN_BACK] = "given_back",
 };
 
 static unsigned long long cv(const uint64_t *cnt, enum counter i)
@@ -309,6 +313,7 @@ struct raw {
 	uint8_t *buf;
 	uint32_t rkey;  /* the accept's, or with memory windows the granted base window's */
 	uint32_t akey;  /* for atomics: rkey, or with windows the ATOMIC window's */
+	uint32_t wkey;  /* for WRITEs: rkey, or with windows the WRITE window's (data area) */
 	int windows;
 	uint32_t id;    /* client id */
 	uint8_t ticket[HKV_TICKET_LEN];
@@ -439,10 +444,11 @@ static int raw_op(struct raw *r, uint8_t op, uint64_t off, uint32_t len, uint32_
 	return hkv_conn_exec(r->conn, &wr, 1);
 }
 
-/* One READ or WRITE of the scratch buffer against region offset off: one round trip. */
+/* One READ or WRITE of the scratch buffer against region offset off: one round trip.
+ * (With windows a WRITE reaches only the data area.) */
 static int raw_xfer(struct raw *r, uint8_t op, uint64_t off, uint32_t len)
 {
-	return raw_op(r, op, off, len, r->rkey, 0, 0);
+	return raw_op(r, op, off, len, op == HKV_WR_WRITE ? r->wkey : r->rkey, 0, 0);
 }
 
 static void raw_close(struct raw *r)
@@ -487,7 +493,7 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 	r->ep = ep;
 	r->id = w.client_id;
 	memcpy(r->ticket, w.ticket, HKV_TICKET_LEN);
-	r->rkey = r->akey = hkv_conn_region(r->conn)->rkey;
+	r->rkey = r->akey = r->wkey = hkv_conn_region(r->conn)->rkey;
 	r->windows = !!(hkv_conn_region(r->conn)->access & HKV_ACCESS_WINDOWS);
 	if (r->windows) {
 		struct hkv_ctl_granted gr;
@@ -499,6 +505,7 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 		}
 		r->rkey = gr.rkey;
 		r->akey = gr.atomic_rkey;
+		r->wkey = gr.write_rkey;
 	}
 	r->buf = aligned_alloc(4096, RAW_BUF);
 	r->mr = r->buf ? hkv_conn_reg(r->conn, r->buf, RAW_BUF) : NULL;
@@ -512,42 +519,73 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 	return ret;
 }
 
-struct seg_census {
-	uint32_t free, owned, orphan, orphan_classes;
-	uint32_t orphan_of_cls; /* orphaned segments of the class asked about */
+/*
+ * The allocator's state as any client can read it: the segment table, and
+ * the free bits (set: free) of every SHARED segment, over the blocks of its
+ * class. Entries with a class the geometry has not are counted as garbage.
+ */
+struct bit_census {
+	uint32_t segs_free, segs_shared, segs_draining, segs_garbage;
+	uint64_t blocks;    /* blocks of the SHARED segments */
+	uint64_t free_bits; /* of those, free */
 };
 
-/* Does table entry e still give the segment to the owner of entry was, in
- * its class: as it was, or IDLE (the server saw its owner stop renewing)? */
-static int names_owner(uint64_t e, uint64_t was)
+static int bit_census(struct raw *r, struct bit_census *bc)
 {
-	return e == was || (hkv_seg_state(e) == HKV_SEG_IDLE &&
-			    hkv_seg_owner(e) == hkv_seg_owner(was) &&
-			    hkv_seg_class(e) == hkv_seg_class(was));
-}
+	const struct hkv_geometry *g = &r->g;
+	uint32_t per = RAW_BUF / g->bitmap_bytes;
+	uint64_t *tab = calloc(g->nsegs, 8);
+	int ret = !tab ? -ENOMEM : g->nsegs * 8ull > RAW_BUF ? -E2BIG : 0;
 
-static int seg_census(struct raw *r, uint32_t cls, struct seg_census *sc)
-{
-	uint8_t seen[256] = {0};
-	int ret = raw_xfer(r, HKV_WR_READ, r->g.seg_table_off, r->g.nsegs * 8);
+	memset(bc, 0, sizeof(*bc));
+	if (!ret)
+		ret = raw_xfer(r, HKV_WR_READ, g->seg_table_off, g->nsegs * 8);
+	if (!ret)
+		memcpy(tab, r->buf, (size_t)g->nsegs * 8);
+	for (uint32_t i = 0; !ret && i < g->nsegs; i += per) {
+		uint32_t n = g->nsegs - i < per ? g->nsegs - i : per;
 
-	memset(sc, 0, sizeof(*sc));
-	for (uint32_t i = 0; !ret && i < r->g.nsegs; i++) {
-		uint64_t e;
+		ret = raw_xfer(r, HKV_WR_READ, g->bitmap_off + (uint64_t)i * g->bitmap_bytes,
+			       n * g->bitmap_bytes);
+		for (uint32_t j = 0; !ret && j < n; j++) {
+			uint64_t e = tab[i + j];
+			uint32_t cls = hkv_seg_class(e), nb;
 
-		memcpy(&e, r->buf + (size_t)i * 8, 8);
-		switch (hkv_seg_state(e)) {
-		case HKV_SEG_FREE: sc->free++; break;
-		case HKV_SEG_OWNED:
-		case HKV_SEG_IDLE: sc->owned++; break; /* (idle: owned, not allocated in) */
-		case HKV_SEG_ORPHAN:
-			sc->orphan++;
-			sc->orphan_classes += !seen[hkv_seg_class(e)]++;
-			sc->orphan_of_cls += hkv_seg_class(e) == cls;
-			break;
+			if (hkv_seg_state(e) == HKV_SEG_FREE) {
+				bc->segs_free++;
+				continue;
+			}
+			if (hkv_seg_state(e) == HKV_SEG_DRAINING && cls < g->nclasses) {
+				bc->segs_draining++;
+				continue;
+			}
+			if (hkv_seg_state(e) != HKV_SEG_SHARED || cls >= g->nclasses) {
+				bc->segs_garbage++;
+				continue;
+			}
+			bc->segs_shared++;
+			nb = g->seg_size / g->class_size[cls];
+			bc->blocks += nb;
+			for (uint32_t w = 0; w * 64 < nb; w++) {
+				uint64_t bits;
+
+				memcpy(&bits, r->buf + (size_t)j * g->bitmap_bytes + (size_t)w * 8, 8);
+				if (nb - w * 64 < 64)
+					bits &= (1ull << (nb - w * 64)) - 1;
+				bc->free_bits += (uint64_t)__builtin_popcountll(bits);
+			}
 		}
 	}
+	free(tab);
 	return ret;
+}
+
+/* The free bits of the region, or UINT64_MAX if they cannot be read. */
+static uint64_t free_bits(struct raw *r)
+{
+	struct bit_census bc;
+
+	return bit_census(r, &bc) ? UINT64_MAX : bc.free_bits;
 }
 
 /* ---- worker processes ------------------------------------------------------------ */
@@ -996,6 +1034,156 @@ static int run_vandal(const struct worker_args *a)
 	return ret ? 2 : 0;
 }
 
+/* ---- the table vandal (test_garbage_table) ------------------------------------------- */
+
+/*
+ * Garbage into what the allocator trusts: segment table entries and bitmap
+ * words, by CAS (what every writer's ATOMIC rights allow, windows or not).
+ * Entries become random words, SHARED in another or a nonexistent class,
+ * DRAINING or FREE; bitmap words random, all free or none free.
+ */
+static int table_strike(struct raw *r, uint64_t *rs, uint64_t *cnt)
+{
+	const struct hkv_geometry *g = &r->g;
+	unsigned kind = (unsigned)(rnd(rs) % 100);
+	uint32_t seg = (uint32_t)(rnd(rs) % g->nsegs);
+	uint64_t off, old, val;
+	int ret;
+
+	if (kind < 50)
+		off = g->seg_table_off + (uint64_t)seg * 8;
+	else
+		off = g->bitmap_off + (uint64_t)seg * g->bitmap_bytes +
+		      rnd(rs) % (g->bitmap_bytes / 8) * 8;
+	if ((ret = raw_xfer(r, HKV_WR_READ, off, 8)))
+		return ret;
+	memcpy(&old, r->buf, 8);
+	if (kind < 20)
+		val = rnd(rs);
+	else if (kind < 35)
+		val = hkv_seg_make(HKV_SEG_SHARED, (uint32_t)(rnd(rs) % g->nclasses),
+				   hkv_seg_epoch(old) + 1);
+	else if (kind < 45)
+		val = hkv_seg_make(rnd(rs) % 2 ? HKV_SEG_FREE : HKV_SEG_DRAINING, hkv_seg_class(old),
+				   hkv_seg_epoch(old) + 1);
+	else if (kind < 50)
+		val = hkv_seg_make(HKV_SEG_SHARED, g->nclasses + (uint32_t)(rnd(rs) % 64),
+				   hkv_seg_epoch(old) + 1);
+	else if (kind < 75)
+		val = rnd(rs);
+	else if (kind < 90)
+		val = ~0ull;
+	else
+		val = 0;
+	cnt[C_VANDAL_WRITES]++;
+	cnt[C_VANDAL_BYTES] += 8;
+	return raw_op(r, HKV_WR_CAS, off, 8, r->akey, old, val);
+}
+
+/* Quiet for ms/8, garbage for 5ms/8, then gone (as run_vandal). */
+static int run_table_vandal(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, end, rs = seed_of(a->id + 2000);
+	uint64_t pace_us = strncmp(a->uri, "verbs:", 6) ? 1000 : 2000;
+	struct raw r;
+	int ret = raw_open(&r, a->uri, a->token_file);
+
+	if (ret) {
+		fprintf(stderr, "table vandal: cannot connect: %s\n", hkv_strerror(ret));
+		return 2;
+	}
+	sleep_ms((uint64_t)a->ms / 8);
+	end = now_ms() + (uint64_t)a->ms * 5 / 8;
+	while (!ret && now_ms() < end) {
+		ret = table_strike(&r, &rs, cnt);
+		usleep((useconds_t)pace_us);
+	}
+	if (ret)
+		fprintf(stderr, "table vandal: a READ or CAS failed: %s\n", hkv_strerror(ret));
+	raw_close(&r);
+	emit_counters(a->fd, cnt);
+	return ret ? 2 : 0;
+}
+
+/* ---- the holder (test_holder_killed) --------------------------------------------------- */
+
+/* Classes whose claims take two blocks or more (16 KiB's worth, client/alloc.c). */
+#define HOLD_MAX_CLASS 8192
+
+/* The value length that makes key's item fill a block of class cls exactly. */
+static size_t class_vlen(const struct hkv_geometry *g, uint32_t cls, const char *key)
+{
+	return g->class_size[cls] - HKV_BLOCK_HDR - strlen(key);
+}
+
+/* One item, of 'prefix' bytes, in every class of up to HOLD_MAX_CLASS bytes;
+ * how many sets succeeded. */
+static int set_per_class(struct hkv_client *c, char prefix)
+{
+	static uint8_t val[HOLD_MAX_CLASS];
+	char key[16];
+	int ok = 0;
+
+	memset(val, prefix, sizeof(val));
+	for (uint32_t cls = 0; cls < c->g.nclasses && c->g.class_size[cls] <= HOLD_MAX_CLASS;
+	     cls++) {
+		key_name(key, sizeof(key), prefix, (int)cls);
+		ok += !hkv_set(c, key, strlen(key), val, class_vlen(&c->g, cls, key), NULL);
+	}
+	return ok;
+}
+
+/* How many of set_per_class()' items are there; those that do not read back
+ * whole (or fail to delete) counted in *bad. Deletes them. */
+static int check_and_delete_per_class(struct hkv_client *c, char prefix, int *bad)
+{
+	static uint8_t got[HOLD_MAX_CLASS];
+	char key[16];
+	int found = 0;
+
+	*bad = 0;
+	for (uint32_t cls = 0; cls < c->g.nclasses && c->g.class_size[cls] <= HOLD_MAX_CLASS;
+	     cls++) {
+		size_t vlen = 0, want;
+		int ret;
+
+		key_name(key, sizeof(key), prefix, (int)cls);
+		want = class_vlen(&c->g, cls, key);
+		ret = hkv_get(c, key, strlen(key), got, sizeof(got), &vlen, NULL);
+		if (ret == HKV_ENOTFOUND)
+			continue;
+		found++;
+		for (size_t i = 0; !ret && i < vlen; i++)
+			ret = got[i] == (uint8_t)prefix ? 0 : HKV_ECORRUPT;
+		if (ret || vlen != want)
+			(*bad)++;
+		if (!ret && hkv_delete(c, key, strlen(key)))
+			(*bad)++;
+	}
+	return found;
+}
+
+/* The client that is stopped, then killed, holding blocks it claimed: one
+ * item per class, its counters and "ready", then SIGSTOP. */
+static int run_holder(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0};
+	struct hkv_client_stats st;
+	struct hkv_client *c = worker_client(a);
+
+	if (!c)
+		return 2;
+	cnt[C_SETS_OK] = (uint64_t)set_per_class(c, 'h');
+	hkv_client_stats(c, &st);
+	cnt[C_CLAIMED] = st.blocks_claimed;
+	cnt[C_GIVEN_BACK] = st.blocks_given_back;
+	emit_counters(a->fd, cnt);
+	write_full(a->fd, "ready\n", 6);
+	raise(SIGSTOP);
+	sleep_ms((uint64_t)a->ms); /* (not reached: SIGKILLed while stopped) */
+	return 0;
+}
+
 static int nf_run_load(const struct worker_args *a); /* test_netdev_flap's children */
 static int nf_run_read(const struct worker_args *a);
 
@@ -1016,6 +1204,10 @@ static int worker_main(int argc, char **argv)
 		return run_writer(&a);
 	if (!strcmp(a.role, "vandal"))
 		return run_vandal(&a);
+	if (!strcmp(a.role, "tablevandal"))
+		return run_table_vandal(&a);
+	if (!strcmp(a.role, "holder"))
+		return run_holder(&a);
 	if (!strcmp(a.role, "flap-load"))
 		return nf_run_load(&a);
 	if (!strcmp(a.role, "flap-read"))
@@ -1304,6 +1496,63 @@ static void test_garbage(void)
 	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
 }
 
+/*
+ * test_garbage_table: what test_garbage leaves out. A writer's ATOMIC
+ * rights reach the segment table and the bitmaps (they must: claims are CAS
+ * on bitmap words), so a client can CAS garbage there - the table vandal
+ * does, while reader/writer clients run. Clients may fail sets (HKV_EFULL,
+ * HKV_EAGAIN) and miss items whose segments the garbage made the server
+ * carve again; they must never crash, never return a value nobody wrote for
+ * its key, never fail otherwise; the server must keep serving, and a fresh
+ * client after the vandal reads straight back what it sets.
+ */
+static void test_garbage_table(void)
+{
+	const int nrw = use_verbs ? 2 : MAX_RW, ms = use_verbs ? 12000 : 4000;
+	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
+	struct worker w[MAX_RW + 1];
+	struct bit_census bc = {0};
+	struct hkvserver s;
+	struct raw r;
+	int crashed = 0, alive;
+
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", NULL) == 0);
+	for (int i = 0; i <= nrw; i++)
+		if (spawn_worker(&w[i], &s, i < nrw ? "rw" : "tablevandal", i + 1, ms)) {
+			perror("spawn_worker");
+			abort();
+		}
+	for (int i = 0; i <= nrw; i++) {
+		wait_worker(&w[i], ms + 60000);
+		crashed += !worker_ok(&w[i]);
+		for (int k = 0; k < NCOUNTERS; k++)
+			sum[k] += w[i].cnt[k];
+	}
+	if (!raw_open(&r, s.uri, s.token_file)) {
+		bit_census(&r, &bc);
+		raw_close(&r);
+	}
+	printf("# garbage table: %d clients for %.1f s; vandal: %llu CASes into the segment "
+	       "table and bitmaps; then %u segments SHARED, %u FREE, %u DRAINING, %u garbage\n",
+	       nrw, (now_ms() - t0) / 1000.0, cv(sum, C_VANDAL_WRITES), bc.segs_shared,
+	       bc.segs_free, bc.segs_draining, bc.segs_garbage);
+	print_rw_counts("clients", sum);
+	if (server_alive(&s))
+		fresh_client_pass(&s, fresh);
+	print_rw_counts("fresh client after the vandal", fresh);
+	printf("#   its own sets read straight back: %llu missing, %llu older values\n",
+	       cv(fresh, C_RB_MISS), cv(fresh, C_RB_STALE));
+	alive = server_alive(&s);
+	hkvserver_stop(&s);
+	CHECK(alive);
+	CHECK(crashed == 0);
+	CHECK(sum[C_BAD] == 0 && fresh[C_BAD] == 0);
+	CHECK(sum[C_OTHER] == 0 && fresh[C_OTHER] == 0);
+	CHECK(sum[C_VANDAL_WRITES] > 0);
+	CHECK(sum[C_HITS] > 0 && fresh[C_SETS_OK] > 0);
+	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
+}
+
 /* Store n values "value of PREFIX-i" under keys PREFIX-i; 0 or the error. */
 static int put_values(struct hkv_client *c, const char *prefix, int n)
 {
@@ -1340,52 +1589,24 @@ static int bad_values(struct hkv_client *c, const char *prefix, int n)
 
 /*
  * Memory windows (verbs): what a client's rkeys can and cannot reach, tried
- * at the NIC with raw RDMA next to a library client `a` holding data. Every
- * refused access fails the raw connection (a QP in error), so the raw client
- * connects again after each - as a new client, with new windows.
+ * at the NIC with raw RDMA next to a library client `a` holding data. Since
+ * layout 3 a writer's base GRANT is all it gets: READ over the region,
+ * ATOMIC past the header, WRITE over the data area (any block: the trust
+ * model of shared pools). The header, the segment table, the bitmaps and
+ * the index stay out of every WRITE, and a read-only client WRITEs nothing.
+ * Every refused access fails the raw connection (a QP in error), so the raw
+ * client connects again after each - as a new client, with new windows.
  */
-static int win_denied(struct raw *r, const struct hkvserver *s, uint8_t op, uint64_t off,
-		      uint32_t rkey, const char *what)
+static int win_denied(struct raw *r, const struct hkvserver *s, const char *token_file,
+		      uint8_t op, uint64_t off, uint32_t rkey, const char *what)
 {
 	int rc = raw_op(r, op, off, 8, rkey, 0, 0);
 
 	printf("# windows: %s -> %s\n", what, hkv_strerror(rc));
 	raw_close(r);
-	if (raw_open(r, s->uri, s->token_file))
+	if (raw_open(r, s->uri, token_file))
 		return -1;
 	return rc == HKV_EREMOTE_ACCESS ? 0 : -1;
-}
-
-/* The segment table into tab (nsegs entries). */
-static int win_table(struct raw *r, uint64_t *tab)
-{
-	int rc = raw_xfer(r, HKV_WR_READ, r->g.seg_table_off, r->g.nsegs * 8);
-
-	if (!rc)
-		memcpy(tab, r->buf, r->g.nsegs * 8);
-	return rc;
-}
-
-/* Take a FREE segment of class cls for r the way a client claims one (a CAS
- * with its base rights); its index, or -1. */
-static int take_free_segment(struct raw *r, uint32_t cls)
-{
-	uint64_t tab[4096];
-
-	if (r->g.nsegs > 4096 || win_table(r, tab))
-		return -1;
-	for (uint32_t i = 0; i < r->g.nsegs; i++) {
-		uint64_t e = tab[i], mine;
-
-		if (hkv_seg_state(e) != HKV_SEG_FREE)
-			continue;
-		mine = hkv_seg_make(HKV_SEG_OWNED, cls, r->id, hkv_seg_epoch(e) + 1);
-		if (raw_op(r, HKV_WR_CAS, r->g.seg_table_off + i * 8ull, 8, r->akey, e, mine))
-			return -1;
-		if (!memcmp(r->buf, &e, 8))
-			return (int)i;
-	}
-	return -1;
 }
 
 /* The server's count of bound windows in its last disconnect log line (-1: none yet). */
@@ -1410,23 +1631,54 @@ static int win_bound_logged(const struct hkvserver *s)
 	return n;
 }
 
-static uint64_t win_seg_off(const struct raw *r, int seg)
+/* Every WRITE into the allocator's metadata and the index fails at the NIC,
+ * with each of the writer's three rkeys. */
+static int win_metadata_denied(struct raw *r, const struct hkvserver *s)
 {
-	return r->g.data_off + (uint64_t)seg * r->g.seg_size;
+	const struct {
+		const char *name;
+		uint64_t off;
+	} part[] = {
+		{"the region header", 0},
+		{"the segment table", r->g.seg_table_off},
+		{"a bitmap", r->g.bitmap_off + 8},
+		{"the index", r->g.index_off},
+		{"the word below the data area", r->g.data_off - 8},
+	};
+	int bad = 0;
+
+	for (size_t i = 0; i < sizeof(part) / sizeof(part[0]); i++) {
+		const uint32_t key[3] = {r->rkey, r->akey, r->wkey};
+		const char *const kname[3] = {"READ", "ATOMIC", "WRITE"};
+
+		for (int k = 0; k < 3; k++) {
+			char what[160];
+
+			snprintf(what, sizeof(what), "WRITE into %s with the %s rkey", part[i].name,
+				 kname[k]);
+			bad += win_denied(r, s, s->token_file, HKV_WR_WRITE, part[i].off, key[k],
+					  what) != 0;
+		}
+	}
+	return bad;
 }
 
 static void test_windows(void)
 {
-	const char *const lim[] = {"--max-segments-per-client", "2", NULL};
-	struct hkv_ctl_granted g1, g2, gx;
+	char ro_file[160];
+	const char *const ro[] = {"--ro-token-file", ro_file, NULL};
+	struct hkv_ctl_granted gx;
 	struct hkv_client_stats st;
 	struct hkvserver s;
 	struct hkv_client *a;
-	struct raw r, r2;
-	uint64_t tab[4096], mine;
-	int a_seg = -1, s1, s2, s3, bad = 0;
+	struct raw r, r2, rr;
+	uint64_t last, was;
+	uint32_t old_wkey;
+	int bad = 0;
 
-	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", lim) == 0);
+	snprintf(ro_file, sizeof(ro_file), "/tmp/hkv-win-ro-%d.token", (int)getpid());
+	unlink(ro_file);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", ro) == 0);
 	a = hkvserver_client(&s);
 	CHECK_RC(put_values(a, "win", 50), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
@@ -1438,88 +1690,67 @@ static void test_windows(void)
 		raw_close(&r);
 		hkv_close(a);
 		hkvserver_stop(&s);
+		unlink(ro_file);
 		return;
 	}
 	CHECK(r.windows);
-	CHECK(r.g.nsegs <= 4096);
-	CHECK_RC(win_table(&r, tab), 0);
-	for (uint32_t i = 0; i < r.g.nsegs && a_seg < 0; i++)
-		if (hkv_seg_state(tab[i]) == HKV_SEG_OWNED && hkv_seg_owner(tab[i]) != r.id)
-			a_seg = (int)i;
-	CHECK(a_seg >= 0);
 
-	/* base rights: READ over the region, ATOMIC past the header, no WRITE */
-	CHECK(r.akey && r.akey != r.rkey);
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, r.g.index_off, r.rkey,
-			 "WRITE into the index with the base rkey") == 0);
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, r.g.index_off, r.akey,
-			 "WRITE into the index with the atomic rkey") == 0);
-	CHECK(win_denied(&r, &s, HKV_WR_CAS, 0, r.akey,
-			 "CAS on the region header with the atomic rkey") == 0);
-	CHECK(win_denied(&r, &s, HKV_WR_CAS, 0, r.rkey,
-			 "CAS on the region header with the base rkey") == 0);
-	CHECK_RC(raw_op(&r, HKV_WR_FAA, r.g.index_off, 8, r.akey, 0, 0), 0); /* adds 0 */
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, win_seg_off(&r, a_seg), r.rkey,
-			 "WRITE into another client's segment with the base rkey") == 0);
-	/* the server grants only what the segment table says is yours */
-	CHECK_RC(raw_grant(&r, (uint32_t)a_seg, &gx), -EPERM);
+	/* base rights: three windows, three rkeys */
+	CHECK(r.akey && r.wkey && r.akey != r.rkey && r.wkey != r.rkey && r.wkey != r.akey);
+	CHECK(win_metadata_denied(&r, &s) == 0);
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_CAS, 0, r.akey,
+			 "CAS on the region header with the ATOMIC rkey") == 0);
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_CAS, r.g.index_off, r.rkey,
+			 "CAS on the index with the READ rkey") == 0);
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_CAS, r.g.index_off, r.wkey,
+			 "CAS on the index with the WRITE rkey") == 0);
+	/* what a writer needs: atomics on the index and the bitmaps (adding 0) */
+	CHECK_RC(raw_op(&r, HKV_WR_FAA, r.g.index_off, 8, r.akey, 0, 0), 0);
+	CHECK_RC(raw_op(&r, HKV_WR_FAA, r.g.bitmap_off, 8, r.akey, 0, 0), 0);
+	/* and WRITEs anywhere in the data area (the region's last word, written as it is) */
+	last = r.g.data_off + (uint64_t)r.g.nsegs * r.g.seg_size - 8;
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, last, 8), 0);
+	memcpy(&was, r.buf, 8);
+	CHECK_RC(raw_op(&r, HKV_WR_WRITE, last, 8, r.wkey, 0, 0), 0);
+	CHECK_RC(raw_xfer(&r, HKV_WR_READ, last, 8), 0);
+	CHECK(!memcmp(r.buf, &was, 8));
+	printf("# windows: WRITE into the data area with the WRITE rkey -> ok\n");
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_WRITE, last, r.rkey,
+			 "WRITE into the data area with the READ rkey") == 0);
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_WRITE, last, r.akey,
+			 "WRITE into the data area with the ATOMIC rkey") == 0);
+	/* per-segment GRANTs are gone */
+	CHECK_RC(raw_grant(&r, 0, &gx), -EINVAL);
 	CHECK_RC(raw_grant(&r, r.g.nsegs, &gx), -EINVAL);
-	printf("# windows: GRANT of another client's segment -> %s\n", hkv_strerror(-EPERM));
-
-	/* a segment of our own: its window takes WRITEs, and only there */
-	s1 = take_free_segment(&r, 0);
-	CHECK(s1 >= 0);
-	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
-	CHECK(g1.off == win_seg_off(&r, s1) && g1.len == r.g.seg_size &&
-	      g1.access == HKV_ACCESS_WRITE && g1.rkey != r.rkey);
-	memcpy(r.buf, "windowed", 8);
-	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off + 64, 8, g1.rkey, 0, 0), 0);
-	CHECK_RC(raw_xfer(&r, HKV_WR_READ, g1.off + 64, 8), 0);
-	CHECK(!memcmp(r.buf, "windowed", 8));
-	printf("# windows: WRITE into its own segment %d with that segment's rkey -> ok\n", s1);
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, win_seg_off(&r, a_seg), g1.rkey,
-			 "WRITE into another client's segment with its own segment's rkey") == 0);
-
-	/* --max-segments-per-client 2, kept by the server: a third window is refused */
-	s1 = take_free_segment(&r, 0);
-	s2 = take_free_segment(&r, 0);
-	s3 = take_free_segment(&r, 0);
-	CHECK(s1 >= 0 && s2 >= 0 && s3 >= 0);
-	CHECK_RC(raw_grant(&r, (uint32_t)s1, &g1), 0);
-	CHECK_RC(raw_grant(&r, (uint32_t)s2, &g2), 0);
-	CHECK_RC(raw_grant(&r, (uint32_t)s3, &gx), HKV_EFULL);
-	printf("# windows: a 3rd segment window with --max-segments-per-client 2 -> %s\n",
-	       hkv_strerror(HKV_EFULL));
+	printf("# windows: GRANT of a segment -> %s\n", hkv_strerror(-EINVAL));
 
 	/* keys are per connection: another client cannot use them */
 	CHECK_RC(raw_open(&r2, s.uri, s.token_file), 0);
-	CHECK(win_denied(&r2, &s, HKV_WR_READ, 0, r.rkey,
-			 "READ with another connection's base rkey") == 0);
-	CHECK(win_denied(&r2, &s, HKV_WR_WRITE, g1.off, g1.rkey,
-			 "WRITE with another connection's segment rkey") == 0);
-
-	/* a granted segment stays its client's while it is connected: a table entry
-	 * CASed away from it (here to FREE) is put back by the server's 1 s sweep,
-	 * and its window keeps working */
-	CHECK_RC(win_table(&r, tab), 0);
-	mine = tab[s2];
-	CHECK(hkv_seg_state(mine) == HKV_SEG_OWNED && hkv_seg_owner(mine) == (r.id & 0xffff));
-	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)s2 * 8, 8, r.akey, mine,
-			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(mine) + 1)), 0);
-	sleep_ms(1500);
-	CHECK_RC(win_table(&r, tab), 0);
-	/* (put back as it was, or by now IDLE: this raw client never renews) */
-	printf("# windows: a granted segment's entry CASed to FREE: %s 1.5 s later\n",
-	       names_owner(tab[s2], mine) ? "put back" : "NOT put back");
-	CHECK(names_owner(tab[s2], mine));
-	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g2.off, 8, g2.rkey, 0, 0), 0);
-	CHECK_RC(raw_op(&r, HKV_WR_WRITE, g1.off, 8, g1.rkey, 0, 0), 0);
+	CHECK(win_denied(&r2, &s, s.token_file, HKV_WR_READ, 0, r.rkey,
+			 "READ with another connection's READ rkey") == 0);
+	CHECK(win_denied(&r2, &s, s.token_file, HKV_WR_WRITE, last, r.wkey,
+			 "WRITE with another connection's WRITE rkey") == 0);
 
 	/* a new connection: the old one's keys died with it */
+	old_wkey = r.wkey;
 	raw_close(&r);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	CHECK(win_denied(&r, &s, HKV_WR_WRITE, g1.off, g1.rkey,
-			 "WRITE with a segment rkey of this client's previous connection") == 0);
+	CHECK(win_denied(&r, &s, s.token_file, HKV_WR_WRITE, last, old_wkey,
+			 "WRITE with the WRITE rkey of this client's previous connection") == 0);
+
+	/* a read-only client: READ only, at the NIC */
+	CHECK_RC(raw_open(&rr, s.uri, ro_file), 0);
+	CHECK(rr.windows && !rr.akey && !rr.wkey);
+	CHECK_RC(raw_xfer(&rr, HKV_WR_READ, last, 8), 0);
+	CHECK(win_denied(&rr, &s, ro_file, HKV_WR_WRITE, last, rr.rkey,
+			 "read-only client: WRITE into the data area with its rkey") == 0);
+	CHECK(win_denied(&rr, &s, ro_file, HKV_WR_WRITE, r.g.index_off, rr.rkey,
+			 "read-only client: WRITE into the index with its rkey") == 0);
+	CHECK(win_denied(&rr, &s, ro_file, HKV_WR_CAS, r.g.index_off, rr.rkey,
+			 "read-only client: CAS on the index with its rkey") == 0);
+	CHECK(win_denied(&rr, &s, ro_file, HKV_WR_WRITE, last, r.wkey,
+			 "read-only client: WRITE with a writer's WRITE rkey") == 0);
+	raw_close(&rr);
 
 	/* the library client never noticed: every value as written, sets work */
 	bad = bad_values(a, "win", 50);
@@ -1528,7 +1759,7 @@ static void test_windows(void)
 	printf("# windows: the library client's 50 values intact (%d bad), %llu windows granted "
 	       "to it\n", bad, (unsigned long long)st.grants);
 	CHECK(bad == 0);
-	CHECK(st.grants >= 2); /* its base rights and at least one segment */
+	CHECK(st.grants == 3); /* its base rights: READ, ATOMIC, WRITE */
 	/* closing a connection deallocates its windows: once the raw clients
 	 * are gone, only the library client's remain bound */
 	raw_close(&r2);
@@ -1540,6 +1771,7 @@ static void test_windows(void)
 	CHECK(win_bound_logged(&s) == (int)st.grants);
 	hkv_close(a);
 	hkvserver_stop(&s);
+	unlink(ro_file);
 }
 
 /* ---- test_sigkill_writer ----------------------------------------------------------- */
@@ -1608,18 +1840,6 @@ static int run_and_kill_writer(const struct hkvserver *s)
 	return ret;
 }
 
-/* Until the server has orphaned every segment (nobody else is connected). */
-static int wait_orphaned(struct raw *r, struct seg_census *sc, uint64_t *waited_ms)
-{
-	uint64_t t0 = now_ms();
-	int ret;
-
-	while (!(ret = seg_census(r, 0, sc)) && sc->owned && now_ms() - t0 < 15000)
-		sleep_ms(2);
-	*waited_ms = now_ms() - t0;
-	return ret ? ret : sc->owned ? HKV_ETIMEDOUT : 0;
-}
-
 struct key_census {
 	int present, absent, bad, other, del_fail;
 };
@@ -1660,67 +1880,93 @@ static void census_and_clear(const struct hkvserver *s, struct key_census *kc)
 	free(x);
 }
 
-/* The class of the refill's items (keys "a-0".."a-999999" all land in the same one). */
-static uint32_t fill_class(const struct hkv_geometry *g)
+/* How many FILL_VLEN-byte items fit in a fresh store of `memory` bytes
+ * (64 KiB segments); 0 if the fill did not end in HKV_EFULL. */
+static int fresh_fill_count(const char *memory)
 {
-	return (uint32_t)hkv_class_for(g, HKV_BLOCK_HDR + (uint32_t)strlen("a-1000") + FILL_VLEN);
+	struct hkvserver s;
+	struct hkv_client *c;
+	int n = 0, ret;
+
+	if (hkvserver_start(&s, use_verbs, memory, "64K", NULL))
+		return 0;
+	c = hkvserver_client(&s);
+	ret = fill_store(c, "f", &n);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	return ret == HKV_EFULL ? n : 0;
 }
 
-/* After the kill: census of the writer's keys, then refill; counts in *n. */
-static int refill_after_kill(const struct hkvserver *s, struct raw *r, struct key_census *kc,
-			     struct seg_census *sc, int *n)
+/*
+ * Until at most `slack` blocks of the SHARED segments are neither free nor
+ * stored items (`items` of them), or timeout_ms: 0, or HKV_ETIMEDOUT; the
+ * blocks still pinned in *pinned.
+ */
+static int wait_blocks_back(struct raw *r, uint64_t items, uint64_t slack, uint64_t timeout_ms,
+			    uint64_t *pinned)
 {
-	struct hkv_client *c;
+	uint64_t t0 = now_ms();
+	struct bit_census bc;
 	int ret;
 
-	census_and_clear(s, kc);
-	c = hkvserver_client(s);
-	ret = fill_store(c, "a", n);
-	if (seg_census(r, fill_class(&r->g), sc)) /* while the filler still owns its segments */
-		ret = HKV_ETRANSPORT;
-	hkv_close(c);
-	return ret;
+	for (;;) {
+		if ((ret = bit_census(r, &bc)))
+			return ret;
+		*pinned = bc.blocks - bc.free_bits > items ? bc.blocks - bc.free_bits - items : 0;
+		if (*pinned <= slack)
+			return 0;
+		if (now_ms() - t0 >= timeout_ms)
+			return HKV_ETIMEDOUT;
+		sleep_ms(20);
+	}
 }
+
+/*
+ * What one set in flight can strand when its client dies, until a warm
+ * restart: its claim's blocks if it died between the claim CAS and posting
+ * their HELD stamps (up to 16: they carry no stamp for the sweep to see),
+ * the block it wrote and had not published, and the block it retired and
+ * had not yet freed.
+ */
+#define KILL_SLACK (16 + 2)
 
 static void test_sigkill_writer(void)
 {
-	struct seg_census before = {0}, after = {0};
 	struct key_census kc = {0};
-	int n_fresh = 0, n_after = 0, ret_fresh, ret_after = -1, killed, ret;
-	uint64_t waited = 0;
+	int n_fresh, n_after = 0, ret_after = -1, killed, ret;
+	uint64_t t_kill, spent, pinned = 0;
 	struct hkvserver s;
 	struct hkv_client *c;
-	struct raw r;
+	struct raw r = {0};
 
 	/* A store that never had the dead client: how many items fit. */
-	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
-	c = hkvserver_client(&s);
-	ret_fresh = fill_store(c, "f", &n_fresh);
-	hkv_close(c);
-	hkvserver_stop(&s);
-	CHECK_RC(ret_fresh, HKV_EFULL);
+	n_fresh = fresh_fill_count("4M");
+	CHECK(n_fresh > 0);
 
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
 	killed = run_and_kill_writer(&s);
+	t_kill = now_ms();
+	/* its keys: absent or whole; the survivors are deleted (their blocks freed) */
+	census_and_clear(&s, &kc);
 	ret = raw_open(&r, s.uri, s.token_file);
+	/* the blocks it held come back by the server's sweep (HELD stamps that
+	 * stood HKV_HOLD_RECLAIM_MS), within 5 s of the kill */
+	spent = now_ms() - t_kill;
 	if (!ret)
-		ret = wait_orphaned(&r, &before, &waited);
-	printf("# its segments: %u orphaned within %llu ms of the kill (%u size classes), %u free, "
-	       "%u owned\n",
-	       before.orphan, (unsigned long long)waited, before.orphan_classes, before.free,
-	       before.owned);
+		ret = wait_blocks_back(&r, 0, KILL_SLACK, spent < 5000 ? 5000 - spent : 0, &pinned);
+	printf("# after the kill: %d keys whole, %d absent, %d torn/invalid, %d other errors; "
+	       "%.1f s after it, %llu block(s) neither free nor stored (at most %d allowed)\n",
+	       kc.present, kc.absent, kc.bad, kc.other, (now_ms() - t_kill) / 1000.0,
+	       (unsigned long long)pinned, KILL_SLACK);
 	if (!ret) {
-		ret_after = refill_after_kill(&s, &r, &kc, &after, &n_after);
-		raw_close(&r);
+		c = hkvserver_client(&s);
+		ret_after = fill_store(c, "a", &n_after);
+		hkv_close(c);
 	}
-	printf("# after the kill: %d keys whole, %d absent, %d torn/invalid, %d other errors\n",
-	       kc.present, kc.absent, kc.bad, kc.other);
+	if (r.conn)
+		raw_close(&r);
 	printf("# items of %d B: %d in a fresh store, %d after the dead client (%.1f%%)\n",
 	       FILL_VLEN, n_fresh, n_after, n_fresh ? 100.0 * n_after / n_fresh : 0.0);
-	printf("#   then %u segments owned by the filler, %u free, %u still orphaned: %u of the "
-	       "filler's class, %u of %u other classes\n",
-	       after.owned, after.free, after.orphan, after.orphan_of_cls,
-	       after.orphan - after.orphan_of_cls, after.orphan_classes - !!after.orphan_of_cls);
 	hkvserver_stop(&s);
 	CHECK(killed == 0);
 	CHECK_RC(ret, 0);
@@ -1728,6 +1974,80 @@ static void test_sigkill_writer(void)
 	CHECK(kc.present > 0);
 	CHECK_RC(ret_after, HKV_EFULL);
 	CHECK(n_after >= n_fresh * 9 / 10);
+}
+
+/*
+ * test_holder_killed: a client stopped (SIGSTOP) while it holds claimed
+ * blocks, then SIGKILLed. It stored one item in every class of up to 8 KiB,
+ * each from a claim of several blocks, so it held the rest of every claim,
+ * stamped HELD. Nobody gives those back but the server's sweep: within 5 s
+ * of the kill the region's free bits must be what they were before it
+ * claimed, less exactly the items it stored; then, with every item deleted,
+ * another client fills the store as far as in a fresh one.
+ */
+static void test_holder_killed(void)
+{
+	uint64_t f0 = 0, f1 = 0, f2 = 0, t_kill, waited;
+	int n_fresh, n_after = 0, ret_after = -1, pre, h_found = 0, h_bad = 0, p_bad = 0;
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct worker w;
+	struct raw r;
+	uint64_t end;
+
+	n_fresh = fresh_fill_count("4M");
+	CHECK(n_fresh > 0);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	/* every class the holder uses has a segment first, so that its claims
+	 * are all from segments already there (the free bits before it) */
+	c = hkvserver_client(&s);
+	pre = set_per_class(c, 'p');
+	hkv_close(c); /* gives back what it held */
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	f0 = free_bits(&r);
+	CHECK(f0 != UINT64_MAX);
+
+	if (spawn_worker(&w, &s, "holder", 60, 60000)) {
+		perror("spawn_worker");
+		abort();
+	}
+	for (end = now_ms() + 30000; !w.ready && now_ms() < end && !worker_exited(&w);)
+		drain(&w, 20);
+	f1 = free_bits(&r); /* stopped, holding (well inside HKV_HOLD_RECLAIM_MS) */
+	kill(w.pid, SIGKILL);
+	wait_worker(&w, 10000);
+	t_kill = now_ms();
+	while ((f2 = free_bits(&r)) != f0 - w.cnt[C_SETS_OK] && now_ms() - t_kill < 5000)
+		sleep_ms(20);
+	waited = now_ms() - t_kill;
+	raw_close(&r);
+	printf("# holder: %llu items (1 per class up to %d B), %llu blocks claimed, %llu given "
+	       "back; free bits %llu before it, %llu while it was stopped, %llu %.1f s after the "
+	       "SIGKILL (want %llu)\n",
+	       cv(w.cnt, C_SETS_OK), HOLD_MAX_CLASS, cv(w.cnt, C_CLAIMED), cv(w.cnt, C_GIVEN_BACK),
+	       (unsigned long long)f0, (unsigned long long)f1, (unsigned long long)f2,
+	       waited / 1000.0, (unsigned long long)(f0 - w.cnt[C_SETS_OK]));
+
+	c = hkvserver_client(&s);
+	h_found = check_and_delete_per_class(c, 'h', &h_bad);
+	check_and_delete_per_class(c, 'p', &p_bad);
+	hkv_close(c); /* (its frees are posted by now) */
+	c = hkvserver_client(&s);
+	ret_after = fill_store(c, "a", &n_after);
+	hkv_close(c);
+	printf("# holder: its %d items read whole (%d bad); items of %d B: %d in a fresh store, "
+	       "%d after the killed holder\n", h_found, h_bad, FILL_VLEN, n_fresh, n_after);
+	hkvserver_stop(&s);
+	CHECK(w.ready && WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGKILL);
+	CHECK(pre > 0 && w.cnt[C_SETS_OK] == (uint64_t)pre);
+	/* it held blocks: more claimed than stored, none given back */
+	CHECK(w.cnt[C_CLAIMED] > w.cnt[C_SETS_OK] && w.cnt[C_GIVEN_BACK] == 0);
+	CHECK(f1 == f0 - w.cnt[C_CLAIMED]);
+	CHECK(f2 == f0 - w.cnt[C_SETS_OK]);
+	CHECK(waited < 5000);
+	CHECK(h_found == pre && h_bad == 0 && p_bad == 0);
+	CHECK_RC(ret_after, HKV_EFULL);
+	CHECK(n_after == n_fresh);
 }
 
 /*
@@ -2312,80 +2632,6 @@ static void test_socket_squatter(void)
 	}
 }
 
-/*
- * Stealing a segment despite memory windows (issue 12, item 9): every writer
- * can CAS the segment table through its ATOMIC window, and the server's
- * GRANT used to trust the table. A raw client CASes the entry of the library
- * client's segment from OWNED(victim) to OWNED(itself) and asks for its
- * window; then, once the entry is back, CASes it to FREE and claims it the
- * way a client claims a free segment. Both GRANTs must be refused (before,
- * the first gave a WRITE window over the victim's live blocks), the entry is
- * put back within the 1 s sweep, and the victim's values stay intact.
- */
-static void test_segment_theft(void)
-{
-	struct hkv_ctl_granted gx;
-	struct hkvserver s;
-	struct hkv_client *a;
-	struct raw r;
-	uint64_t tab[4096], was, stolen;
-	int a_seg = -1, bad = 0, g1, g2, back1, back2;
-
-	if (!use_verbs) {
-		printf("# (verbs: shm has no windows)\n");
-		return;
-	}
-	CHECK(hkvserver_start(&s, 1, "16M", "64K", NULL) == 0);
-	a = hkvserver_client(&s);
-	CHECK_RC(put_values(a, "theft", 50), 0);
-	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	CHECK(r.windows && r.g.nsegs <= 4096);
-	/* the victim writes again right now: its segment is in use (an IDLE one
-	 * is anyone's to adopt, and that is no theft) */
-	CHECK_RC(put_values(a, "theft", 50), 0);
-	CHECK_RC(win_table(&r, tab), 0);
-	for (uint32_t i = 0; i < r.g.nsegs && a_seg < 0; i++)
-		if (hkv_seg_state(tab[i]) == HKV_SEG_OWNED && hkv_seg_owner(tab[i]) != r.id)
-			a_seg = (int)i;
-	CHECK(a_seg >= 0);
-	was = tab[a_seg];
-	/* 1: CAS it to OWNED(us), then GRANT */
-	stolen = hkv_seg_make(HKV_SEG_OWNED, hkv_seg_class(was), r.id, hkv_seg_epoch(was) + 1);
-	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey, was,
-			stolen), 0);
-	g1 = raw_grant(&r, (uint32_t)a_seg, &gx);
-	if (!g1) { /* what the thief could do with it: overwrite the victim's blocks */
-		memset(r.buf, 'X', 64);
-		raw_op(&r, HKV_WR_WRITE, win_seg_off(&r, a_seg), 64, gx.rkey, 0, 0);
-	}
-	sleep_ms(1500);
-	CHECK_RC(win_table(&r, tab), 0);
-	back1 = names_owner(tab[a_seg], was);
-	/* 2: CAS it to FREE, claim it as a free segment, then GRANT */
-	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey,
-			tab[a_seg], hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(was) + 2)), 0);
-	CHECK_RC(raw_op(&r, HKV_WR_CAS, r.g.seg_table_off + (uint64_t)a_seg * 8, 8, r.akey,
-			hkv_seg_make(HKV_SEG_FREE, 0, 0, hkv_seg_epoch(was) + 2),
-			hkv_seg_make(HKV_SEG_OWNED, hkv_seg_class(was), r.id,
-				     hkv_seg_epoch(was) + 3)), 0);
-	g2 = raw_grant(&r, (uint32_t)a_seg, &gx);
-	sleep_ms(1500);
-	CHECK_RC(win_table(&r, tab), 0);
-	back2 = names_owner(tab[a_seg], was);
-	bad = bad_values(a, "theft", 50);
-	CHECK_RC(hkv_set(a, "theft-after", 11, "x", 1, NULL), 0);
-	printf("# segment theft: GRANT after CASing the victim's entry to ours: %s; entry put "
-	       "back: %s; GRANT after CASing it to FREE and claiming it: %s; put back: %s; the "
-	       "victim's 50 values: %d bad\n", hkv_strerror(g1), back1 ? "yes" : "no",
-	       hkv_strerror(g2), back2 ? "yes" : "no", bad);
-	CHECK(g1 == -EPERM && g2 == -EPERM);
-	CHECK(back1 && back2);
-	CHECK(bad == 0);
-	raw_close(&r);
-	hkv_close(a);
-	hkvserver_stop(&s);
-}
-
 /* ---- test_abort_dies ------------------------------------------------------------------- */
 
 static struct hkv_client *abort_victim;
@@ -2485,9 +2731,48 @@ static void test_abort_dies(void)
 
 /* ---- test_unpublished_reclaimed ------------------------------------------------------ */
 
+/* Claim up to n free blocks of a SHARED segment of class cls the way a
+ * writer does (CAS of a bitmap word), without stamping them: their offsets
+ * in off[]; how many, or <0. */
+static int raw_claim(struct raw *r, uint32_t cls, uint64_t *off, int n)
+{
+	const struct hkv_geometry *g = &r->g;
+	uint32_t csize = g->class_size[cls], nb = g->seg_size / csize;
+	uint64_t tab[1024];
+
+	if (g->nsegs > 1024 || raw_xfer(r, HKV_WR_READ, g->seg_table_off, g->nsegs * 8))
+		return -1;
+	memcpy(tab, r->buf, (size_t)g->nsegs * 8);
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t word, mask = 0, bw = g->bitmap_off + (uint64_t)i * g->bitmap_bytes;
+		int got = 0;
+
+		if (hkv_seg_state(tab[i]) != HKV_SEG_SHARED || hkv_seg_class(tab[i]) != cls)
+			continue;
+		if (raw_xfer(r, HKV_WR_READ, bw, 8))
+			return -1;
+		memcpy(&word, r->buf, 8);
+		if (nb < 64)
+			word &= (1ull << nb) - 1;
+		for (uint64_t w = word; w && got < n; w &= w - 1) {
+			uint32_t b = (uint32_t)__builtin_ctzll(w);
+
+			mask |= 1ull << b;
+			off[got++] = g->data_off + (uint64_t)i * g->seg_size + (uint64_t)b * csize;
+		}
+		if (got < n)
+			continue;
+		memcpy(r->buf, &word, 8);
+		if (raw_op(r, HKV_WR_CAS, bw, 8, r->akey, word, word & ~mask))
+			return -1;
+		return memcmp(r->buf, &word, 8) ? 0 : got;
+	}
+	return 0;
+}
+
 /* Write a block of class cls at off (key, value of vlen 'u' bytes, meta). */
-static int raw_put_block(struct raw *r, uint64_t off, uint32_t wkey, uint32_t cls,
-			 enum hkv_block_state st, const char *key, uint32_t vlen)
+static int raw_put_block(struct raw *r, uint64_t off, uint32_t cls, enum hkv_block_state st,
+			 const char *key, uint32_t vlen)
 {
 	struct hkv_block_hdr h = {.meta = hkv_meta_make(st, cls, 1), .vlen = vlen,
 				  .klen = (uint16_t)strlen(key)};
@@ -2499,92 +2784,116 @@ static int raw_put_block(struct raw *r, uint64_t off, uint32_t wkey, uint32_t cl
 	memset(r->buf + HKV_BLOCK_HDR + h.klen, 'u', vlen);
 	h.crc = hkv_block_crc(&h, r->buf + HKV_BLOCK_HDR);
 	memcpy(r->buf, &h, sizeof(h));
-	return raw_op(r, HKV_WR_WRITE, off, HKV_BLOCK_HDR + h.klen + vlen, wkey, 0, 0);
+	return raw_xfer(r, HKV_WR_WRITE, off, HKV_BLOCK_HDR + h.klen + vlen);
+}
+
+/* Publish the block at off as key's (CAS of an empty slot of its first bucket). */
+static int raw_publish(struct raw *r, const char *key, uint32_t cls, uint64_t off)
+{
+	uint64_t h = hkv_key_hash(&r->g, key, strlen(key)), b[2];
+
+	h += !h;
+	hkv_buckets_of(&r->g, h, &b[0], &b[1]);
+	if (raw_xfer(r, HKV_WR_READ, r->g.index_off + b[0] * HKV_BUCKET_SIZE, HKV_BUCKET_SIZE))
+		return -1;
+	for (int j = 0; j < HKV_BUCKET_SLOTS; j++) {
+		uint64_t slot, so = r->g.index_off + b[0] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
+
+		memcpy(&slot, r->buf + j * 8, 8);
+		if (slot)
+			continue;
+		if (raw_op(r, HKV_WR_CAS, so, 8, r->akey, 0, hkv_slot_make(hkv_fp_of(h), cls, 1, off)))
+			return -1;
+		memcpy(&slot, r->buf, 8);
+		return slot == 0 ? 0 : -1;
+	}
+	return -1;
 }
 
 /*
- * A client that dies between writing a block and publishing it (an insert or
- * update that never reached its slot CAS) leaves the block allocated with no
- * slot naming it. Made exactly: a raw client takes a FREE segment and writes
- * four blocks into it - LIVE, LIVE and PENDING ones no slot names, and a LIVE
- * one it publishes (CAS of an empty slot of its key) - then disconnects, so
- * its segment is orphaned. A library client fills the store: it claims every
- * FREE segment, then adopts the orphan. It must take back exactly the three
- * unpublished blocks, and the published item must stay readable through all
- * of it (its block neither freed nor reused).
+ * A client that dies between writing a block and publishing it (an insert
+ * or update that never reached its slot CAS) leaves the block allocated with
+ * no slot naming it and no HELD stamp: the sweep cannot tell it from a live
+ * write in progress, so it stays out until a warm restart rebuilds the
+ * bitmaps from the index (a known gap of layout 3, docs/design.md). Made
+ * exactly: a raw writer claims four blocks of a class, writes LIVE, LIVE and
+ * PENDING ones no slot names and a LIVE one it publishes, and disconnects.
+ * After the server restarts on its --memory-file, exactly the three
+ * unpublished blocks are free (and OBSOLETE), and the published item and
+ * every item stored before read as written.
  */
 static void test_unpublished_reclaimed(void)
 {
+	static const char *const keys[4] = {"unpub-0", "unpub-1", "unpub-2", "publish"};
+	static const enum hkv_block_state states[4] = {HKV_BLK_LIVE, HKV_BLK_LIVE,
+						       HKV_BLK_PENDING, HKV_BLK_LIVE};
 	const uint32_t vlen = 100;
-	struct hkv_client_stats st;
-	struct seg_census sc;
-	struct hkv_ctl_granted gr;
+	char path[300];
+	const char *const extra[] = {"--memory-file", path, NULL};
 	struct hkvserver s;
 	struct hkv_client *c;
 	struct raw r;
-	uint64_t h, b[2], base, waited = 0;
-	uint32_t cls, wkey, csize;
+	uint64_t off[4], meta[4];
+	uint32_t cls;
 	char got[256];
 	size_t vlen_got = 0;
-	int seg, n = 0, published = 0;
+	int freed[4] = {-1, -1, -1, -1}, before[4] = {-1, -1, -1, -1}, bad;
 
-	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
-	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	cls = (uint32_t)hkv_class_for(&r.g, HKV_BLOCK_HDR + 8 + vlen);
-	csize = r.g.class_size[cls];
-	seg = take_free_segment(&r, cls);
-	CHECK(seg >= 0);
-	base = r.g.data_off + (uint64_t)seg * r.g.seg_size;
-	wkey = r.rkey;
-	if (r.windows) {
-		CHECK_RC(raw_grant(&r, (uint32_t)seg, &gr), 0);
-		wkey = gr.rkey;
-	}
-	CHECK_RC(raw_put_block(&r, base, wkey, cls, HKV_BLK_LIVE, "unpub-0", vlen), 0);
-	CHECK_RC(raw_put_block(&r, base + csize, wkey, cls, HKV_BLK_LIVE, "unpub-1", vlen), 0);
-	CHECK_RC(raw_put_block(&r, base + 2 * csize, wkey, cls, HKV_BLK_PENDING, "unpub-2", vlen),
-		 0);
-	CHECK_RC(raw_put_block(&r, base + 3 * csize, wkey, cls, HKV_BLK_LIVE, "publish", vlen), 0);
-	h = hkv_key_hash(&r.g, "publish", 7);
-	h += !h;
-	hkv_buckets_of(&r.g, h, &b[0], &b[1]);
-	CHECK_RC(raw_xfer(&r, HKV_WR_READ, r.g.index_off + b[0] * HKV_BUCKET_SIZE, HKV_BUCKET_SIZE),
-		 0);
-	for (int j = 0; j < HKV_BUCKET_SLOTS && !published; j++) {
-		uint64_t slot, off = r.g.index_off + b[0] * HKV_BUCKET_SIZE + (uint64_t)j * 8;
-
-		memcpy(&slot, r.buf + j * 8, 8);
-		if (slot)
-			continue;
-		CHECK_RC(raw_op(&r, HKV_WR_CAS, off, 8, r.akey, 0,
-				hkv_slot_make(hkv_fp_of(h), cls, 1, base + 3 * csize)), 0);
-		memcpy(&slot, r.buf, 8);
-		published = slot == 0;
-	}
-	CHECK(published);
-	raw_close(&r); /* the writer is gone: its segment is orphaned */
-
-	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
-	CHECK_RC(wait_orphaned(&r, &sc, &waited), 0);
-	CHECK(sc.orphan == 1);
+	snprintf(path, sizeof(path), "/tmp/hkv-unpub-%d.region", (int)getpid());
+	unlink(path);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", extra) == 0);
 	c = hkvserver_client(&s);
+	CHECK_RC(put_values(c, "kept", 50), 0);
+	{
+		char v[100];
+
+		memset(v, 'c', sizeof(v)); /* the raw writer's class gets a segment */
+		CHECK_RC(hkv_set(c, "carver", 6, v, sizeof(v), NULL), 0);
+	}
+	hkv_close(c); /* (gives back what it held) */
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	cls = (uint32_t)hkv_class_for(&r.g, HKV_BLOCK_HDR + 7 + vlen);
+	CHECK(raw_claim(&r, cls, off, 4) == 4);
+	for (int i = 0; i < 4; i++)
+		CHECK_RC(raw_put_block(&r, off[i], cls, states[i], keys[i], vlen), 0);
+	CHECK_RC(raw_publish(&r, "publish", cls, off[3]), 0);
+	raw_close(&r); /* the writer is gone */
+
+	/* the running server does not take them back: no HELD stamp on them */
+	sleep_ms(HKV_HOLD_RECLAIM_MS + 1500);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	for (int i = 0; i < 4; i++)
+		CHECK_RC(raw_block_freed(&r, off[i], cls, &before[i]), 0);
+	raw_close(&r);
+	CHECK(before[3] == 0);
+
+	CHECK(hkvserver_restart(&s, "4M", "64K", extra) == 0);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK_RC(raw_block_freed(&r, off[i], cls, &freed[i]), 0);
+		CHECK_RC(raw_xfer(&r, HKV_WR_READ, off[i], 8), 0);
+		memcpy(&meta[i], r.buf, 8);
+	}
+	raw_close(&r);
+	c = hkvserver_client(&s);
+	bad = bad_values(c, "kept", 50);
+	printf("# unpublished blocks of a dead writer: free bits %d %d %d before the restart (the "
+	       "sweep leaves written blocks), %d %d %d after it; its published block: %s; "
+	       "items stored before: %d of 50 bad\n", before[0], before[1], before[2], freed[0],
+	       freed[1], freed[2], freed[3] ? "FREED" : "kept", bad);
+	CHECK(freed[0] == 1 && freed[1] == 1 && freed[2] == 1 && freed[3] == 0);
+	CHECK(hkv_meta_state(meta[0]) == HKV_BLK_OBSOLETE && !(meta[0] & HKV_META_ABORTED));
+	CHECK(hkv_meta_state(meta[1]) == HKV_BLK_OBSOLETE);
+	CHECK(hkv_meta_state(meta[2]) == HKV_BLK_OBSOLETE && (meta[2] & HKV_META_ABORTED));
+	CHECK(hkv_meta_state(meta[3]) == HKV_BLK_LIVE);
+	CHECK(bad == 0);
 	CHECK_RC(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL), 0);
 	CHECK(vlen_got == vlen && got[0] == 'u' && got[vlen - 1] == 'u');
 	CHECK_RC(hkv_get(c, "unpub-0", 7, got, sizeof(got), &vlen_got, NULL), HKV_ENOTFOUND);
-	CHECK_RC(fill_store(c, "refill", &n), HKV_EFULL);
-	hkv_client_stats(c, &st);
-	vlen_got = 0;
-	printf("# unpublished blocks: a new client filled the store (%d items), adopted the dead "
-	       "writer's segment and took back %llu of its 3 unpublished blocks; its published "
-	       "item: %s\n", n, (unsigned long long)st.blocks_reclaimed,
-	       hkv_strerror(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL)));
-	CHECK(st.segments_adopted >= 1);
-	CHECK(st.blocks_reclaimed == 3);
-	CHECK_RC(hkv_get(c, "publish", 7, got, sizeof(got), &vlen_got, NULL), 0);
-	CHECK(vlen_got == vlen && got[0] == 'u' && got[vlen - 1] == 'u');
-	raw_close(&r);
+	CHECK_RC(hkv_get(c, "unpub-2", 7, got, sizeof(got), &vlen_got, NULL), HKV_ENOTFOUND);
 	hkv_close(c);
 	hkvserver_stop(&s);
+	unlink(path);
 }
 
 /* ---- test_vanished_client ------------------------------------------------------------- */
@@ -4240,7 +4549,9 @@ int main(int argc, char **argv)
 	}
 	RUN_TEST(test_windows);
 	RUN_TEST(test_garbage);
+	RUN_TEST(test_garbage_table);
 	RUN_TEST(test_sigkill_writer);
+	RUN_TEST(test_holder_killed);
 	RUN_TEST(test_abandoned_insert);
 	RUN_TEST(test_abort_dies);
 	RUN_TEST(test_hello_and_go);
@@ -4248,7 +4559,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_secret_files);
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);
-	RUN_TEST(test_segment_theft);
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_vanished_client);

@@ -33,9 +33,17 @@
  *     a tinier index, while one more thread per worker churns other keys
  *     with values of 2-28 KiB (sets and deletes, four size classes), so
  *     blocks, slots and segments (left wholly free at the end of a round,
- *     re-carved by the next round's adopters) are reused all the time
+ *     re-carved into other classes by the server) are reused all the time
  *     under the contended keys. The churner checks every value it reads
  *     back; no get anywhere may return bytes nobody wrote.
+ *  5. Memory that flows (issue 13): the reuse workload on a cache-mode
+ *     server of its own, the churners' sizes shifting between small and
+ *     large classes (so writers ask the server to carve, and it empties
+ *     segments of another class: its slab mover), plus one more process per
+ *     round that churns many classes and is SIGKILLed while it holds
+ *     claimed blocks (the server takes them back). Every write that
+ *     succeeds logs the (block offset, generation) it wrote; no pair may
+ *     be written twice, by any process, in any round.
  *
  * Any error other than "not found" (and "version" from cas) fails the test.
  */
@@ -54,6 +62,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/client_int.h"
 #include "common/transport.h"
 #include "hatchkv.h"
 #include "tests/hkv_test.h"
@@ -74,7 +83,7 @@ static const char *const key_names[NKEYS] = {"r0", "r1", "r2", "c0"};
 struct params {
 	int rounds; /* of the mixed workload, each with fresh processes */
 	int reuse_rounds; /* of the mixed workload under reuse pressure */
-	int flow_rounds;  /* of it with threads stopping (segments go idle) */
+	int flow_rounds;  /* of it in cache mode, class shifts, a process killed */
 	int procs, threads;
 	int mix_ops;   /* ops per thread, mixed workload */
 	int count_ops; /* incr per thread, exact count */
@@ -240,10 +249,30 @@ static void got_value(struct wthread *t, int key, struct lc_op *op, size_t vlen,
 	t->seen[key] = op->out;
 }
 
+/* "flow" rounds (cache mode, class shifts, a process killed) */
+static int flow_mode;
+/* Where every successful write logs the block it wrote ("blk OFF GEN"): one
+ * write(2) per line on an O_APPEND file, so a SIGKILL loses no line. -1: off. */
+static int blk_fd = -1;
+
+/* The block handle c's last write published, as (offset, generation): the
+ * handle's allocator remembers the block it handed out last (a test may
+ * look inside). No API names a block's offset; hkv_item_info.version holds
+ * it with 28 bits of the generation, but only a get of the key returns it. */
+static void log_block(struct hkv_client *c)
+{
+	char line[64];
+	int n;
+
+	if (blk_fd < 0 || !c->cur.off)
+		return;
+	n = snprintf(line, sizeof(line), "blk %llu %u\n", (unsigned long long)c->cur.off,
+		     c->cur.gen + 1 ? c->cur.gen + 1 : 1);
+	if (write(blk_fd, line, (size_t)n) != n)
+		fprintf(stderr, "cannot log a block\n");
+}
+
 /* Run op (kind, arg, expect filled in) on key and record it; -1 on an error. */
-/* "flow" rounds: half the threads stop for this long halfway through, so
- * their segments go IDLE and other clients adopt them mid-round */
-static int flow_pause_ms;
 
 static int run_op(struct wthread *t, int key, struct lc_op *op, uint64_t version)
 {
@@ -257,12 +286,15 @@ static int run_op(struct wthread *t, int key, struct lc_op *op, uint64_t version
 	op->call = now_ns();
 	rc = issue(t, key, op, wlen, version, &vlen, &info);
 	op->ret = now_ns();
-	if (flow_pause_ms && rc == HKV_EFULL && op->kind != LC_GET) {
-		/* flow rounds: while the churner's burst holds the store full, a
-		 * write may be refused for memory (no effect; recorded as unknown,
-		 * which the checker may place anywhere or nowhere) */
+	if (!rc && op->kind != LC_GET && op->kind != LC_DELETE)
+		log_block(t->c);
+	if (flow_mode && rc == HKV_EFULL && op->kind != LC_GET) {
+		/* flow rounds, cache mode: making room evicted the very key
+		 * written (write.c says "full" then). No effect: unknown, which
+		 * the checker may place anywhere or nowhere; counted, reported */
 		op->status = LC_UNKNOWN;
 		op->ret = INT64_MAX;
+		op->out = 1; /* (marks it for the count) */
 		t->recs[t->n++] = (struct rec){key, *op};
 		return 0;
 	}
@@ -340,9 +372,6 @@ static void *mix_thread(void *arg)
 	for (int i = 0; i < t->nops; i++) {
 		int key = (int)((unsigned)rand_r(&t->seed) % NKEYS);
 
-		if (flow_pause_ms && i == t->nops / 2 && (t->proc + t->thread) % 2 == 0)
-			usleep((useconds_t)flow_pause_ms * 1000);
-
 		if (rand_r(&t->seed) % 8 == 0)
 			sched_yield(); /* more threads than CPUs: mix their ops up */
 		if (key == COUNTER_KEY ? counter_op(t) : register_op(t, key))
@@ -365,8 +394,10 @@ struct churner {
 	int proc, round, errors;
 	unsigned seed;
 	atomic_int *stop;
+	int victim; /* the process to be killed: no start line, notes what it holds */
 	uint64_t sets, deletes, gets, full, garbage;
 	char *wbuf, *rbuf;
+	const char *prefix; /* of its keys: "z" (a worker's), "v" (the victim's) */
 };
 
 /* Value of churn key k, version seq: "z<proc>.<k>.<seq>:" and a filler. */
@@ -375,6 +406,12 @@ static size_t churn_value(const struct churner *ch, int k, unsigned seq, char *b
 	uint64_t h = ((uint64_t)seq * 2654435761u ^ (uint64_t)k << 20) * 0x9e3779b97f4a7c15ull;
 	size_t len = (size_t)sprintf(buf, "z%d.%d.%u:", ch->proc, k, seq);
 	size_t want = churn_sizes[(h >> 40) % 4] - (size_t)(h >> 50) % 512;
+
+	/* flow rounds: many classes, small and large by turns of 64 writes -
+	 * none of the hot keys' (tiny, ~3 KiB): writers evict in their own class */
+	if (flow_mode)
+		want = seq >> 6 & 1 ? (6u << 10) + (size_t)(h >> 40) % (22u << 10)
+				    : 200 + (size_t)(h >> 40) % 1300;
 
 	for (size_t i = len; i < want; i++)
 		buf[i] = (char)('A' + (h >> 3 ^ i) % 26);
@@ -394,45 +431,22 @@ static int churn_valid(const struct churner *ch, int k, const char *buf, size_t 
 	return churn_value(ch, k, seq, scratch) == vlen && !memcmp(buf, scratch, vlen);
 }
 
-/*
- * "flow" rounds: once half the mix threads have stopped long enough for
- * their segments to go IDLE, a burst of 40 KB values (a class nobody else
- * uses, one block per 64 KiB segment) needs more segments than are FREE or
- * ORPHAN: it adopts idle ones, until it has (or 300 sets), then deletes
- * what it wrote. Refusals (full) are fine here.
- */
-#define CHURN_BURST 300
-#define BURST_LEN   (40u << 10)
-
-static void churn_burst(struct churner *ch)
+/* The victim, after each set: how many claimed blocks it holds now (it is
+ * killed at any moment: the parent reads the last line). */
+static void victim_note(const struct churner *ch)
 {
-	char *v = malloc(BURST_LEN), key[32];
-	struct hkv_client_stats st;
+	const struct hkv_client *c = ch->c;
+	uint64_t held = 0;
+	char line[96];
+	int n;
 
-	if (!v)
-		return;
-	memset(v, 'b', BURST_LEN);
-	for (int k = 0; k < CHURN_BURST; k++) {
-		int rc = hkv_set(ch->c, key, (size_t)snprintf(key, sizeof(key), "b%d.%d", ch->proc, k),
-				 v, BURST_LEN, NULL);
-
-		ch->full += rc == HKV_EFULL;
-		if (rc && rc != HKV_EFULL) {
-			fprintf(stderr, "churner %d: burst: %s\n", ch->proc, hkv_strerror(rc));
-			ch->errors++;
-			break;
-		}
-		hkv_client_stats(ch->c, &st);
-		if (st.segments_taken_idle)
-			break;
-	}
-	for (int k = 0; k < CHURN_BURST; k++) {
-		int rc = hkv_delete(ch->c, key,
-				    (size_t)snprintf(key, sizeof(key), "b%d.%d", ch->proc, k));
-
-		ch->errors += rc && rc != HKV_ENOTFOUND;
-	}
-	free(v);
+	for (uint32_t i = 0; i < c->g.nclasses; i++)
+		held += c->classes[i].n - c->classes[i].head;
+	n = snprintf(line, sizeof(line), "held %d %llu %llu %llu\n", ch->proc - 10,
+		     (unsigned long long)held,
+		     (unsigned long long)c->stats.claims, (unsigned long long)c->stats.carves);
+	if (write(blk_fd, line, (size_t)n) != n)
+		fprintf(stderr, "cannot log a note\n");
 }
 
 static void *churn_thread(void *arg)
@@ -440,26 +454,24 @@ static void *churn_thread(void *arg)
 	struct churner *ch = arg;
 	char *scratch = malloc(CHURN_MAX + 1);
 	unsigned seq = 0;
-	int burst_done = 0;
-	int64_t t0;
 
-	pthread_barrier_wait(&start_line);
-	t0 = now_ns();
+	if (!ch->victim)
+		pthread_barrier_wait(&start_line);
 	while (scratch && !atomic_load(ch->stop)) {
 		int k = (int)((unsigned)rand_r(&ch->seed) % CHURN_KEYS), r = rand_r(&ch->seed) % 10;
 		char key[32];
-		size_t kl = (size_t)snprintf(key, sizeof(key), "z%d.%d", ch->proc, k), vlen = 0;
+		size_t kl = (size_t)snprintf(key, sizeof(key), "%s%d.%d", ch->prefix, ch->proc, k);
+		size_t vlen = 0;
 		int rc;
 
-		if (flow_pause_ms && !burst_done && now_ns() - t0 > 1500000000) {
-			churn_burst(ch);
-			burst_done = 1;
-			continue;
-		}
 		if (r < 6) {
 			rc = hkv_set(ch->c, key, kl, ch->wbuf,
 				     churn_value(ch, k, (unsigned)ch->round << 20 | ++seq, ch->wbuf),
 				     NULL);
+			if (!rc)
+				log_block(ch->c);
+			if (ch->victim)
+				victim_note(ch);
 			ch->sets += !rc;
 			ch->full += rc == HKV_EFULL; /* a small region: fine, deletes free it */
 			rc = rc == HKV_EFULL ? 0 : rc;
@@ -483,18 +495,11 @@ static void *churn_thread(void *arg)
 			break;
 		}
 	}
-	/* leave nothing: the next round's adopters find wholly free segments */
-	for (int k = 0; flow_pause_ms && k < CHURN_BURST; k++) {
-		char key[32];
-		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "b%d.%d",
-								 ch->proc, k));
-
-		ch->errors += rc && rc != HKV_ENOTFOUND;
-	}
+	/* leave nothing: the next round finds wholly free segments */
 	for (int k = 0; k < CHURN_KEYS; k++) {
 		char key[32];
-		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "z%d.%d",
-								 ch->proc, k));
+		int rc = hkv_delete(ch->c, key, (size_t)snprintf(key, sizeof(key), "%s%d.%d",
+								 ch->prefix, ch->proc, k));
 
 		ch->errors += rc && rc != HKV_ENOTFOUND;
 	}
@@ -538,10 +543,9 @@ static void write_history(FILE *f, const struct wthread *t)
 	for (size_t i = 0; t->results && i < t->n; i++)
 		fprintf(f, "res %llu\n", (unsigned long long)t->results[i]);
 	hkv_client_stats(t->c, &st);
-	fprintf(f, "stats %llu %llu %llu %d %llu %llu\n", (unsigned long long)st.blocks_harvested,
-		(unsigned long long)st.segments_claimed,
-		(unsigned long long)st.op[HKV_OP_INCR].retries, t->errors,
-		(unsigned long long)st.segments_taken_idle, (unsigned long long)st.segments_lost);
+	fprintf(f, "stats %llu %llu %llu %d %llu %llu\n", (unsigned long long)st.blocks_freed,
+		(unsigned long long)st.claims, (unsigned long long)st.op[HKV_OP_INCR].retries,
+		t->errors, (unsigned long long)st.carves, (unsigned long long)st.blocks_claimed);
 }
 
 /* Open the handles, report ready, wait until the parent closes our stdin. */
@@ -573,6 +577,45 @@ static struct wthread *worker_setup(const struct hkvserver *s, int round, int pr
 	return ts;
 }
 
+/*
+ * The flow rounds' victim: nthreads churners of many classes on keys of its
+ * own, from when the parent starts the round until it kills us (SIGKILL,
+ * mid-round, while we hold claimed blocks). Logs to HISTORY.blk only.
+ */
+static int victim_main(const struct hkvserver *s, int round, int nthreads, const char *hist)
+{
+	struct churner ch[MAX_THREADS];
+	atomic_int stop = 0;
+	char path[256], c;
+
+	snprintf(path, sizeof(path), "%s.blk", hist);
+	blk_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+	if (blk_fd < 0 || nthreads > MAX_THREADS)
+		return 4;
+	for (int i = 0; i < nthreads; i++) {
+		ch[i] = (struct churner){.proc = 10 + i, .round = round, .stop = &stop, .victim = 1,
+					 .seed = (unsigned)(round * 977 + i + 3), .prefix = "v",
+					 .wbuf = malloc(CHURN_MAX + 1), .rbuf = malloc(CHURN_MAX + 1)};
+		if (!ch[i].wbuf || !ch[i].rbuf)
+			return 3;
+		ch[i].c = hkvserver_client(s);
+	}
+	if (write(READY_FD, "r", 1) != 1)
+		return 3;
+	close(READY_FD);
+	while (read(0, &c, 1) > 0)
+		;
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&ch[i].tid, NULL, churn_thread, &ch[i]);
+	sleep(30); /* killed long before */
+	atomic_store(&stop, 1);
+	for (int i = 0; i < nthreads; i++) {
+		pthread_join(ch[i].tid, NULL);
+		hkv_close(ch[i].c);
+	}
+	return 5; /* not killed: the parent counts that as a failure */
+}
+
 static int worker_main(int argc, char **argv)
 {
 	struct hkvserver s = {0};
@@ -587,16 +630,25 @@ static int worker_main(int argc, char **argv)
 		return 2;
 	count_mode = !strcmp(argv[2], "count");
 	reuse = !strcmp(argv[2], "reuse") || !strcmp(argv[2], "flow");
-	if (!strcmp(argv[2], "flow"))
-		flow_pause_ms = 1800; /* > HKV_SEG_IDLE_MS + a sweep: idle for sure */
+	flow_mode = !strcmp(argv[2], "flow") || !strcmp(argv[2], "victim");
 	snprintf(s.uri, sizeof(s.uri), "%s", argv[3]);
 	snprintf(s.token_file, sizeof(s.token_file), "%s", argv[4]);
 	round = atoi(argv[5]);
 	proc = atoi(argv[6]);
 	nthreads = atoi(argv[7]);
 	nops = atoi(argv[8]);
+	if (!strcmp(argv[2], "victim"))
+		return victim_main(&s, round, nthreads, argv[9]);
+	if (flow_mode) {
+		char path[256];
+
+		snprintf(path, sizeof(path), "%s.blk", argv[9]);
+		blk_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+		if (blk_fd < 0)
+			return 4;
+	}
 	if (reuse) { /* before worker_setup reports ready */
-		ch = (struct churner){.proc = proc, .round = round, .stop = &stop,
+		ch = (struct churner){.proc = proc, .round = round, .stop = &stop, .prefix = "z",
 				      .seed = (unsigned)(round * 31 + proc + 7),
 				      .wbuf = malloc(CHURN_MAX + 1), .rbuf = malloc(CHURN_MAX + 1)};
 		if (!ch.wbuf || !ch.rbuf)
@@ -629,10 +681,10 @@ static int worker_main(int argc, char **argv)
 	f = fopen(argv[9], "w");
 	if (!f)
 		return 4;
-	if (reuse) /* the churner's segment counts (its ops are not in the history) */
-		fprintf(f, "stats 0 0 0 0 %llu %llu\n",
-			(unsigned long long)ch_st.segments_taken_idle,
-			(unsigned long long)ch_st.segments_lost);
+	if (reuse) /* the churner's allocation counts (its ops are not in the history) */
+		fprintf(f, "stats %llu %llu 0 0 %llu %llu\n", (unsigned long long)ch_st.blocks_freed,
+			(unsigned long long)ch_st.claims, (unsigned long long)ch_st.carves,
+			(unsigned long long)ch_st.blocks_claimed);
 	for (int i = 0; i < nthreads; i++) {
 		write_history(f, &ts[i]);
 		errors += ts[i].errors;
@@ -652,15 +704,18 @@ struct history {
 	size_t n[NKEYS], cap[NKEYS];
 	uint64_t *results;
 	size_t nres, capres;
-	uint64_t harvested, segments, incr_retries;
-	uint64_t taken_idle, lost; /* segments adopted while idle; found adopted */
-	int errors;
+	uint64_t freed, claims, incr_retries; /* blocks freed, claim chains won */
+	uint64_t carves, claimed;             /* CARVE requests, blocks claimed */
+	uint64_t min_claims;                  /* of one process (handles + churner) */
+	int min_claims_set, errors;
 };
 
 struct crew {
 	int n;
 	pid_t pid[MAX_PROCS];
 	char hist[MAX_PROCS][200];
+	pid_t victim; /* flow rounds: the process killed mid-round; else 0 */
+	char victim_hist[200];
 	int go_fd, ready_fd;
 };
 
@@ -715,20 +770,25 @@ static int crew_spawn(struct crew *w, const char *mode, int round, int nops)
 			break;
 		w->n++;
 	}
+	if (!strcmp(mode, "flow") && w->n == prm.procs) {
+		snprintf(w->victim_hist, sizeof(w->victim_hist), "%s/victim.hist", server.dir);
+		w->victim = spawn_worker("victim", round, prm.procs, nops, w->victim_hist, go[0],
+					 ready[1]);
+	}
 	close(go[0]);
 	close(ready[1]);
 	w->go_fd = go[1];
 	w->ready_fd = ready[0];
-	return w->n == prm.procs ? 0 : -1;
+	return w->n == prm.procs && w->victim >= 0 ? 0 : -1;
 }
 
 /* Every worker has its handles open (one byte each), within two minutes. */
 static int crew_ready(struct crew *w)
 {
 	int got = 0;
-	char buf[MAX_PROCS];
+	char buf[MAX_PROCS + 1];
 
-	while (got < w->n) {
+	while (got < w->n + (w->victim > 0)) {
 		struct pollfd pfd = {.fd = w->ready_fd, .events = POLLIN};
 		ssize_t r;
 
@@ -747,8 +807,14 @@ static int crew_reap(struct crew *w, int kill_first)
 {
 	int bad = 0;
 
-	close(w->go_fd);
+	if (w->go_fd >= 0)
+		close(w->go_fd);
 	close(w->ready_fd);
+	if (w->victim > 0) { /* (killed already, unless something failed first) */
+		kill(w->victim, SIGKILL);
+		waitpid(w->victim, NULL, 0);
+		w->victim = 0;
+	}
 	for (int p = 0; p < w->n; p++) {
 		int status;
 
@@ -815,11 +881,11 @@ static int parse_line(struct history *h, const char *line)
 	if (sscanf(line, "res %llu", &a) == 1)
 		return add_result(h, a);
 	if (sscanf(line, "stats %llu %llu %llu %d %llu %llu", &a, &b, &c, &errors, &d, &e) == 6) {
-		h->taken_idle += d;
-		h->lost += e;
-		h->harvested += a;
-		h->segments += b;
+		h->freed += a;
+		h->claims += b;
 		h->incr_retries += c;
+		h->carves += d;
+		h->claimed += e;
 		h->errors += errors;
 		return 0;
 	}
@@ -831,9 +897,14 @@ static int load_history(struct history *h, const char *path)
 	char line[256];
 	FILE *f = fopen(path, "r");
 	int ret = f ? 0 : -1;
+	uint64_t claims = h->claims;
 
 	while (!ret && f && fgets(line, sizeof(line), f))
 		ret = parse_line(h, line);
+	claims = h->claims - claims;
+	if (!h->min_claims_set || claims < h->min_claims)
+		h->min_claims = claims;
+	h->min_claims_set = 1;
 	if (f)
 		fclose(f);
 	if (!getenv("HKV_TEST_KEEP"))
@@ -848,6 +919,67 @@ static void history_free(struct history *h)
 	for (int k = 0; k < NKEYS; k++)
 		free(h->ops[k]);
 	free(h->results);
+}
+
+/* Every (block offset, generation) a flow round's process wrote, over all
+ * the flow rounds; and what the victims held when killed. */
+static uint64_t *blks;
+static size_t nblks, capblks;
+static uint64_t victims_holding, victim_held, victim_claims, victim_carves;
+
+/* Read HIST.blk: "blk OFF GEN" lines, and the victim's "held N CLAIMS CARVES". */
+static int load_blocks(const char *hist, int victim)
+{
+	unsigned long long a, b, c, held[MAX_THREADS] = {0}, claims[MAX_THREADS] = {0};
+	unsigned long long carves[MAX_THREADS] = {0};
+	char path[256], line[128];
+	FILE *f;
+	int ret = 0, t;
+
+	snprintf(path, sizeof(path), "%s.blk", hist);
+	if (!(f = fopen(path, "r"))) {
+		fprintf(stderr, "cannot read %s\n", path);
+		return -1;
+	}
+	while (!ret && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "blk %llu %llu", &a, &b) == 2) {
+			if (nblks == capblks) {
+				size_t cap = capblks ? 2 * capblks : 4096;
+				uint64_t *p = realloc(blks, cap * sizeof(*p));
+
+				if (!p) {
+					ret = -1;
+					break;
+				}
+				blks = p;
+				capblks = cap;
+			}
+			/* offsets are 64 B aligned and the region is small: one word */
+			blks[nblks++] = (a / 64) << 32 | (b & 0xffffffffull);
+		} else if (sscanf(line, "held %d %llu %llu %llu", &t, &a, &b, &c) == 4 && t >= 0 &&
+			   t < MAX_THREADS) { /* a victim thread's last line counts */
+			held[t] = a;
+			claims[t] = b;
+			carves[t] = c;
+		} else if (strchr(line, '\n')) { /* (a line the kill cut short is no error) */
+			ret = -1;
+		}
+	}
+	fclose(f);
+	if (!getenv("HKV_TEST_KEEP"))
+		unlink(path);
+	if (victim) {
+		uint64_t sum = 0;
+
+		for (t = 0; t < MAX_THREADS; t++) {
+			sum += held[t];
+			victim_claims += claims[t];
+			victim_carves += carves[t];
+		}
+		victims_holding += sum > 0;
+		victim_held += sum;
+	}
+	return ret;
 }
 
 /*
@@ -874,9 +1006,30 @@ static int run_crew(const char *mode, int round, int nops, int (*init)(struct hk
 		crew_reap(&w, 1);
 		return -1;
 	}
-	ret = crew_reap(&w, 0); /* closing go starts them */
-	for (int p = 0; p < w.n; p++)
+	if (w.victim > 0) {
+		int status = 0;
+
+		close(w.go_fd); /* start them */
+		w.go_fd = -1;
+		/* kill the victim mid-round: it claims blocks all the time, and
+		 * holds some for up to HKV_HOLD_MS after each claim */
+		usleep(100000 + (useconds_t)(random() % 400) * 1000);
+		kill(w.victim, SIGKILL);
+		if (waitpid(w.victim, &status, 0) != w.victim || !WIFSIGNALED(status) ||
+		    WTERMSIG(status) != SIGKILL) {
+			fprintf(stderr, "%s: the victim was not killed mid-round (status %d)\n", mode,
+				status);
+			ret = -1;
+		}
+		w.victim = 0;
+		ret |= load_blocks(w.victim_hist, 1);
+	}
+	ret |= crew_reap(&w, 0); /* closing go starts them */
+	for (int p = 0; p < w.n; p++) {
 		ret |= load_history(h, w.hist[p]);
+		if (!strcmp(mode, "flow"))
+			ret |= load_blocks(w.hist[p], 0);
+	}
 	return ret;
 }
 
@@ -1214,6 +1367,24 @@ static void print_tally(int key, const struct tally *t)
 	       (unsigned long long)t->steps, t->seconds);
 }
 
+/* Lines of server s's log (info level) that contain what; -1 if unreadable. */
+static int server_moves;
+
+static int log_count(const struct hkvserver *s, const char *what)
+{
+	char path[200], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	fclose(f);
+	return n;
+}
+
 static void check_key(int key, struct lc_op *ops, size_t n)
 {
 	struct lc_limits lim = {.max_steps = 500000000, .max_seconds = 120, .max_memo_mb = 512};
@@ -1233,61 +1404,85 @@ static void check_key(int key, struct lc_op *ops, size_t n)
 	lc_report_free(&rep);
 }
 
-/* One crew of workers on the hot keys; returns its blocks harvested. */
-static uint64_t flow_taken, flow_lost; /* over the rounds run so far */
+/* Over the rounds run so far: CARVE requests, and the fewest claims one
+ * process made in a round. */
+static uint64_t rounds_carves, rounds_min_claims, rounds_refused;
+#define EVICTIONS_MAX 16
 
+/* One crew of workers on the hot keys; returns the blocks freed for reuse. */
 static uint64_t mixed_round_run(const char *mode)
 {
 	struct history h = {0};
 	int64_t t0 = now_ns();
-	uint64_t harvested;
+	uint64_t freed;
 	size_t total = 0;
 
 	if (run_crew(mode, mixed_round, prm.mix_ops, init_mixed, &h))
 		hkv_test_failures++;
-	for (int k = 0; k < NKEYS; k++)
+	for (int k = 0; k < NKEYS; k++) {
 		total += h.n[k];
-	printf("# round %d: %zu ops in %.2f s, %llu blocks harvested for reuse, %d errors; "
-	       "segments adopted while idle %llu, found adopted %llu\n",
-	       mixed_round, total, (double)(now_ns() - t0) / 1e9,
-	       (unsigned long long)h.harvested, h.errors, (unsigned long long)h.taken_idle,
-	       (unsigned long long)h.lost);
-	flow_taken += h.taken_idle;
-	flow_lost += h.lost;
+		for (size_t i = 0; i < h.n[k]; i++)
+			rounds_refused += h.ops[k][i].status == LC_UNKNOWN && h.ops[k][i].out == 1 &&
+					  h.ops[k][i].kind != LC_INCR && h.ops[k][i].kind != LC_DECR;
+	}
+	/* cache mode: an item may be evicted at any moment - as if deleted by
+	 * someone at an unknown time; up to EVICTIONS_MAX such per key and round */
+	for (int k = 0; !strcmp(mode, "flow") && k < COUNTER_KEY; k++)
+		for (int e = 0; e < EVICTIONS_MAX; e++) {
+			struct lc_op op = {.kind = LC_DELETE, .status = LC_UNKNOWN,
+					   .client = MAX_PROCS * MAX_THREADS + e, .call = t0,
+					   .ret = INT64_MAX};
+
+			if (add_op(&h, k, &op))
+				hkv_test_failures++;
+		}
+	printf("# round %d: %zu ops in %.2f s, %d errors; %llu blocks freed for reuse, %llu "
+	       "claimed in %llu claims (at least %llu by each process), %llu carve requests\n",
+	       mixed_round, total, (double)(now_ns() - t0) / 1e9, h.errors,
+	       (unsigned long long)h.freed, (unsigned long long)h.claimed,
+	       (unsigned long long)h.claims, (unsigned long long)h.min_claims,
+	       (unsigned long long)h.carves);
+	rounds_carves += h.carves;
+	if (!mixed_round || h.min_claims < rounds_min_claims)
+		rounds_min_claims = h.min_claims;
 	for (int k = 0; k < NKEYS; k++)
 		check_key(k, h.ops[k], h.n[k]);
 	if (h.errors)
 		hkv_test_failures++;
-	harvested = h.harvested;
+	freed = h.freed;
 	history_free(&h);
-	return harvested;
+	return freed;
 }
 
 static void test_mixed(void)
 {
-	uint64_t harvested = 0;
+	uint64_t freed = 0;
 
 	CHECK(server_up);
 	printf("# mixed: %d rounds of %d processes x %d threads x %d ops\n", prm.rounds,
 	       prm.procs, prm.threads, prm.mix_ops);
 	for (mixed_round = 0; mixed_round < prm.rounds; mixed_round++)
-		harvested += mixed_round_run("mix");
+		freed += mixed_round_run("mix");
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
-	CHECK(harvested > 0); /* the region is small: blocks were reused */
+	CHECK(freed > 0); /* the region is small: blocks were reused */
 }
 
 /* The mixed workload in `mode` for `rounds` rounds on a tiny server of its
- * own (4 MB, 64 KiB segments, 512 index slots); the blocks harvested. */
-static uint64_t own_server_rounds(const char *mode, int rounds)
+ * own (4 MB, 64 KiB segments, 512 index slots; cache mode if `cache`); the
+ * blocks freed for reuse. */
+static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 {
 	static const char *const tiny[] = {"--index-slots", "512", NULL};
+	/* (cache mode: an index that never runs out, so no insert evicts a hot key) */
+	static const char *const tiny_cache[] = {"--cache", NULL};
 	struct hkvserver main_server = server;
-	uint64_t harvested = 0;
+	uint64_t freed = 0;
 	int up;
 
 	memset(tallies, 0, sizeof(tallies));
-	up = hkvserver_start(&server, race_verbs, "4M", "64K", tiny) == 0;
+	rounds_carves = rounds_min_claims = rounds_refused = 0;
+	up = hkvserver_start(&server, race_verbs, "4M", "64K", cache ? tiny_cache : tiny) == 0;
 	if (!up) {
 		fprintf(stderr, "%s:%d: the %s rounds' server did not start\n", __FILE__, __LINE__,
 			mode);
@@ -1296,12 +1491,13 @@ static uint64_t own_server_rounds(const char *mode, int rounds)
 		return 0;
 	}
 	for (mixed_round = 0; mixed_round < rounds; mixed_round++)
-		harvested += mixed_round_run(mode);
+		freed += mixed_round_run(mode);
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
+	server_moves = log_count(&server, "moved from class");
 	hkvserver_stop(&server);
 	server = main_server;
-	return harvested;
+	return freed;
 }
 
 /* 4. The mixed workload under reuse pressure, on a server of its own. */
@@ -1309,29 +1505,56 @@ static void test_mixed_reuse(void)
 {
 	printf("# reuse pressure: %d rounds of %d processes x (%d threads x %d ops + a churner "
 	       "of 2-28 KiB values)\n", prm.reuse_rounds, prm.procs, prm.threads, prm.mix_ops);
-	CHECK(own_server_rounds("reuse", prm.reuse_rounds) > 0);
+	CHECK(own_server_rounds("reuse", prm.reuse_rounds, 0) > 0);
 }
 
+static int cmp_u64(const void *a, const void *b);
+
 /*
- * 5. Memory that flows (issue 13): the reuse workload, but half the threads
- * of each process stop halfway for longer than a segment takes to go IDLE,
- * and a burst of the churner's - short of memory in the 4 MB region -
- * adopts their segments mid-round; the stopped ones then find them gone and
- * take others. Every key's history must stay linearizable through it.
+ * 5. Memory that flows (issue 13): the reuse workload on a cache-mode
+ * server, the churners' values shifting between small and large classes by
+ * turns, so writers run out of blocks of a class and ask for a CARVE, which
+ * takes a segment of another class (wholly free, or emptied by the server's
+ * slab mover). A victim process churns many classes too and is SIGKILLed
+ * mid-round while it holds claimed blocks; the server takes them back. Every
+ * key's history must stay linearizable, and no (block offset, generation)
+ * may be written twice by anyone: a block's generation never repeats for an
+ * address, whoever reuses it.
  */
 static void test_flow_reuse(void)
 {
-	uint64_t harvested;
+	uint64_t freed, dups = 0;
 
-	flow_taken = flow_lost = 0;
-	printf("# segments that flow: %d rounds of %d processes x (%d threads x %d ops + a "
-	       "churner), half the threads stopped 1.8 s halfway\n", prm.flow_rounds, prm.procs,
-	       prm.threads, prm.mix_ops);
-	harvested = own_server_rounds("flow", prm.flow_rounds);
-	printf("# segments adopted while idle: %llu; found adopted by their old owner: %llu\n",
-	       (unsigned long long)flow_taken, (unsigned long long)flow_lost);
-	CHECK(harvested > 0);
-	CHECK(flow_taken > 0);
+	nblks = 0;
+	victims_holding = victim_held = victim_claims = victim_carves = 0;
+	printf("# memory that flows: %d rounds of %d processes x (%d threads x %d ops + a "
+	       "churner of 40 B-28 KiB values by turns) + a victim of %d churners killed "
+	       "mid-round, cache mode\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
+	       prm.threads);
+	freed = own_server_rounds("flow", prm.flow_rounds, 1);
+	qsort(blks, nblks, sizeof(*blks), cmp_u64);
+	for (size_t i = 1; i < nblks; i++)
+		if (blks[i] == blks[i - 1] && dups++ < 5)
+			fprintf(stderr, "block at offset %llu written twice with generation %llu\n",
+				(unsigned long long)(blks[i] >> 32) * 64,
+				(unsigned long long)(blks[i] & 0xffffffffull));
+	printf("# flow: %zu block writes logged (offset, generation), %llu pairs written twice; "
+	       "%llu carve requests by the workers, %llu by the victims; fewest claims of a "
+	       "worker process in a round %llu; victims: %llu claims, holding blocks when killed "
+	       "in %llu of %d rounds (%llu blocks); segments the server moved: %d; hot-key "
+	       "writes refused as full (cache mode): %llu\n", nblks,
+	       (unsigned long long)dups, (unsigned long long)rounds_carves,
+	       (unsigned long long)victim_carves, (unsigned long long)rounds_min_claims,
+	       (unsigned long long)victim_claims, (unsigned long long)victims_holding,
+	       prm.flow_rounds, (unsigned long long)victim_held, server_moves,
+	       (unsigned long long)rounds_refused);
+	CHECK(freed > 0);
+	CHECK(nblks > 0);
+	CHECK(dups == 0);
+	CHECK(rounds_min_claims > 0);      /* every process claimed blocks */
+	CHECK(rounds_carves + victim_carves > 0); /* classes shifted: CARVE requests */
+	CHECK(victims_holding > 0);        /* killed while holding claims */
+	CHECK(victim_claims > 0);
 }
 
 /* ---- 3. exact count --------------------------------------------------------------- */
@@ -1343,6 +1566,7 @@ static int init_count(struct hkv_client *c)
 
 static int cmp_u64(const void *a, const void *b)
 {
+	/* (also sorts the flow rounds' blocks) */
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
 	return x < y ? -1 : x > y;

@@ -116,10 +116,37 @@ static void churn_hook(struct hkv_client *c, enum hkv_test_point point)
 	}
 }
 
+/*
+ * Memory is shared by every writer, so make the key's class tight: fill the
+ * store with values of its size until it is full, then delete nfree of them
+ * (room for the key, the writers' new blocks, a copy, and a few for the
+ * churner to turn over).
+ * The churner's sets then take turns on those few blocks (a claim takes one
+ * block at a time when the class is scarce), so one address comes back
+ * quickly - as one segment per client did before memory was shared.
+ */
+static void tighten(struct hkv_client *c, int nfree)
+{
+	char key[32], *v = calloc(1, VLEN);
+	int n = 0, ret;
+
+	CHECK(v != NULL);
+	/* (a small value's class first: an incr's result is short) */
+	CHECK_RC(hkv_set(c, "small", 5, "1", 1, NULL), 0);
+	CHECK_RC(hkv_delete(c, "small", 5), 0);
+	while ((ret = hkv_set(c, key, (size_t)snprintf(key, sizeof(key), "fill%d", n), v, VLEN,
+			      NULL)) == 0)
+		n++;
+	CHECK_RC(ret, HKV_EFULL);
+	CHECK(n > nfree);
+	for (int i = 0; i < nfree; i++)
+		CHECK_RC(hkv_delete(c, key, (size_t)snprintf(key, sizeof(key), "fill%d", i)), 0);
+	free(v);
+}
+
 /* Start a server and the two clients; the key holds 1000. */
 static void setup(struct hkvserver *s, struct hkv_config **cfg)
 {
-	static const char *const one_seg[] = {"--max-segments-per-client", "1", NULL};
 	struct hkv_item_info info;
 	char buf[64];
 	size_t vlen;
@@ -127,12 +154,12 @@ static void setup(struct hkvserver *s, struct hkv_config **cfg)
 	memset(&st, 0, sizeof(st));
 	st.ops = calloc(MAX_CHURN + 16, sizeof(*st.ops));
 	CHECK(st.ops != NULL);
-	/* one segment each: the churner's three blocks take turns */
-	CHECK(hkvserver_start(s, use_verbs, "16M", "64K", one_seg) == 0);
+	CHECK(hkvserver_start(s, use_verbs, "16M", "64K", NULL) == 0);
 	cfg[0] = hkvserver_config(s);
 	cfg[1] = hkvserver_config(s);
 	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
 	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
+	tighten(st.churner, 6);
 	CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1000), VLEN, NULL), 0);
 	st.next = 2000;
 	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
@@ -302,8 +329,7 @@ static int block_freed(uint64_t off)
 static void test_stale_flush(void)
 {
 	/* one chunk of index: the flush reads it whole before the hook */
-	static const char *const one_seg[] = {"--max-segments-per-client", "1", "--index-slots",
-					      "1024", NULL};
+	static const char *const one_seg[] = {"--index-slots", "1024", NULL};
 	struct hkv_item_info info;
 	struct hkv_config *cfg[2];
 	struct hkvserver s;
@@ -319,6 +345,7 @@ static void test_stale_flush(void)
 	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
 	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
 	st.ops = calloc(1, sizeof(*st.ops));
+	tighten(st.churner, 4);
 	CHECK_RC(hkv_set(st.churner, "flush-k1", 8, number_value(0), VLEN, NULL), 0);
 	CHECK_RC(hkv_get(st.churner, "flush-k1", 8, buf, sizeof(buf), &vlen, &info), -ENOSPC);
 	st.off0 = (info.version >> 28) * HKV_BLOCK_ALIGN;
