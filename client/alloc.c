@@ -41,6 +41,7 @@
 /* Bytes of one class a claim takes at once (at least one block, at most 16). */
 #define CLAIM_BYTES 16384
 #define CLAIM_MAX   16
+#define CLAIM_RAMP_NS (20ull * 1000000ull)
 #define MAX_HINTS   64
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
 #define SURVEY_EVERY_NS  (10ull * 1000000ull)
@@ -258,26 +259,43 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
 	ca->hints[0] = (struct hkv_hint){seg, word, 1ull << (blk % 64)};
 }
 
-/* How many blocks one claim takes: CLAIM_BYTES' worth, one when scarce. */
-static uint32_t claim_batch(const struct hkv_client *c, uint32_t cls)
+/*
+ * How many blocks one claim takes: one, doubling with every claim that
+ * follows the last one of the class within CLAIM_RAMP_NS (a busy writer),
+ * up to CLAIM_BYTES' worth (at most CLAIM_MAX); one again after a pause or
+ * once a survey saw the class scarce. So a writer that stops holds little,
+ * and a busy one pays a claim's round trip per up to 16 writes.
+ */
+static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 {
-	uint32_t b = CLAIM_BYTES / c->g.class_size[cls];
+	struct hkv_class_alloc *ca = &c->classes[cls];
+	uint32_t max = CLAIM_BYTES / c->g.class_size[cls];
 
-	if (c->classes[cls].scarce || b < 1)
-		return 1;
-	return b > CLAIM_MAX ? CLAIM_MAX : b;
+	if (max > CLAIM_MAX)
+		max = CLAIM_MAX;
+	if (ca->scarce || max < 1 || now - ca->last_claim_ns > CLAIM_RAMP_NS)
+		ca->batch = 1;
+	else if (ca->batch < max)
+		ca->batch = 2 * ca->batch < max ? 2 * ca->batch : max;
+	ca->last_claim_ns = now;
+	return ca->batch ? ca->batch : 1;
 }
 
-/* Give back held block h (only within the hold: see the top). */
+/* Give back held block h (only within the hold: see the top): its stamp is
+ * cleared first (the same QP runs the FAA after the WRITE), so a free block
+ * never carries a HELD stamp and an unchanged stamp means one unbroken hold. */
 static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held *h)
 {
 	uint32_t seg, blk;
-	struct hkv_wr wr;
+	struct hkv_wr wr[2];
 
 	block_pos(c, h->off, cls, &seg, &blk);
-	wr = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
-	wr.flags = HKV_WR_F_NO_COMPLETION;
-	(void)hkv_conn_post(c->conn, &wr, 1);
+	c->atom[55] = 0;
+	wr[0] = hkv_wr_write(c, &c->atom[55], h->off + 16, 8);
+	wr[0].flags = HKV_WR_F_NO_COMPLETION;
+	wr[1] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
+	wr[1].flags = HKV_WR_F_NO_COMPLETION;
+	(void)hkv_conn_post(c->conn, wr, 2);
 	c->stats.blocks_given_back++;
 }
 
@@ -290,7 +308,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	struct hkv_class_alloc *ca = &c->classes[cls];
 	struct hkv_hint *h = &ca->hints[ca->nhints - 1];
 	uint32_t nb = seg_blocks(c, cls), csize = c->g.class_size[cls];
-	uint32_t want = claim_batch(c, cls), nblk = 0, blks[CLAIM_MAX];
+	uint32_t want = claim_batch(c, cls, hkv_now_ns()), nblk = 0, blks[CLAIM_MAX];
 	uint64_t bits = h->bits & word_mask(nb, h->word), mask = 0, t_post, t_done;
 	uint64_t *stamp = &c->atom[48 + (c->hold_seq & 7)];
 	struct hkv_wr wrs[2 + CLAIM_MAX];
@@ -491,8 +509,10 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 		uint64_t *hdr = &c->atom[56]; /* 24 bytes: meta, crc|vlen, stamp */
 		struct hkv_wr wr;
 
+		/* (gen + 1 was written: the meta says so, and the next write is + 2) */
+		hb.gen = c->cur.gen + 1 ? c->cur.gen + 1 : 1;
 		c->hold_seq++;
-		hdr[0] = hkv_meta_make(HKV_BLK_OBSOLETE, cls, c->cur.gen);
+		hdr[0] = hkv_meta_make(HKV_BLK_OBSOLETE, cls, hb.gen);
 		hdr[1] = 0;
 		hdr[2] = hkv_held_make(c->client_id, c->hold_seq);
 		wr = hkv_wr_write(c, hdr, off, 24);
@@ -553,8 +573,21 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls)
 
 	if (now < c->carve_full_until_ns)
 		return HKV_EFULL;
+	/* what we hold of other classes goes back first: a block of ours must
+	 * not keep a segment from being wholly free */
+	for (uint32_t k = 0; k < c->g.nclasses; k++) {
+		struct hkv_class_alloc *ca = &c->classes[k];
+
+		for (; k != cls && ca->head < ca->n; ca->head++)
+			if (now - ca->held[ca->head].claim_ns < HOLD_GIVE_NS)
+				give_back(c, k, &ca->held[ca->head]);
+		if (k != cls)
+			ca->head = ca->n = 0;
+	}
 	ret = hkv_ctl_carve(c, cls, c->protect_off, &seg);
 	c->stats.carves++;
+	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)
+		ret = HKV_EAGAIN; /* a segment move that would not finish: try later */
 	if (ret == HKV_EFULL)
 		c->carve_full_until_ns = hkv_now_ns() + 100ull * 1000000ull;
 	if (ret)

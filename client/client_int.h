@@ -128,6 +128,8 @@ struct hkv_class_alloc {
 	uint32_t evict_pending; /* blocks evicted since the last claim */
 	uint64_t empty_survey_ns; /* the last survey found nothing to claim */
 	uint64_t survey_ns;       /* the last survey */
+	uint64_t last_claim_ns;
+	uint32_t batch;           /* blocks the last claim asked for */
 };
 
 /* The block allocated for the write in progress. */

@@ -231,7 +231,7 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
  * and gives back (stamp cleared, then bit set) only within that time too.
  * After that a held block is abandoned: the server reclaims a free block
  * whose bit has stayed clear under one unchanged stamp for
- * HKV_HOLD_RECLAIM_MS (and a disconnected client's stamps at once).
+ * HKV_HOLD_RECLAIM_MS (a disconnected client's holds likewise).
  */
 #define HKV_HOLD_MS         500
 #define HKV_HOLD_RECLAIM_MS 1500

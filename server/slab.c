@@ -269,18 +269,23 @@ static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t
 
 /* ---- moving a segment ------------------------------------------------------------ */
 
-static void drain_start(struct hkv_store *s, uint32_t seg, uint32_t to)
+/* Start moving seg (whose entry was e, validated: SHARED, a real class) to
+ * class to; 0, or -EAGAIN if the entry changed meanwhile (garbage CASed by
+ * a hostile writer: nothing is started). */
+static int drain_start(struct hkv_store *s, uint32_t seg, uint64_t e, uint32_t to)
 {
-	uint64_t e = load(&table(s)[seg]);
 	uint64_t d = hkv_seg_make(HKV_SEG_DRAINING, hkv_seg_class(e), hkv_seg_epoch(e) + 1);
 
-	__atomic_store_n(&table(s)[seg], d, __ATOMIC_RELEASE);
+	if (!__atomic_compare_exchange_n(&table(s)[seg], &e, d, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return -EAGAIN;
 	s->slab.drain_seg = (int64_t)seg;
 	s->slab.drain_from = hkv_seg_class(e);
 	s->slab.drain_to = to;
 	s->slab.drain_entry = d;
 	s->slab.drain_start_ns = hkv_now_ns();
 	s->slab.dcur.n = s->slab.dprev.n = 0;
+	return 0;
 }
 
 static void drain_end(struct hkv_store *s)
@@ -298,6 +303,8 @@ static void drain_abort(struct hkv_store *s)
 				      hkv_seg_epoch(s->slab.drain_entry) + 1),
 			 __ATOMIC_RELEASE);
 	s->slab.drains_aborted++;
+	s->slab.undone_seg = seg; /* not picked again for a while */
+	s->slab.undone_ns = hkv_now_ns();
 	hkv_info("slab: moving segment %u from class %u to %u did not finish in %llu ms; undone",
 		 seg, s->slab.drain_from, s->slab.drain_to,
 		 (unsigned long long)(DRAIN_MAX_NS / 1000000ull));
@@ -363,6 +370,12 @@ static int drain_step(struct hkv_store *s)
 		if (gen > floor)
 			floor = gen;
 	}
+	if (floor >= UINT32_MAX - 2) { /* garbage: never wrap a generation */
+		for (w = 0; w * 64 < nb; w++)
+			__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+		drain_abort(s);
+		return HKV_EFULL;
+	}
 	/* (a block written at gen floor anywhere in the segment: the new blocks
 	 * start above it, so no address sees a generation twice) */
 	carve(s, seg, s->slab.drain_to, floor + 1, s->slab.drain_entry);
@@ -416,8 +429,10 @@ static int64_t pick_victim(const struct hkv_store *s, uint32_t cls, uint64_t kee
 		int multi;
 
 		if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
-		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size))
-			continue;
+		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size) ||
+		    (s->slab.undone_ns && i == s->slab.undone_seg &&
+		     hkv_now_ns() - s->slab.undone_ns < 10 * DRAIN_MAX_NS))
+			continue; /* (a move of it was undone lately: something holds it) */
 		multi = count[c] >= 2;
 		age = segment_age(s, i, c, now);
 		if (best < 0 || multi > best_multi || (multi == best_multi && age > best_age)) {
@@ -481,7 +496,13 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_
 		victim = pick_victim(s, cls, keep_off);
 	if (victim < 0)
 		return HKV_EFULL;
-	drain_start(s, (uint32_t)victim, cls);
+	{
+		uint64_t e = load(&table(s)[victim]);
+
+		if (hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) >= g->nclasses ||
+		    hkv_seg_class(e) == cls || drain_start(s, (uint32_t)victim, e, cls))
+			return -EINPROGRESS; /* changed under us: look again */
+	}
 	ret = drain_step(s);
 	if (ret == 0)
 		*seg = (uint32_t)victim;

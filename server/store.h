@@ -53,6 +53,8 @@ struct hkv_slab {
 	int64_t drain_seg; /* the segment being moved, or -1 */
 	uint32_t drain_from, drain_to;
 	uint64_t drain_entry, drain_start_ns;
+	uint32_t undone_seg; /* the last move undone, and when (not picked again soon) */
+	uint64_t undone_ns;
 	struct hkv_sightings dprev, dcur; /* held blocks of the segment being moved */
 	uint32_t sweep_next; /* next segment the sweep looks at */
 	struct hkv_sightings prev, cur; /* held blocks of the last and this pass */

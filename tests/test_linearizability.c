@@ -105,6 +105,8 @@ static int race_verbs; /* the verbs transport (every test's servers) */
 static struct hkvserver server;
 static int server_up;
 
+static int flow_mode; /* "flow" rounds (cache mode, class shifts, a process killed) */
+
 static int64_t now_ns(void)
 {
 	struct timespec t;
@@ -134,6 +136,9 @@ static size_t make_value(uint64_t id, char *buf)
 				     (unsigned)(id >> 48 & 0xff) - 1, (unsigned)(id >> 32 & 0xffff) - 1,
 				     (unsigned)id);
 	size_t want = h % 4 == 0 ? len + h % 12 : 3000 + h % 150;
+
+	if (flow_mode) /* many blocks to a segment: no class of theirs runs short */
+		want = len + h % 120;
 
 	for (size_t i = len; i < want; i++)
 		buf[i] = (char)('a' + (h + i) % 26);
@@ -249,8 +254,6 @@ static void got_value(struct wthread *t, int key, struct lc_op *op, size_t vlen,
 	t->seen[key] = op->out;
 }
 
-/* "flow" rounds (cache mode, class shifts, a process killed) */
-static int flow_mode;
 /* Where every successful write logs the block it wrote ("blk OFF GEN"): one
  * write(2) per line on an O_APPEND file, so a SIGKILL loses no line. -1: off. */
 static int blk_fd = -1;
@@ -1367,9 +1370,10 @@ static void print_tally(int key, const struct tally *t)
 	       (unsigned long long)t->steps, t->seconds);
 }
 
-/* Lines of server s's log (info level) that contain what; -1 if unreadable. */
+/* Segments the flow rounds' server logged it moved between classes. */
 static int server_moves;
 
+/* Lines of server s's log (info level) that contain what; -1 if unreadable. */
 static int log_count(const struct hkvserver *s, const char *what)
 {
 	char path[200], line[512];
@@ -1407,7 +1411,7 @@ static void check_key(int key, struct lc_op *ops, size_t n)
 /* Over the rounds run so far: CARVE requests, and the fewest claims one
  * process made in a round. */
 static uint64_t rounds_carves, rounds_min_claims, rounds_refused;
-#define EVICTIONS_MAX 16
+#define EVICTIONS_MAX 4
 
 /* One crew of workers on the hot keys; returns the blocks freed for reuse. */
 static uint64_t mixed_round_run(const char *mode)
@@ -1527,11 +1531,13 @@ static void test_flow_reuse(void)
 
 	nblks = 0;
 	victims_holding = victim_held = victim_claims = victim_carves = 0;
+	flow_mode = 1; /* (the parent parses values too) */
 	printf("# memory that flows: %d rounds of %d processes x (%d threads x %d ops + a "
-	       "churner of 40 B-28 KiB values by turns) + a victim of %d churners killed "
+	       "churner of 0.2-1.5 KiB and 6-28 KiB values by turns; hot values < 200 B) + a victim of %d churners killed "
 	       "mid-round, cache mode\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
 	       prm.threads);
 	freed = own_server_rounds("flow", prm.flow_rounds, 1);
+	flow_mode = 0;
 	qsort(blks, nblks, sizeof(*blks), cmp_u64);
 	for (size_t i = 1; i < nblks; i++)
 		if (blks[i] == blks[i - 1] && dups++ < 5)
