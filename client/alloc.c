@@ -44,7 +44,7 @@
 #define CLAIM_RAMP_NS (20ull * 1000000ull)
 #define MAX_HINTS   64
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
-#define SURVEY_EVERY_NS  (10ull * 1000000ull)
+#define SURVEY_EVERY_NS  (1000ull * 1000000ull)
 
 uint64_t hkv_rand(struct hkv_client *c)
 {

@@ -330,12 +330,14 @@ static void test_join_and_route(void)
 		uint64_t best = UINT64_MAX, best_plain = UINT64_MAX, a, b;
 
 		CHECK_RC(set_str(c, k, "value-42"), 0);
-		CHECK_RC(set_str(d, k, "value-42"), 0);
 		for (int i = 0; i < 4; i++) {
 			hkv_client_totals(c, &a, &rd, &wr);
 			CHECK_RC(set_str(c, k, "value-42"), 0);
 			hkv_client_totals(c, &b, &rd, &wr);
 			best = b - a < best ? b - a : best;
+		}
+		CHECK_RC(set_str(d, k, "value-42"), 0);
+		for (int i = 0; i < 4; i++) {
 			hkv_client_totals(d, &a, &rd, &wr);
 			CHECK_RC(set_str(d, k, "value-42"), 0);
 			hkv_client_totals(d, &b, &rd, &wr);
