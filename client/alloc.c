@@ -42,6 +42,7 @@
 #define CLAIM_BYTES 16384
 #define CLAIM_MAX   16
 #define CLAIM_RAMP_NS (20ull * 1000000ull)
+#define CLAIM_START 4
 #define MAX_HINTS   64
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
 #define SURVEY_EVERY_NS  (1000ull * 1000000ull)
@@ -260,11 +261,11 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
 }
 
 /*
- * How many blocks one claim takes: one, doubling with every claim that
- * follows the last one of the class within CLAIM_RAMP_NS (a busy writer),
- * up to CLAIM_BYTES' worth (at most CLAIM_MAX); one again after a pause or
- * once a survey saw the class scarce. So a writer that stops holds little,
- * and a busy one pays a claim's round trip per up to 16 writes.
+ * How many blocks one claim takes: CLAIM_START after a pause, doubling with
+ * every claim that follows the last one of the class within CLAIM_RAMP_NS
+ * (a busy writer), up to CLAIM_BYTES' worth (at most CLAIM_MAX); one once
+ * a survey saw the class scarce. So a writer that stops holds little, and a
+ * busy one pays a claim's round trip per up to 16 writes.
  */
 static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 {
@@ -273,8 +274,10 @@ static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 
 	if (max > CLAIM_MAX)
 		max = CLAIM_MAX;
-	if (ca->scarce || max < 1 || now - ca->last_claim_ns > CLAIM_RAMP_NS)
+	if (ca->scarce || max < 1)
 		ca->batch = 1;
+	else if (now - ca->last_claim_ns > CLAIM_RAMP_NS)
+		ca->batch = max < CLAIM_START ? max : CLAIM_START;
 	else if (ca->batch < max)
 		ca->batch = 2 * ca->batch < max ? 2 * ca->batch : max;
 	ca->last_claim_ns = now;
@@ -295,7 +298,10 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 	wr[0].flags = HKV_WR_F_NO_COMPLETION;
 	wr[1] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
 	wr[1].flags = HKV_WR_F_NO_COMPLETION;
-	(void)hkv_conn_post(c->conn, wr, 2);
+	if (h->stamped)
+		(void)hkv_conn_post(c->conn, wr, 2);
+	else
+		(void)hkv_conn_post(c->conn, &wr[1], 1);
 	c->stats.blocks_given_back++;
 }
 
@@ -382,7 +388,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 			continue;
 		}
 		hb = (struct hkv_held){.off = seg_base(c, h->seg) + (uint64_t)blks[i] * csize,
-				       .gen = hkv_meta_gen(meta), .claim_ns = t_post,
+				       .gen = hkv_meta_gen(meta), .stamped = 1, .claim_ns = t_post,
 				       .ready_ns = st == HKV_BLK_UNUSED ? 0
 									: t_done + HKV_QUARANTINE_NS};
 		if (push_held(ca, &hb))
@@ -500,7 +506,7 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off)
  */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
-	struct hkv_held hb = {.off = off, .claim_ns = hkv_now_ns()};
+	struct hkv_held hb = {.off = off, .stamped = 1, .claim_ns = hkv_now_ns()};
 
 	if (cls >= c->g.nclasses || c->cur.off != off)
 		return; /* not the block we allocated last: leave it to the server */
@@ -542,6 +548,44 @@ void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	note_free(c, cls, seg, blk);
 }
 
+/*
+ * A block whose mark CAS we won (LIVE gen -> OBSOLETE gen: out of the
+ * index, and nobody else will free it) is ours already: keep it for our
+ * next write of the class, as a claim would (resting, held under the same
+ * time bounds), up to a claim's worth per class; else free it. Updates and
+ * evictions then reuse blocks without a claim's round trip. It is not
+ * stamped (its bytes stay as they were until it is written: an undo may
+ * still copy them), so if we die holding it, it is lost until a warm
+ * restart, like a free won and not yet posted.
+ */
+void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t gen)
+{
+	struct hkv_class_alloc *ca;
+	uint32_t max;
+	uint64_t now = hkv_now_ns();
+	struct hkv_held hb;
+
+	if (cls >= c->g.nclasses || !hkv_block_range_ok(&c->g, off, c->g.class_size[cls]) ||
+	    (off - c->g.data_off) % c->g.seg_size % c->g.class_size[cls])
+		return; /* not a block we could have validated: never touch it */
+	ca = &c->classes[cls];
+	max = CLAIM_BYTES / c->g.class_size[cls];
+	if (max > CLAIM_MAX)
+		max = CLAIM_MAX;
+	if (ca->n - ca->head >= (max ? max : 1)) {
+		hkv_free_block(c, off, cls);
+		return;
+	}
+	hb = (struct hkv_held){.off = off, .gen = gen, .claim_ns = now,
+			       .ready_ns = now + HKV_QUARANTINE_NS};
+	if (push_held(ca, &hb)) {
+		hkv_free_block(c, off, cls);
+		return;
+	}
+	c->stats.blocks_freed++;
+	c->stats.blocks_kept++;
+}
+
 /* At close: every block we hold and may still give back goes back. */
 void hkv_alloc_release(struct hkv_client *c)
 {
@@ -561,17 +605,17 @@ void hkv_alloc_release(struct hkv_client *c)
 }
 
 /*
- * No free block of class cls anywhere: ask the server to carve a segment
- * into it (control plane). After a refusal, none for 100 ms, so a full
- * store stays quick to say so.
+ * No free block of class cls anywhere: ask the server for a segment of it
+ * (control plane). After a refusal, none for the class for 100 ms, so a
+ * full store stays quick to say so and a full cache evicts without asking.
  */
-int hkv_alloc_carve(struct hkv_client *c, uint32_t cls)
+int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 {
 	uint64_t now = hkv_now_ns();
 	uint32_t seg = 0;
 	int ret;
 
-	if (now < c->carve_full_until_ns)
+	if (now < c->classes[cls].no_carve_until_ns)
 		return HKV_EFULL;
 	/* what we hold of other classes goes back first: a block of ours must
 	 * not keep a segment from being wholly free */
@@ -584,12 +628,13 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls)
 		if (k != cls)
 			ca->head = ca->n = 0;
 	}
-	ret = hkv_ctl_carve(c, cls, c->protect_off, &seg);
+	ret = hkv_ctl_carve(c, cls, c->protect_off, move ? HKV_CARVE_F_MOVE : 0, &seg);
 	c->stats.carves++;
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)
 		ret = HKV_EAGAIN; /* a segment move that would not finish: try later */
-	if (ret == HKV_EFULL)
-		c->carve_full_until_ns = hkv_now_ns() + 100ull * 1000000ull;
+	if (ret == HKV_EFULL) /* (a full cache evicts meanwhile) */
+		c->classes[cls].no_carve_until_ns =
+			hkv_now_ns() + (c->g.flags & HKV_GEOM_F_CACHE ? 1000ull : 100ull) * 1000000ull;
 	if (ret)
 		return ret;
 	c->table_ns = 0;

@@ -107,7 +107,7 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 struct hkv_held {
 	uint64_t off;
 	uint32_t gen;      /* generation in its meta when claimed: we write gen + 1 */
-	uint32_t rsv;
+	uint32_t stamped;  /* it carries our HELD stamp (a kept block does not) */
 	uint64_t claim_ns; /* clock read before the claim (or re-stamp) was posted */
 	uint64_t ready_ns; /* not written before: the rest after its free */
 };
@@ -129,6 +129,7 @@ struct hkv_class_alloc {
 	uint64_t empty_survey_ns; /* the last survey found nothing to claim */
 	uint64_t survey_ns;       /* the last survey */
 	uint64_t last_claim_ns;
+	uint64_t no_carve_until_ns; /* the server had no memory for us lately */
 	uint32_t batch;           /* blocks the last claim asked for */
 };
 
@@ -180,7 +181,6 @@ struct hkv_client {
 	uint64_t rng;
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
-	uint64_t carve_full_until_ns; /* the server said no memory: no CARVE before then */
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write
 	 * read, which no eviction or segment move of its own may take. */
@@ -307,9 +307,11 @@ struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint
  * free block to claim (the caller evicts, or asks the server to carve).
  */
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen);
-/* Ask the server for a segment of class cls (control plane; rare): 0 (the
- * class has new memory), HKV_EFULL, <0. */
-int hkv_alloc_carve(struct hkv_client *c, uint32_t cls);
+/* Ask the server for a segment of class cls (control plane; rare): a FREE
+ * one, a wholly free one of another class, or with `move` (cache mode, the
+ * class has no segment) one it empties. 0 (the class has new memory),
+ * HKV_EFULL (also without asking, for 100 ms after a refusal), <0. */
+int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move);
 /* Before posting the first chain that writes the block just allocated: 0
  * if our hold on it is young enough (docs/design.md, "Held blocks"), -1
  * if not (the block is abandoned: build a new one). */
@@ -317,6 +319,9 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off);
 /* The block at off (class cls) is no longer referenced: set its bitmap bit
  * (one unsignaled FAA, posted now, no round trip). */
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls);
+/* The same for a block whose mark CAS we won at generation gen: kept for
+ * our own next write of the class (no claim), or freed if we hold enough. */
+void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t gen);
 /* A block allocated (perhaps written) but never published: held again. */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls);
 int hkv_alloc_init(struct hkv_client *c);
@@ -346,7 +351,8 @@ extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
  * huge one models a stop after the age check, inside the post). */
 extern uint64_t hkv_test_view_max_ns;
 /* Control plane: ask for a segment of class cls (CARVE); *seg on success. */
-int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t *seg);
+int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t flags,
+		  uint32_t *seg);
 /* Memory windows: the base grant (READ rkey, and a writer's ATOMIC and
  * WRITE rkeys). */
 int hkv_grant_base(struct hkv_client *c);

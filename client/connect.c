@@ -287,9 +287,11 @@ int hkv_grant_base(struct hkv_client *c)
 	return 0;
 }
 
-int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t *seg)
+int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t flags,
+		  uint32_t *seg)
 {
-	struct hkv_ctl_carve req = {.client_id = c->client_id, .cls = cls, .keep_off = keep_off};
+	struct hkv_ctl_carve req = {.client_id = c->client_id, .cls = cls, .keep_off = keep_off,
+				    .flags = flags};
 	struct hkv_ctl_carved out;
 	int ret;
 

@@ -187,7 +187,11 @@ int hkv_retire_outcome(struct hkv_client *c, const struct item *old, const uint6
 {
 	int marked = res[0] == hkv_meta_live(old);
 
-	if (marked)
+	/* (kept only for a write that goes on allocating: a replace, or room
+	 * made for one; a delete frees) */
+	if (marked && (new_slot || c->op_key))
+		hkv_free_or_keep(c, old->blk_off, old->cls, old->gen);
+	else if (marked)
 		hkv_free_block(c, old->blk_off, old->cls);
 	if (res[1] != old->slot)
 		return CONFLICT;

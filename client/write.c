@@ -49,36 +49,41 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		    (ret = hkv_evict(c, (uint32_t)cls)) < 0)
 			return ret;
 	}
+	/*
+	 * Nothing free in the class: the server first (a FREE segment, or a
+	 * wholly free one of another class: free memory is never left while
+	 * items are evicted); then, in a full cache, evict in the class, or if
+	 * the class has no segment at all, the server empties one for it.
+	 */
 	for (int carves = 0;; carves++) {
+		uint32_t nseg;
+
 		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
 		if (ret != HKV_EFULL)
 			break;
 		if ((ret = hkv_alloc_table(c, 0)))
 			break;
-		/* cache mode, no FREE segment left: evict in the class */
-		if (hkv_cache_mode(c) && !hkv_alloc_any_free(c) && hkv_alloc_class_segs(c, cls)) {
-			ret = HKV_EFULL;
-			for (int round = 0, empty = 0; round < 64 && empty < 4; round++) {
-				int n = hkv_evict(c, (uint32_t)cls);
+		nseg = hkv_alloc_class_segs(c, (uint32_t)cls);
+		ret = carves < 4 ? hkv_alloc_carve(c, (uint32_t)cls, hkv_cache_mode(c) && !nseg)
+				 : HKV_EFULL;
+		if (ret != HKV_EFULL) {
+			if (ret)
+				break;
+			continue;
+		}
+		if (!hkv_cache_mode(c) || !nseg)
+			break;
+		for (int round = 0, empty = 0; round < 64 && empty < 4; round++) {
+			int n = hkv_evict(c, (uint32_t)cls);
 
-				if (n < 0)
-					return n;
-				empty = n ? 0 : empty + 1;
-				ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
-				if (ret != HKV_EFULL)
-					break;
-			}
+			if (n < 0)
+				return n;
+			empty = n ? 0 : empty + 1;
+			ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
 			if (ret != HKV_EFULL)
 				break;
 		}
-		/* nothing to claim or evict in the class: the server carves a
-		 * segment into it (a FREE one, a wholly free one, or - cache mode -
-		 * one it empties of another class) */
-		if (carves == 4) {
-			ret = HKV_EFULL;
-			break;
-		}
-		if ((ret = hkv_alloc_carve(c, (uint32_t)cls)))
+		if (ret != HKV_EFULL || carves >= 4)
 			break;
 	}
 	if (ret)

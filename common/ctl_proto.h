@@ -111,7 +111,13 @@ struct hkv_ctl_carve {
 	uint8_t ticket[HKV_TICKET_LEN];
 	uint64_t keep_off; /* cache mode: never empty the segment holding this
 			    * block (the item a read-modify-write rewrites); 0: none */
+	uint32_t flags;    /* HKV_CARVE_F_* */
+	uint32_t pad;
 };
+
+/* Cache mode: the class has no segment to evict in, so the server may
+ * empty one of another class (evicting its items) for it. */
+#define HKV_CARVE_F_MOVE 0x1
 
 struct hkv_ctl_carved {
 	uint32_t seg; /* now SHARED in class cls */

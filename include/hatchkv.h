@@ -227,6 +227,7 @@ struct hkv_client_stats {
 	 * the server to reclaim) */
 	uint64_t claims, claims_lost, blocks_claimed, blocks_freed;
 	uint64_t surveys, carves, blocks_given_back, blocks_abandoned;
+	uint64_t blocks_kept; /* of the freed: kept for our own next write, no claim */
 	uint64_t corrupt_reads; /* blocks that failed validation */
 	uint64_t evictions;     /* live items this handle evicted (cache mode) */
 	uint64_t reconnects;    /* times the handle connected again after losing the server */

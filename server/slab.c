@@ -445,7 +445,8 @@ static int64_t pick_victim(const struct hkv_store *s, uint32_t cls, uint64_t kee
 	return best;
 }
 
-int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_t *seg)
+int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int move,
+		   uint32_t *seg)
 {
 	const struct hkv_geometry *g = s->geom;
 	int64_t victim = -1;
@@ -484,15 +485,31 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_
 			return 0;
 		}
 	}
-	/* a wholly free segment of another class (deleted, flushed, evicted) */
-	for (uint32_t i = 0; i < g->nsegs && victim < 0; i++) {
-		uint64_t e = load(&table(s)[i]);
+	/*
+	 * A wholly free segment of another class (deleted, flushed, expired).
+	 * A full cache empties segments of large classes all the time by
+	 * evicting: there, take one only for a class with no segment, or when
+	 * a sixteenth of memory lies wholly free (after a flush), so that
+	 * eviction, not the order of requests, shares memory out.
+	 */
+	{
+		uint32_t nfree = 0;
+		int64_t first = -1;
 
-		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) != cls &&
-		    hkv_seg_class(e) < g->nclasses && wholly_free(s, i, hkv_seg_class(e)))
-			victim = i;
+		for (uint32_t i = 0; i < g->nsegs; i++) {
+			uint64_t e = load(&table(s)[i]);
+
+			if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) != cls &&
+			    hkv_seg_class(e) < g->nclasses && wholly_free(s, i, hkv_seg_class(e))) {
+				nfree++;
+				if (first < 0)
+					first = i;
+			}
+		}
+		if (!(g->flags & HKV_GEOM_F_CACHE) || move || (uint64_t)nfree * 16 >= g->nsegs)
+			victim = first;
 	}
-	if (victim < 0 && (g->flags & HKV_GEOM_F_CACHE))
+	if (victim < 0 && (g->flags & HKV_GEOM_F_CACHE) && move)
 		victim = pick_victim(s, cls, keep_off);
 	if (victim < 0)
 		return HKV_EFULL;

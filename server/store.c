@@ -238,7 +238,7 @@ int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 		*why = "no such size class";
 		return -EINVAL;
 	}
-	ret = hkv_slab_carve(s, req->cls, req->keep_off, &out->seg);
+	ret = hkv_slab_carve(s, req->cls, req->keep_off, req->flags & HKV_CARVE_F_MOVE, &out->seg);
 	if (ret == HKV_EFULL)
 		*why = "no memory for that size class";
 	else if (ret == -EINPROGRESS)

@@ -106,7 +106,8 @@ int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 void hkv_store_tick(struct hkv_store *s);
 
 /* server/slab.c. Carve a segment for class cls (see hkv_store_carve). */
-int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, uint32_t *seg);
+int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int move,
+		   uint32_t *seg);
 /* A step of a move in progress, and a few segments' held blocks looked at;
  * every HKV_SLAB_TICK_MS. */
 #define HKV_SLAB_TICK_MS 100

@@ -159,7 +159,7 @@ static void setup(struct hkvserver *s, struct hkv_config **cfg)
 	cfg[1] = hkvserver_config(s);
 	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
 	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
-	tighten(st.churner, 6);
+	tighten(st.churner, 8);
 	CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1000), VLEN, NULL), 0);
 	st.next = 2000;
 	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
