@@ -51,7 +51,8 @@ int hkv_append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const str
 		      uint64_t new_slot, uint64_t *res)
 {
 	wrs[n++] = hkv_wr_cas(c, &res[0], old->blk_off, hkv_meta_live(old),
-			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen));
+			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen) |
+				      hkv_meta_retirer(c->client_id));
 	wrs[n++] = hkv_wr_cas(c, &res[1], old->slot_off, old->slot, new_slot);
 	return n;
 }
@@ -91,7 +92,8 @@ static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t ne
 		       uint64_t seen)
 {
 	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
-	uint64_t ours = w->meta, gone = (seen & ~3ull) | HKV_BLK_OBSOLETE;
+	uint64_t ours = w->meta;
+	uint64_t gone = (seen & ~3ull) | HKV_BLK_OBSOLETE | hkv_meta_retirer(c->client_id);
 	enum hkv_block_state st = hkv_meta_state(seen);
 	int ours_g = 0, restored = 0;
 	struct hkv_wr wrs[2];
@@ -117,7 +119,8 @@ static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t ne
 	if (!restored && new_slot) { /* step 3: the key goes (N is LIVE, or PENDING for an insert) */
 		uint64_t live = hkv_meta_make(HKV_BLK_LIVE, hkv_meta_class(ours), hkv_meta_gen(ours));
 		uint64_t pend = hkv_meta_make(HKV_BLK_PENDING, hkv_meta_class(ours), hkv_meta_gen(ours));
-		uint64_t dead = (live & ~3ull) | HKV_BLK_OBSOLETE | HKV_META_ABORTED;
+		uint64_t dead = (live & ~3ull) | HKV_BLK_OBSOLETE | HKV_META_ABORTED |
+				hkv_meta_retirer(c->client_id);
 		struct hkv_wr rm[3];
 
 		rm[0] = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(new_slot), live, dead);
@@ -208,7 +211,8 @@ static void withdraw_ours(struct hkv_client *c, uint64_t new_slot, enum hkv_bloc
 {
 	uint64_t was = our_meta(c, st);
 	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[2], hkv_slot_off(new_slot), was,
-				      our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED);
+				      our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED |
+					      hkv_meta_retirer(c->client_id));
 
 	if (!hkv_exec(c, &wr, 1) && c->atom[2] == was)
 		hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
@@ -289,7 +293,8 @@ static int abort_stale_pending(struct hkv_client *c, uint64_t slot_off, uint64_t
 			       const struct hkv_block_hdr *h, uint64_t seen_ns)
 {
 	uint64_t pend = h->meta, dead = hkv_meta_make(HKV_BLK_OBSOLETE, hkv_meta_class(pend),
-						    hkv_meta_gen(pend)) | HKV_META_ABORTED;
+						    hkv_meta_gen(pend)) | HKV_META_ABORTED |
+					 hkv_meta_retirer(c->client_id);
 	struct hkv_wr wr;
 	int ret;
 
@@ -442,7 +447,8 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 {
 	uint64_t *re = (uint64_t *)(c->bkt + 2 * HKV_BUCKET_SIZE);
 	uint64_t soff = hkv_slot_off_of(c, k, pos), pend = our_meta(c, HKV_BLK_PENDING);
-	uint64_t dead = our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED;
+	uint64_t dead = our_meta(c, HKV_BLK_OBSOLETE) | HKV_META_ABORTED |
+			hkv_meta_retirer(c->client_id);
 	uint64_t expect = victim ? victim->slot : 0, re_seen;
 	struct hkv_wr wrs[5];
 	int ret, rival, n = 0;

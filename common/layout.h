@@ -27,7 +27,9 @@
  *   offset: block address in 64 B units from the region base.
  *
  * Block (64 B aligned, class size bytes):
- *   0  u64 meta     state(2) | class(7) | aborted(1) | rsv(22) | gen(32) -- CAS word
+ *   0  u64 meta     state(2) | class(7) | aborted(1) | retirer(16) | rsv(6) | gen(32)
+ *                   -- CAS word; retirer: in an OBSOLETE meta, the client whose
+ *                   CAS retired the block (it frees it, or keeps it to reuse)
  *   8  u32 crc      CRC32C of gen, bytes 12..27 and key+value
  *   12 u32 vlen
  *   16 u32 flags    client flags (memcached)
@@ -149,6 +151,19 @@ enum hkv_block_state {
 
 /* In an OBSOLETE meta: it was PENDING and never committed (never a value). */
 #define HKV_META_ABORTED (1ull << 9)
+
+/* In an OBSOLETE meta: the client whose CAS retired the block, so owes its
+ * free (or reuses it). If that client disconnects first, the server frees
+ * the block (server/slab.c). 0: a server-side retire (freed at once). */
+static inline uint64_t hkv_meta_retirer(uint32_t client_id)
+{
+	return (uint64_t)(client_id & 0xffff) << 10;
+}
+
+static inline uint32_t hkv_meta_retired_by(uint64_t m)
+{
+	return (uint32_t)(m >> 10) & 0xffff;
+}
 
 struct hkv_block_hdr {
 	uint64_t meta;

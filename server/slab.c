@@ -5,6 +5,10 @@
  * bitmaps exactly at a warm restart. See docs/design.md, "Memory that
  * flows".
  *
+ * The sweep also takes back what a disconnected client left: blocks it had
+ * retired (its id is in the OBSOLETE meta) and kept for its next write, or
+ * whose free it had not posted yet.
+ *
  * None of this runs per operation: a CARVE request comes once per segment's
  * worth of memory that changes class, and the sweep looks at a few segments
  * every HKV_SLAB_TICK_MS. The server writes the segment table alone; it
@@ -83,24 +87,40 @@ static uint64_t *stamp_word(struct hkv_block_hdr *h)
 	return (uint64_t *)((uint8_t *)h + 16);
 }
 
-/* Is h a free block held under a stamp (bit clear, never written since)? */
-static int held_free(struct hkv_block_hdr *h, uint64_t *meta, uint64_t *stamp)
+/*
+ * Is h (its bit clear) a free block someone may have left behind: held
+ * under a HELD stamp (1), or retired by a client that has disconnected
+ * since and so will never post its free or write it (2)? 0 otherwise.
+ */
+static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint64_t *meta,
+		     uint64_t *stamp)
 {
 	enum hkv_block_state st;
+	uint32_t by;
 
 	*meta = load(&h->meta);
 	*stamp = load(stamp_word(h));
 	st = hkv_meta_state(*meta);
-	return (st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) && hkv_held_is(*stamp);
+	if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) && hkv_held_is(*stamp))
+		return 1;
+	by = hkv_meta_retired_by(*meta);
+	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected ? 2 : 0;
 }
 
-/* Take back an abandoned held block: its stamp goes (only if unchanged),
- * then its bit is set. 1 if taken. */
+/*
+ * Take back a block left behind, once it has stood unchanged long enough
+ * (see the top): a HELD stamp is CASed away, or a gone client's name in
+ * the meta, so that exactly one take-back wins; then its bit is set. 1 if
+ * taken.
+ */
 static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
-			uint64_t stamp)
+			uint64_t stamp, uint64_t meta, int kind)
 {
-	if (!__atomic_compare_exchange_n(stamp_word(h), &stamp, 0, 0, __ATOMIC_ACQ_REL,
-					 __ATOMIC_ACQUIRE))
+	if (kind == 2 ? !__atomic_compare_exchange_n(&h->meta, &meta,
+						     meta & ~hkv_meta_retirer(0xffff), 0,
+						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+		      : !__atomic_compare_exchange_n(stamp_word(h), &stamp, 0, 0, __ATOMIC_ACQ_REL,
+						     __ATOMIC_ACQUIRE))
 		return 0;
 	__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
 	s->slab.held_reclaimed++;
@@ -167,12 +187,13 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
 			uint64_t meta, stamp, off = (uint64_t)((uint8_t *)h - base(s));
+			int kind = held_free(s, h, &meta, &stamp);
 
-			if (!held_free(h, &meta, &stamp))
+			if (!kind)
 				continue;
 			if (now - sighting(&s->slab.cur, &s->slab.prev, off, stamp, meta, now) >=
 			    RECLAIM_NS)
-				reclaim_held(s, seg, b, h, stamp);
+				reclaim_held(s, seg, b, h, stamp, meta, kind);
 		}
 	}
 }
@@ -333,17 +354,18 @@ static int drain_step(struct hkv_store *s)
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
 			uint64_t meta = load(&h->meta), stamp, off;
+			int kind;
 
 			if (cache && hkv_meta_state(meta) == HKV_BLK_LIVE &&
 			    evict_block(s, seg, cls, b, h, meta))
 				continue;
 			all = 0;
-			if (!held_free(h, &meta, &stamp))
+			if (!(kind = held_free(s, h, &meta, &stamp)))
 				continue;
 			off = (uint64_t)((uint8_t *)h - base(s));
 			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now) >=
 			    RECLAIM_NS)
-				reclaim_held(s, seg, b, h, stamp);
+				reclaim_held(s, seg, b, h, stamp, meta, kind);
 		}
 	}
 	sightings_swap(&s->slab.dprev, &s->slab.dcur);
@@ -355,12 +377,18 @@ static int drain_step(struct hkv_store *s)
 		return -EINPROGRESS;
 	}
 	for (w = 0; w * 64 < nb; w++) {
-		uint64_t full = word_mask(nb, w);
+		/* (the word as it is: stray bits past the last block, garbage, go too) */
+		uint64_t v = load(&bits[w]);
 
-		if (!__atomic_compare_exchange_n(&bits[w], &full, 0, 0, __ATOMIC_ACQ_REL,
+		if ((v & word_mask(nb, w)) != word_mask(nb, w) ||
+		    !__atomic_compare_exchange_n(&bits[w], &v, 0, 0, __ATOMIC_ACQ_REL,
 						 __ATOMIC_ACQUIRE)) {
 			while (w--) /* a claimer got in: its blocks come back; again later */
 				__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+			if (now - s->slab.drain_start_ns > DRAIN_MAX_NS) {
+				drain_abort(s);
+				return HKV_EFULL;
+			}
 			return -EINPROGRESS;
 		}
 	}
