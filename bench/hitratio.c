@@ -310,14 +310,15 @@ int main(int argc, char **argv)
 	/* what moving memory between classes costs: CARVE requests (the server
 	 * carves or moves a segment) happen inside the sets that needed them */
 	printf("sets: %llu, %.3f round trips each; %llu CARVE request(s) (one per %.0f sets), "
-	       "%llu claims (%llu lost), %llu surveys\n",
+	       "%llu claims (%llu lost), %llu surveys, %llu blocks kept, %llu given back\n",
 	       (unsigned long long)st.op[HKV_OP_SET].count,
 	       st.op[HKV_OP_SET].count ? (double)st.op[HKV_OP_SET].round_trips /
 					 (double)st.op[HKV_OP_SET].count : 0.0,
 	       (unsigned long long)st.carves,
 	       st.carves ? (double)st.op[HKV_OP_SET].count / (double)st.carves : 0.0,
 	       (unsigned long long)st.claims, (unsigned long long)st.claims_lost,
-	       (unsigned long long)st.surveys);
+	       (unsigned long long)st.surveys, (unsigned long long)st.blocks_kept,
+	       (unsigned long long)st.blocks_given_back);
 	hkv_close(c);
 	hkvserver_stop(&srv);
 	lru_free(&lru);

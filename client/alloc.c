@@ -43,6 +43,7 @@
 #define CLAIM_MAX   16
 #define CLAIM_RAMP_NS (20ull * 1000000ull)
 #define CLAIM_START 4
+#define HOLD_BYTES  65536
 #define MAX_HINTS   64
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
 #define SURVEY_EVERY_NS  (1000ull * 1000000ull)
@@ -260,6 +261,21 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
 	ca->hints[0] = (struct hkv_hint){seg, word, 1ull << (blk % 64)};
 }
 
+/* Blocks of class cls we may hold at once (claimed or kept): 64 KiB worth,
+ * at least 1, at most 64 - enough for a rotation of small blocks resting
+ * 200 us each between a writer's updates; 16 KiB worth (at least 2) while
+ * the class evicts, 2 while a survey finds it scarce. */
+uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
+{
+	uint32_t n = HOLD_BYTES / c->g.class_size[cls];
+
+	if (c->classes[cls].pressure) /* evicting: what evicts ahead rests here */
+		n = CLAIM_BYTES / c->g.class_size[cls] < 2 ? 2 : CLAIM_BYTES / c->g.class_size[cls];
+	else if (c->classes[cls].scarce) /* memory is short: take little out of the pool */
+		n = n < 2 ? n : 2;
+	return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
 /*
  * How many blocks one claim takes: CLAIM_START after a pause, doubling with
  * every claim that follows the last one of the class within CLAIM_RAMP_NS
@@ -407,8 +423,22 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	return got > 0;
 }
 
-/* Every 50 ms: held blocks of every class that have waited long are given
- * back while we may, or abandoned after. */
+/*
+ * A held block that waited HOLD_USE_NS goes back: a claimed (stamped) one
+ * only within HOLD_GIVE_NS of its claim, else it is abandoned to the
+ * server's sweep; a kept one at any age (the sweep never takes a connected
+ * client's kept blocks, so nothing can have set its bit meanwhile).
+ */
+static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h, uint64_t now)
+{
+	if (!h->stamped || now - h->claim_ns < HOLD_GIVE_NS)
+		give_back(c, cls, h);
+	else
+		c->stats.blocks_abandoned++;
+}
+
+/* Every 50 ms (from every operation's end, and allocation): held blocks of
+ * every class that have waited long go (drop_held). */
 static void tidy(struct hkv_client *c, uint64_t now)
 {
 	if (now - c->tidy_ns < 50ull * 1000000ull)
@@ -417,16 +447,17 @@ static void tidy(struct hkv_client *c, uint64_t now)
 	for (uint32_t cls = 0; cls < c->g.nclasses; cls++) {
 		struct hkv_class_alloc *ca = &c->classes[cls];
 
-		while (ca->head < ca->n && now - ca->held[ca->head].claim_ns >= HOLD_USE_NS) {
-			if (now - ca->held[ca->head].claim_ns < HOLD_GIVE_NS)
-				give_back(c, cls, &ca->held[ca->head]);
-			else
-				c->stats.blocks_abandoned++;
-			ca->head++;
-		}
+		while (ca->head < ca->n && now - ca->held[ca->head].claim_ns >= HOLD_USE_NS)
+			drop_held(c, cls, &ca->held[ca->head++], now);
 		if (ca->head == ca->n)
 			ca->head = ca->n = 0;
 	}
+}
+
+void hkv_alloc_tidy(struct hkv_client *c)
+{
+	if (c->classes && !c->readonly && !c->conn->error)
+		tidy(c, hkv_now_ns());
 }
 
 int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t *gen)
@@ -438,26 +469,45 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 		uint64_t now = hkv_now_ns();
 
 		tidy(c, now);
-		while (ca->head < ca->n) {
-			struct hkv_held hb = ca->held[ca->head];
+		/* expired holds first (tidy gives back the ones still young enough) */
+		while (ca->head < ca->n && now - ca->held[ca->head].claim_ns >= HOLD_USE_NS)
+			drop_held(c, cls, &ca->held[ca->head++], now);
+		/* the first held block that has rested; if none has, and we hold
+		 * less than hold_cap, claim more (a never-used block needs no
+		 * rest) rather than wait; else wait for the first (<= 200 us) */
+		{
+			uint32_t pick = ca->n, first = ca->n;
 
-			if (now - hb.claim_ns >= HOLD_USE_NS) { /* (tidy gives back soon ones) */
-				if (now - hb.claim_ns < HOLD_GIVE_NS)
-					give_back(c, cls, &hb);
-				else
-					c->stats.blocks_abandoned++;
-				ca->head++;
-				continue;
+			for (uint32_t i = ca->head; i < ca->n; i++) {
+				if (now - ca->held[i].claim_ns >= HOLD_USE_NS)
+					continue;
+				if (first == ca->n || ca->held[i].ready_ns < ca->held[first].ready_ns)
+					first = i;
+				if (ca->held[i].ready_ns <= now) {
+					pick = i;
+					break;
+				}
 			}
-			while (hkv_now_ns() < hb.ready_ns) /* resting: at most 200 us */
-				;
-			ca->head++;
-			if (ca->head == ca->n)
-				ca->head = ca->n = 0;
-			*off = hb.off;
-			*gen = hb.gen + 1 ? hb.gen + 1 : 1;
-			c->cur = (struct hkv_cur_alloc){hb.off, hb.claim_ns, cls, hb.gen, 0};
-			return 0;
+			/* (evicting: what is held is what eviction freed ahead, resting;
+			 * a claim would only bring blocks that rest as long) */
+			if (pick == ca->n && first != ca->n &&
+			    (ca->n - ca->head >= hkv_alloc_hold_cap(c, cls) || tries || ca->pressure)) {
+				while (hkv_now_ns() < ca->held[first].ready_ns)
+					;
+				pick = first;
+			}
+			if (pick != ca->n) {
+				struct hkv_held hb = ca->held[pick];
+
+				ca->held[pick] = ca->held[ca->head++];
+				if (ca->head == ca->n)
+					ca->head = ca->n = 0;
+				*off = hb.off;
+				*gen = hb.gen + 1 ? hb.gen + 1 : 1;
+				c->cur = (struct hkv_cur_alloc){hb.off, hb.claim_ns, cls, hb.gen, 0,
+								hb.stamped};
+				return 0;
+			}
 		}
 		/* down to the last hint: look at the whole class again now and
 		 * then, for blocks freed elsewhere since */
@@ -506,7 +556,7 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off)
  */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
-	struct hkv_held hb = {.off = off, .stamped = 1, .claim_ns = hkv_now_ns()};
+	struct hkv_held hb = {.off = off, .stamped = c->cur.stamped, .claim_ns = hkv_now_ns()};
 
 	if (cls >= c->g.nclasses || c->cur.off != off)
 		return; /* not the block we allocated last: leave it to the server */
@@ -521,6 +571,7 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 		hdr[0] = hkv_meta_make(HKV_BLK_OBSOLETE, cls, hb.gen);
 		hdr[1] = 0;
 		hdr[2] = hkv_held_make(c->client_id, c->hold_seq);
+		hb.stamped = 1;
 		wr = hkv_wr_write(c, hdr, off, 24);
 		if (hkv_exec(c, &wr, 1)) /* (the next one overwrites these words) */
 			return;
@@ -552,7 +603,7 @@ void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
  * A block whose mark CAS we won (LIVE gen -> OBSOLETE gen: out of the
  * index, and nobody else will free it) is ours already: keep it for our
  * next write of the class, as a claim would (resting, held under the same
- * time bounds), up to a claim's worth per class; else free it. Updates and
+ * time bounds), up to hold_cap() per class; else free it. Updates and
  * evictions then reuse blocks without a claim's round trip. It is not
  * stamped (its bytes stay as they were until it is written: an undo may
  * still copy them), so if we die holding it, it is lost until a warm
@@ -569,10 +620,8 @@ void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t
 	    (off - c->g.data_off) % c->g.seg_size % c->g.class_size[cls])
 		return; /* not a block we could have validated: never touch it */
 	ca = &c->classes[cls];
-	max = CLAIM_BYTES / c->g.class_size[cls];
-	if (max > CLAIM_MAX)
-		max = CLAIM_MAX;
-	if (ca->n - ca->head >= (max ? max : 1)) {
+	max = hkv_alloc_hold_cap(c, cls);
+	if (ca->n - ca->head >= max) {
 		hkv_free_block(c, off, cls);
 		return;
 	}
@@ -596,8 +645,7 @@ void hkv_alloc_release(struct hkv_client *c)
 		struct hkv_class_alloc *ca = &c->classes[cls];
 
 		for (; ca->head < ca->n; ca->head++)
-			if (now - ca->held[ca->head].claim_ns < HOLD_GIVE_NS)
-				give_back(c, cls, &ca->held[ca->head]);
+			drop_held(c, cls, &ca->held[ca->head], now);
 		ca->head = ca->n = 0;
 	}
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
@@ -623,8 +671,7 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 		struct hkv_class_alloc *ca = &c->classes[k];
 
 		for (; k != cls && ca->head < ca->n; ca->head++)
-			if (now - ca->held[ca->head].claim_ns < HOLD_GIVE_NS)
-				give_back(c, k, &ca->held[ca->head]);
+			drop_held(c, k, &ca->held[ca->head], now);
 		if (k != cls)
 			ca->head = ca->n = 0;
 	}

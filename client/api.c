@@ -129,6 +129,7 @@ static int op_end(struct hkv_client *c, const struct op_scope *s, int ret)
 	struct hkv_op_stats *o = &c->stats.op[s->op];
 	const struct hkv_conn_stats *now = &c->conn->stats;
 
+	hkv_alloc_tidy(c);
 	o->count++;
 	o->round_trips += now->round_trips - s->before.round_trips;
 	o->bytes_read += now->bytes_read - s->before.bytes_read;

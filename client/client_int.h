@@ -139,6 +139,7 @@ struct hkv_cur_alloc {
 	uint64_t claim_ns;
 	uint32_t cls, gen; /* gen: as claimed (the block is written with gen + 1) */
 	int written;       /* a chain that writes it was posted */
+	uint32_t stamped;  /* as held (a kept block is not) */
 };
 
 /* ---- the handle ---------------------------------------------------------- */
@@ -325,6 +326,11 @@ void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t
 /* A block allocated (perhaps written) but never published: held again. */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls);
 int hkv_alloc_init(struct hkv_client *c);
+/* How many blocks of class cls a handle holds at most (claimed or kept);
+ * in cache mode also how far eviction runs ahead of allocation. */
+uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls);
+/* Held blocks that waited long go back (cheap unless 50 ms passed). */
+void hkv_alloc_tidy(struct hkv_client *c);
 /* Give every block this handle holds back to the shared pool (at close). */
 void hkv_alloc_release(struct hkv_client *c);
 void hkv_alloc_fini(struct hkv_client *c);

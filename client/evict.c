@@ -181,6 +181,7 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 	struct victim v[EVICT_SAMPLES];
 	uint32_t segs[EVICT_SAMPLES], nseg = 0, nb = c->g.seg_size / c->g.class_size[cls];
 	uint32_t start;
+	uint64_t kept;
 	int n = 0, ret;
 
 	if ((size_t)EVICT_SAMPLES * EVICT_READ + EVICT_BATCH * 2 * HKV_BUCKET_SIZE > c->read_cap)
@@ -202,11 +203,13 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 		v[n++].off = c->g.data_off + (uint64_t)seg * c->g.seg_size +
 			     (uint64_t)b * c->g.class_size[cls];
 	}
+	kept = c->stats.blocks_kept;
 	n = evict_offs(c, cls, v, n, EVICT_BATCH);
 	if (n > 0) {
 		ca->pressure = 1;
-		ca->evict_pending += (uint32_t)n;
-		ca->nhints = 0; /* survey again: the freed bits are somewhere else */
+		/* (the ones we kept are held already; the rest went to the pool) */
+		kept = c->stats.blocks_kept - kept;
+		ca->evict_pending += (uint32_t)n > kept ? (uint32_t)(n - (int)kept) : 0;
 		ca->empty_survey_ns = 0;
 	}
 	return n;

@@ -93,7 +93,8 @@ static void undo_stale(struct hkv_client *c, const struct item *old, uint64_t ne
 {
 	struct hkv_block_hdr *w = (struct hkv_block_hdr *)c->wblk;
 	uint64_t ours = w->meta;
-	uint64_t gone = (seen & ~3ull) | HKV_BLK_OBSOLETE | hkv_meta_retirer(c->client_id);
+	uint64_t gone = (seen & ~3ull & ~hkv_meta_retirer(0xffff)) | HKV_BLK_OBSOLETE |
+			hkv_meta_retirer(c->client_id);
 	enum hkv_block_state st = hkv_meta_state(seen);
 	int ours_g = 0, restored = 0;
 	struct hkv_wr wrs[2];
@@ -190,9 +191,10 @@ int hkv_retire_outcome(struct hkv_client *c, const struct item *old, const uint6
 {
 	int marked = res[0] == hkv_meta_live(old);
 
-	/* (kept only for a write that goes on allocating: a replace, or room
-	 * made for one; a delete frees) */
-	if (marked && (new_slot || c->op_key))
+	/* (kept only by a replace, which goes on writing blocks of the class;
+	 * a delete or an eviction frees: keeping what eviction frees starves
+	 * the small classes of a mixed-size cache, 13 points of hit ratio) */
+	if (marked && new_slot)
 		hkv_free_or_keep(c, old->blk_off, old->cls, old->gen);
 	else if (marked)
 		hkv_free_block(c, old->blk_off, old->cls);

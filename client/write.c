@@ -45,7 +45,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	if (hkv_cache_mode(c)) {
 		struct hkv_class_alloc *ca = &c->classes[cls];
 
-		if (ca->pressure && ca->n - ca->head + ca->evict_pending < 2 * EVICT_BATCH &&
+		if (ca->pressure && ca->n - ca->head + ca->evict_pending < hkv_alloc_hold_cap(c, cls) &&
 		    (ret = hkv_evict(c, (uint32_t)cls)) < 0)
 			return ret;
 	}

@@ -88,12 +88,42 @@ static uint64_t *stamp_word(struct hkv_block_hdr *h)
 }
 
 /*
+ * Does a slot of the key in block h name the block (at any generation)? 1
+ * also when the key cannot be read (then nothing may be done with it).
+ */
+static int named(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), kh, b1, b2;
+	const uint64_t *slots = (const uint64_t *)(base(s) + g->index_off);
+	uint32_t klen = h->klen;
+	uint8_t key[HKV_MAX_KEY];
+
+	if (klen == 0 || klen > HKV_MAX_KEY || HKV_BLOCK_HDR + klen > g->class_size[cls])
+		return 1;
+	memcpy(key, h + 1, klen);
+	kh = hkv_key_hash(g, key, klen);
+	hkv_buckets_of(g, kh, &b1, &b2);
+	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
+		uint64_t sl = load(&slots[(p < HKV_BUCKET_SLOTS ? b1 : b2) * HKV_BUCKET_SLOTS +
+					  (uint64_t)(p % HKV_BUCKET_SLOTS)]);
+
+		if (sl && hkv_slot_off(sl) == off)
+			return 1;
+	}
+	return 0;
+}
+
+/*
  * Is h (its bit clear) a free block someone may have left behind: held
  * under a HELD stamp (1), or retired by a client that has disconnected
- * since and so will never post its free or write it (2)? 0 otherwise.
+ * since and so will never post its free or write it (2)? 0 otherwise. A
+ * retired block a slot still names (its retirer died between its meta CAS
+ * and its slot CAS) is left alone: freeing it would leave the slot naming
+ * a reused block.
  */
-static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint64_t *meta,
-		     uint64_t *stamp)
+static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
+		     uint64_t *meta, uint64_t *stamp)
 {
 	enum hkv_block_state st;
 	uint32_t by;
@@ -104,7 +134,8 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint64_
 	if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) && hkv_held_is(*stamp))
 		return 1;
 	by = hkv_meta_retired_by(*meta);
-	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected ? 2 : 0;
+	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected && !named(s, h, cls) ? 2
+													: 0;
 }
 
 /*
@@ -187,7 +218,7 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
 			uint64_t meta, stamp, off = (uint64_t)((uint8_t *)h - base(s));
-			int kind = held_free(s, h, &meta, &stamp);
+			int kind = held_free(s, h, cls, &meta, &stamp);
 
 			if (!kind)
 				continue;
@@ -360,7 +391,7 @@ static int drain_step(struct hkv_store *s)
 			    evict_block(s, seg, cls, b, h, meta))
 				continue;
 			all = 0;
-			if (!(kind = held_free(s, h, &meta, &stamp)))
+			if (!(kind = held_free(s, h, cls, &meta, &stamp)))
 				continue;
 			off = (uint64_t)((uint8_t *)h - base(s));
 			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now) >=
