@@ -87,26 +87,39 @@ static uint64_t *stamp_word(struct hkv_block_hdr *h)
 	return (uint64_t *)((uint8_t *)h + 16);
 }
 
+/* The 32 slots of the key in block h (class cls), canonical order; -1 if
+ * the header does not hold a key (nothing may be done with the block). */
+static int key_slots(const struct hkv_store *s, const struct hkv_block_hdr *h, uint32_t cls,
+		     uint64_t **slot)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint64_t *slots = (uint64_t *)(base(s) + g->index_off), kh, b1, b2;
+	uint32_t klen = h->klen;
+	uint8_t key[HKV_MAX_KEY];
+
+	if (klen == 0 || klen > HKV_MAX_KEY || HKV_BLOCK_HDR + klen > g->class_size[cls])
+		return -1;
+	memcpy(key, h + 1, klen);
+	kh = hkv_key_hash(g, key, klen);
+	hkv_buckets_of(g, kh, &b1, &b2);
+	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++)
+		slot[p] = &slots[(p < HKV_BUCKET_SLOTS ? b1 : b2) * HKV_BUCKET_SLOTS +
+				 (uint64_t)(p % HKV_BUCKET_SLOTS)];
+	return 0;
+}
+
 /*
  * Does a slot of the key in block h name the block (at any generation)? 1
  * also when the key cannot be read (then nothing may be done with it).
  */
 static int named(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls)
 {
-	const struct hkv_geometry *g = s->geom;
-	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), kh, b1, b2;
-	const uint64_t *slots = (const uint64_t *)(base(s) + g->index_off);
-	uint32_t klen = h->klen;
-	uint8_t key[HKV_MAX_KEY];
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slot[2 * HKV_BUCKET_SLOTS];
 
-	if (klen == 0 || klen > HKV_MAX_KEY || HKV_BLOCK_HDR + klen > g->class_size[cls])
+	if (key_slots(s, h, cls, slot))
 		return 1;
-	memcpy(key, h + 1, klen);
-	kh = hkv_key_hash(g, key, klen);
-	hkv_buckets_of(g, kh, &b1, &b2);
 	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
-		uint64_t sl = load(&slots[(p < HKV_BUCKET_SLOTS ? b1 : b2) * HKV_BUCKET_SLOTS +
-					  (uint64_t)(p % HKV_BUCKET_SLOTS)]);
+		uint64_t sl = load(slot[p]);
 
 		if (sl && hkv_slot_off(sl) == off)
 			return 1;
@@ -286,20 +299,13 @@ static uint32_t free_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cl
 static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t b,
 		       struct hkv_block_hdr *h, uint64_t meta)
 {
-	const struct hkv_geometry *g = s->geom;
-	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), kh, b1, b2;
-	uint64_t *slots = (uint64_t *)(base(s) + g->index_off);
-	uint32_t gen = hkv_meta_gen(meta), klen = h->klen;
-	uint8_t key[HKV_MAX_KEY];
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slots[2 * HKV_BUCKET_SLOTS];
+	uint32_t gen = hkv_meta_gen(meta);
 
-	if (klen == 0 || klen > HKV_MAX_KEY || HKV_BLOCK_HDR + klen > g->class_size[cls])
+	if (key_slots(s, h, cls, slots))
 		return 0;
-	memcpy(key, h + 1, klen);
-	kh = hkv_key_hash(g, key, klen);
-	hkv_buckets_of(g, kh, &b1, &b2);
 	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
-		uint64_t *slot = &slots[(p < HKV_BUCKET_SLOTS ? b1 : b2) * HKV_BUCKET_SLOTS +
-					(uint64_t)(p % HKV_BUCKET_SLOTS)];
+		uint64_t *slot = slots[p];
 		uint64_t sl = load(slot), m = meta;
 
 		if (!sl || hkv_slot_off(sl) != off || hkv_slot_class(sl) != cls ||
