@@ -6,8 +6,9 @@
  *   - it reads outside the bytes given (ASan: they sit in an exact-size
  *     heap copy);
  *   - a verdict disagrees with the wire format: a DECODED request has a
- *     valid header (AUTH with 1..HKV_TOKEN_MAX token bytes, or GRANT with
- *     exactly a struct hkv_ctl_grant) and its body inside the input, a
+ *     valid header (AUTH with 1..HKV_TOKEN_MAX token bytes, GRANT with
+ *     exactly a struct hkv_ctl_grant, or CARVE with exactly a struct
+ *     hkv_ctl_carve) and its body inside the input, a
  *     REJECT has a complete header that is bad, NEED_MORE has a good
  *     header whose body is incomplete, or no whole header;
  *   - it waits for more than HKV_CTL_REQ_MAX bytes (the server reads no
@@ -42,6 +43,8 @@ static int header_good(const struct hkv_ctl_hdr *h)
 		return 0;
 	if (h->type == HKV_CTL_GRANT)
 		return h->len == sizeof(struct hkv_ctl_grant);
+	if (h->type == HKV_CTL_CARVE)
+		return h->len == sizeof(struct hkv_ctl_carve);
 	return h->type == HKV_CTL_AUTH && h->len >= 1 && h->len <= HKV_TOKEN_MAX;
 }
 
