@@ -1481,20 +1481,16 @@ static void fresh_client_pass(const struct hkvserver *s, uint64_t *cnt, int time
 	free(x);
 }
 
-static void test_garbage(void)
+/* nrw workers of kind rw and one of kind vandal, for ms, side by side:
+ * their counters added into sum; returns how many did not end well. */
+static int run_beside_vandal(struct hkvserver *s, int nrw, const char *rw, const char *vandal,
+			     int ms, uint64_t *sum)
 {
-	const int nrw = use_verbs ? 2 : MAX_RW, ms = use_verbs ? 12000 : 4000;
-	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
 	struct worker w[MAX_RW + 1];
-	struct hkvserver s;
-	/* the vandal WRITEs anywhere, so windows (which stop it at the NIC,
-	 * test_windows) are off: this is about clients facing a garbage region */
-	const char *const no_windows[] = {"--no-windows", NULL};
-	int crashed = 0, alive;
+	int crashed = 0;
 
-	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", no_windows) == 0);
 	for (int i = 0; i <= nrw; i++)
-		if (spawn_worker(&w[i], &s, i < nrw ? "rw" : "vandal", i + 1, ms)) {
+		if (spawn_worker(&w[i], s, i < nrw ? rw : vandal, i + 1, ms)) {
 			perror("spawn_worker");
 			abort();
 		}
@@ -1504,6 +1500,21 @@ static void test_garbage(void)
 		for (int k = 0; k < NCOUNTERS; k++)
 			sum[k] += w[i].cnt[k];
 	}
+	return crashed;
+}
+
+static void test_garbage(void)
+{
+	const int nrw = use_verbs ? 2 : MAX_RW, ms = use_verbs ? 12000 : 4000;
+	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
+	struct hkvserver s;
+	/* the vandal WRITEs anywhere, so windows (which stop it at the NIC,
+	 * test_windows) are off: this is about clients facing a garbage region */
+	const char *const no_windows[] = {"--no-windows", NULL};
+	int crashed = 0, alive;
+
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", no_windows) == 0);
+	crashed = run_beside_vandal(&s, nrw, "rw", "vandal", ms, sum);
 	printf("# garbage: %d clients for %.1f s; vandal: %llu WRITEs, %llu bytes into index and "
 	       "data area\n",
 	       nrw, (now_ms() - t0) / 1000.0, cv(sum, C_VANDAL_WRITES), cv(sum, C_VANDAL_BYTES));
@@ -1562,24 +1573,13 @@ static void test_garbage_table(void)
 {
 	const int nrw = use_verbs ? 2 : MAX_RW, ms = use_verbs ? 12000 : 4000;
 	uint64_t sum[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0}, t0 = now_ms();
-	struct worker w[MAX_RW + 1];
 	struct bit_census bc = {0};
 	struct hkvserver s;
 	struct raw r;
 	int crashed = 0, alive;
 
 	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", NULL) == 0);
-	for (int i = 0; i <= nrw; i++)
-		if (spawn_worker(&w[i], &s, i < nrw ? "rw1s" : "tablevandal", i + 1, ms)) {
-			perror("spawn_worker");
-			abort();
-		}
-	for (int i = 0; i <= nrw; i++) {
-		wait_worker(&w[i], ms + 60000);
-		crashed += !worker_ok(&w[i]);
-		for (int k = 0; k < NCOUNTERS; k++)
-			sum[k] += w[i].cnt[k];
-	}
+	crashed = run_beside_vandal(&s, nrw, "rw1s", "tablevandal", ms, sum);
 	if (!raw_open(&r, s.uri, s.token_file)) {
 		bit_census(&r, &bc);
 		raw_close(&r);
@@ -2347,20 +2347,12 @@ static void test_hello_and_go(void)
 
 /* ---- test_fd_exhaustion ---------------------------------------------------------------- */
 
-/* Lines of the server's log holding what. */
+/* Lines of the server's log holding what (0 if it cannot be read). */
 static int server_log_lines(const struct hkvserver *s, const char *what)
 {
-	char path[300], line[512];
-	int n = 0;
-	FILE *f;
+	int n = hkvserver_log_count(s, what);
 
-	snprintf(path, sizeof(path), "%s/server.log", s->dir);
-	f = fopen(path, "r");
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	if (f)
-		fclose(f);
-	return n;
+	return n < 0 ? 0 : n;
 }
 
 /*

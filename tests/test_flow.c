@@ -83,22 +83,6 @@ static void fill_value(char *v, size_t len, const char *key, uint32_t seed)
 	}
 }
 
-/* Lines of the server's log (info level) that contain what. */
-static int log_count(const struct hkvserver *s, const char *what)
-{
-	char path[200], line[512];
-	FILE *f;
-	int n = 0;
-
-	snprintf(path, sizeof(path), "%s/server.log", s->dir);
-	if (!(f = fopen(path, "r")))
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	fclose(f);
-	return n;
-}
-
 struct fleet {
 	struct hkvserver s;
 	struct hkv_config *cfg;
@@ -281,7 +265,7 @@ static void test_many_sizes(void)
 		}
 	}
 	sum_stats(&f, &t);
-	moved = log_count(&f.s, "moved from class");
+	moved = hkvserver_log_count(&f.s, "moved from class");
 	printf("# many sizes: %d handles, %d sets of 64 B-128 KB (%llu MB into a 32 MB cache) in "
 	       "%.1f s: %d refused; reads: %d hits, %d misses, %d wrong; slowest set %llu ms; "
 	       "%llu claims (%llu lost) of %llu blocks, %llu surveys, %llu carve requests "

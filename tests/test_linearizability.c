@@ -1373,22 +1373,6 @@ static void print_tally(int key, const struct tally *t)
 /* Segments the flow rounds' server logged it moved between classes. */
 static int server_moves;
 
-/* Lines of server s's log (info level) that contain what; -1 if unreadable. */
-static int log_count(const struct hkvserver *s, const char *what)
-{
-	char path[200], line[512];
-	FILE *f;
-	int n = 0;
-
-	snprintf(path, sizeof(path), "%s/server.log", s->dir);
-	if (!(f = fopen(path, "r")))
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	fclose(f);
-	return n;
-}
-
 static void check_key(int key, struct lc_op *ops, size_t n)
 {
 	struct lc_limits lim = {.max_steps = 500000000, .max_seconds = 120, .max_memo_mb = 512};
@@ -1498,7 +1482,7 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 		freed += mixed_round_run(mode);
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
-	server_moves = log_count(&server, "moved from class");
+	server_moves = hkvserver_log_count(&server, "moved from class");
 	hkvserver_stop(&server);
 	server = main_server;
 	return freed;

@@ -290,6 +290,21 @@ static void cleanup_dir(struct hkvserver *s)
 	rmdir(s->dir);
 }
 
+int hkvserver_log_count(const struct hkvserver *s, const char *what)
+{
+	char path[200], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	fclose(f);
+	return n;
+}
+
 void hkvserver_stop(struct hkvserver *s)
 {
 	if (s->pid > 0) {

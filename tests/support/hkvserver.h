@@ -47,6 +47,8 @@ struct hkv_config *hkvserver_config(const struct hkvserver *s);
 struct hkv_client *hkvserver_client(const struct hkvserver *s);
 void hkvserver_stop(struct hkvserver *s);
 void hkvserver_kill(struct hkvserver *s);
+/* Lines of its log (info level) that contain what; -1 if unreadable. */
+int hkvserver_log_count(const struct hkvserver *s, const char *what);
 /* A get into a C string (cap counts its NUL; "" unless found), and a set of
  * one: the tests' shorthands. */
 int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
