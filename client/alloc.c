@@ -437,21 +437,27 @@ static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 		c->stats.blocks_abandoned++;
 }
 
+/* The held blocks of class cls that waited HOLD_USE_NS go (drop_held), or
+ * with `all` every one of them. */
+static void drop_class(struct hkv_client *c, uint32_t cls, uint64_t now, int all)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+
+	while (ca->head < ca->n && (all || now - ca->held[ca->head].claim_ns >= HOLD_USE_NS))
+		drop_held(c, cls, &ca->held[ca->head++], now);
+	if (ca->head == ca->n)
+		ca->head = ca->n = 0;
+}
+
 /* Every 50 ms (from every operation's end, and allocation): held blocks of
- * every class that have waited long go (drop_held). */
+ * every class that have waited long go. */
 static void tidy(struct hkv_client *c, uint64_t now)
 {
 	if (now - c->tidy_ns < 50ull * 1000000ull)
 		return;
 	c->tidy_ns = now;
-	for (uint32_t cls = 0; cls < c->g.nclasses; cls++) {
-		struct hkv_class_alloc *ca = &c->classes[cls];
-
-		while (ca->head < ca->n && now - ca->held[ca->head].claim_ns >= HOLD_USE_NS)
-			drop_held(c, cls, &ca->held[ca->head++], now);
-		if (ca->head == ca->n)
-			ca->head = ca->n = 0;
-	}
+	for (uint32_t cls = 0; cls < c->g.nclasses; cls++)
+		drop_class(c, cls, now, 0);
 }
 
 void hkv_alloc_tidy(struct hkv_client *c)
@@ -469,9 +475,7 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 		uint64_t now = hkv_now_ns();
 
 		tidy(c, now);
-		/* expired holds first (tidy gives back the ones still young enough) */
-		while (ca->head < ca->n && now - ca->held[ca->head].claim_ns >= HOLD_USE_NS)
-			drop_held(c, cls, &ca->held[ca->head++], now);
+		drop_class(c, cls, now, 0); /* expired holds first */
 		/* the first held block that has rested; if none has, and we hold
 		 * less than hold_cap, claim more (a never-used block needs no
 		 * rest) rather than wait; else wait for the first (<= 200 us) */
@@ -641,13 +645,8 @@ void hkv_alloc_release(struct hkv_client *c)
 	uint64_t now = hkv_now_ns();
 	struct hkv_wr wr;
 
-	for (uint32_t cls = 0; cls < c->g.nclasses; cls++) {
-		struct hkv_class_alloc *ca = &c->classes[cls];
-
-		for (; ca->head < ca->n; ca->head++)
-			drop_held(c, cls, &ca->held[ca->head], now);
-		ca->head = ca->n = 0;
-	}
+	for (uint32_t cls = 0; cls < c->g.nclasses; cls++)
+		drop_class(c, cls, now, 1);
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
 	hkv_exec(c, &wr, 1);
 }
@@ -667,14 +666,9 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 		return HKV_EFULL;
 	/* what we hold of other classes goes back first: a block of ours must
 	 * not keep a segment from being wholly free */
-	for (uint32_t k = 0; k < c->g.nclasses; k++) {
-		struct hkv_class_alloc *ca = &c->classes[k];
-
-		for (; k != cls && ca->head < ca->n; ca->head++)
-			drop_held(c, k, &ca->held[ca->head], now);
+	for (uint32_t k = 0; k < c->g.nclasses; k++)
 		if (k != cls)
-			ca->head = ca->n = 0;
-	}
+			drop_class(c, k, now, 1);
 	ret = hkv_ctl_carve(c, cls, c->protect_off, move ? HKV_CARVE_F_MOVE : 0, &seg);
 	c->stats.carves++;
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)
