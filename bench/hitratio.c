@@ -176,7 +176,7 @@ static uint64_t region_kib_for(uint64_t want, uint64_t slots)
 	struct hkv_geometry g;
 
 	for (uint64_t kib = (want >> 10) + 1024;; kib += 64)
-		if (!hkv_geometry_init(&g, kib << 10, 64u << 10, slots, HKV_GEOM_F_CACHE) &&
+		if (!hkv_geometry_init(&g, kib << 10, 64u << 10, slots, HKV_GEOM_F_CACHE, 0) &&
 		    (uint64_t)g.nsegs * g.seg_size >= want)
 			return kib;
 }
@@ -208,7 +208,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	/* one item's block: header + "user..." key (<= 24 B) + value, rounded to its class */
-	hkv_geometry_init(&g, 64ull << 20, 64u << 10, 0, 0);
+	hkv_geometry_init(&g, 64ull << 20, 64u << 10, 0, HKV_GEOM_F_CACHE, 0);
 	vmax = o.value_max ? o.value_max : o.value;
 	vsz = malloc(o.keys * sizeof(*vsz));
 	isz = malloc(o.keys * sizeof(*isz));

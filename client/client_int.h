@@ -34,7 +34,7 @@
  * one that acts on it (a view made of two round trips, bucket READ then
  * block READ, is kept only if the second completed within the bound too).
  */
-#define HKV_QUARANTINE_NS    (200ull * 1000ull)        /* a freed block rests 200 us */
+/* (HKV_QUARANTINE_NS, 200 us, is in common/layout.h: the server rests too) */
 #define HKV_VIEW_MAX_NS      (250ull * 1000000ull)     /* a write acts on a view this young */
 #define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
 #define HKV_PENDING_LEASE_MS 1000 /* an uncommitted insert older than this is abandoned */

@@ -12,35 +12,47 @@
 #define ALIGN_UP(x, a) (((x) + (a)-1) & ~((uint64_t)(a)-1))
 
 /*
- * Each class 1.25x the one below (memcached's default growth factor), on the
- * 64-byte block grid: 64, 128, 192, 256, 320, 448, 576, 768, 960, 1216, ...
- * up to one block per segment; <= 25 % of a block lost to rounding (12.5 %
- * on average). Few classes matter more than tight fits: every class a
- * client writes needs a segment of its own, so a 1 MiB-segment region has
- * 41 of them where 8 per doubling had 96 (issue 13).
+ * Each class `growth` thousandths of the one below, on the 64-byte block
+ * grid, up to one block per segment. At 1250 (memcached's default factor):
+ * 64, 128, 192, 256, 320, 448, 576, 768, 960, 1216, ...: <= 25 % of a block
+ * lost to rounding, ~11 % on average. At 1125 (a store's default), ~6 %. Since
+ * layout 3 a class costs one partly used segment for everyone (not one per
+ * client), and a store moves live items to empty segments (server/slab.c),
+ * so fine classes are cheap there. A factor that would need more than
+ * HKV_NCLASSES_MAX classes grows until the table fits.
  */
-static uint32_t build_classes(uint32_t *sizes, uint32_t max)
+static uint32_t build_classes(uint32_t *sizes, uint32_t max, uint32_t growth)
 {
-	uint32_t n = 0;
+	for (;; growth += 10) {
+		uint32_t n = 0;
+		uint64_t s = HKV_BLOCK_ALIGN;
 
-	for (uint64_t s = HKV_BLOCK_ALIGN; s <= max && n < HKV_NCLASSES_MAX;) {
-		uint64_t next = ALIGN_UP(s + s / 4, HKV_BLOCK_ALIGN);
+		for (; s <= max && n < HKV_NCLASSES_MAX;) {
+			uint64_t next = ALIGN_UP(s * growth / 1000, HKV_BLOCK_ALIGN);
 
-		sizes[n++] = (uint32_t)s;
-		s = next > s + HKV_BLOCK_ALIGN ? next : s + HKV_BLOCK_ALIGN;
+			sizes[n++] = (uint32_t)s;
+			s = next > s + HKV_BLOCK_ALIGN ? next : s + HKV_BLOCK_ALIGN;
+		}
+		if (sizes[n - 1] == max)
+			return n;
+		if (n < HKV_NCLASSES_MAX) {
+			sizes[n++] = max; /* one block per segment */
+			return n;
+		}
 	}
-	if (n < HKV_NCLASSES_MAX && sizes[n - 1] < max)
-		sizes[n++] = max; /* one block per segment */
-	return n;
 }
 
 int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
-		      uint64_t index_slots, uint32_t flags)
+		      uint64_t index_slots, uint32_t flags, uint32_t growth)
 {
 	uint64_t fixed, per_seg, nb = 1, avail;
 
 	memset(g, 0, sizeof(*g));
 	if (seg_size < (64u << 10) || (seg_size & (seg_size - 1)))
+		return -EINVAL;
+	if (!growth)
+		growth = flags & HKV_GEOM_F_CACHE ? HKV_GROWTH_CACHE : HKV_GROWTH_STORE;
+	if (growth <= 1000 || growth > 4000)
 		return -EINVAL;
 	if (!index_slots)
 		index_slots = total / 256;
@@ -72,7 +84,7 @@ int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 	}
 	if (!g->nsegs)
 		return -EINVAL;
-	g->nclasses = build_classes(g->class_size, seg_size);
+	g->nclasses = build_classes(g->class_size, seg_size, growth);
 	return 0;
 }
 

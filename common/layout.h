@@ -98,9 +98,17 @@ struct hkv_geometry {
 
 #define HKV_GEOM_F_CACHE 0x1 /* cache mode: evict instead of failing when full */
 
-/* Lay out a region of `total` bytes; 0 or -EINVAL if too small. */
+/*
+ * Lay out a region of `total` bytes; 0 or -EINVAL if too small. growth: each
+ * size class this many thousandths of the one below (1001..4000), 0 for the
+ * mode's default: HKV_GROWTH_CACHE (memcached's 1.25) in cache mode,
+ * HKV_GROWTH_STORE in a store, whose server moves live items to free whole
+ * segments, so that fine classes cost little there (docs/design.md).
+ */
+#define HKV_GROWTH_CACHE 1250
+#define HKV_GROWTH_STORE 1125
 int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
-		      uint64_t index_slots, uint32_t flags);
+		      uint64_t index_slots, uint32_t flags, uint32_t growth);
 /* Seal (compute crc) / check a geometry read from a region. 0 or HKV_ECORRUPT/EPROTO. */
 void hkv_geometry_seal(struct hkv_geometry *g);
 int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len);
@@ -250,6 +258,10 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
  */
 #define HKV_HOLD_MS         500
 #define HKV_HOLD_RECLAIM_MS 1500
+/* A freed block rests this long between its free and its next write, by
+ * whoever claims it, a client or the server moving an item (the ABA
+ * horizon: client/client_int.h, docs/design.md "Views"). */
+#define HKV_QUARANTINE_NS   (200ull * 1000ull)
 #define HKV_HELD_KLEN       0xffffu
 
 static inline uint64_t hkv_held_make(uint32_t holder, uint32_t seq)

@@ -48,6 +48,9 @@ static void usage(FILE *f)
 		"  -m, --memory SIZE          region size, e.g. 512M, 4G (default 1G)\n"
 		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 1M);\n"
 		"                             the largest item is one segment\n"
+		"  -F, --growth-factor F      each size class F x the one below (default 1.25 with\n"
+		"                             --cache as memcached's -f, else 1.125; a store moves\n"
+		"                             live items so fine classes cost little)\n"
 		"  -i, --index-slots N        index slots (default memory/256)\n"
 		"  -k, --token-file PATH      shared secret; created if missing (hatchkv.token)\n"
 		"  -r, --ro-token-file PATH   a second secret for read-only clients (RDMA Read\n"
@@ -102,7 +105,8 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"transport", required_argument, NULL, 't'}, {"listen", required_argument, NULL, 'l'},
 		{"port", required_argument, NULL, 'p'},      {"socket", required_argument, NULL, 's'},
 		{"memory", required_argument, NULL, 'm'},    {"segment-size", required_argument, NULL, 'S'},
-		{"index-slots", required_argument, NULL, 'i'}, {"token-file", required_argument, NULL, 'k'},
+		{"index-slots", required_argument, NULL, 'i'},
+		{"growth-factor", required_argument, NULL, 'F'}, {"token-file", required_argument, NULL, 'k'},
 		{"cache", no_argument, NULL, 'c'},           {"verbose", no_argument, NULL, 'v'},
 		{"memory-file", required_argument, NULL, 'f'},
 		{"ro-token-file", required_argument, NULL, 'r'},
@@ -117,7 +121,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:i:k:f:r:cC:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -135,6 +139,15 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --segment-size '%s'\n", optarg), -1;
 			o->store.seg_size = (uint32_t)v;
 			break;
+		case 'F': {
+			char *end;
+			double f = strtod(optarg, &end);
+
+			if (*end || !(f > 1.0009 && f <= 4.0))
+				return fprintf(stderr, "bad --growth-factor '%s' (1.001 to 4)\n", optarg), -1;
+			o->store.growth = (uint32_t)(f * 1000 + 0.5);
+			break;
+		}
 		case 'i':
 			if (parse_size(optarg, &o->store.index_slots))
 				return fprintf(stderr, "bad --index-slots '%s'\n", optarg), -1;

@@ -173,25 +173,36 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 
 /* ---- sightings of held blocks ------------------------------------------------- */
 
-/* Record a held block seen now; returns when it was first seen under the
- * same stamp and meta (in `prev`, sorted by offset), or now. */
-static uint64_t sighting(struct hkv_sightings *cur, const struct hkv_sightings *prev,
-			 uint64_t off, uint64_t stamp, uint64_t meta, uint64_t now)
+/* When a held block was first seen under this stamp and meta, by `seen`
+ * (sorted by offset), or UINT64_MAX. */
+static uint64_t first_seen(const struct hkv_sightings *seen, uint64_t off, uint64_t stamp,
+			   uint64_t meta)
 {
-	uint64_t first = now;
-	uint32_t lo = 0, hi = prev->n;
+	uint32_t lo = 0, hi = seen->n;
 
 	while (lo < hi) {
 		uint32_t mid = (lo + hi) / 2;
 
-		if (prev->v[mid].off < off)
+		if (seen->v[mid].off < off)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	if (lo < prev->n && prev->v[lo].off == off && prev->v[lo].stamp == stamp &&
-	    prev->v[lo].meta == meta)
-		first = prev->v[lo].first_ns;
+	return lo < seen->n && seen->v[lo].off == off && seen->v[lo].stamp == stamp &&
+			       seen->v[lo].meta == meta
+		       ? seen->v[lo].first_ns
+		       : UINT64_MAX;
+}
+
+/* Record a held block seen now; returns when it was first seen under the
+ * same stamp and meta (in `prev`, or at `since` if earlier), or now. */
+static uint64_t sighting(struct hkv_sightings *cur, const struct hkv_sightings *prev,
+			 uint64_t off, uint64_t stamp, uint64_t meta, uint64_t now, uint64_t since)
+{
+	uint64_t first = first_seen(prev, off, stamp, meta);
+
+	first = since < first ? since : first;
+	first = now < first ? now : first;
 	if (cur->n == cur->cap) {
 		uint32_t cap = cur->cap ? 2 * cur->cap : 64;
 		void *p = hkv_realloc(cur->v, cap * sizeof(*cur->v));
@@ -235,8 +246,8 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 
 			if (!kind)
 				continue;
-			if (now - sighting(&s->slab.cur, &s->slab.prev, off, stamp, meta, now) >=
-			    RECLAIM_NS)
+			if (now - sighting(&s->slab.cur, &s->slab.prev, off, stamp, meta, now,
+					   UINT64_MAX) >= RECLAIM_NS)
 				reclaim_held(s, seg, b, h, stamp, meta, kind);
 		}
 	}
@@ -325,12 +336,217 @@ static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t
 	return 0;
 }
 
+/* ---- moving live items (store mode, a segment being moved) -------------------- */
+
+/* A LIVE item of the segment being moved and the block it goes to. */
+struct relocation {
+	struct hkv_block_hdr *from, *to;
+	uint32_t from_b, to_seg, to_b, to_cls;
+	uint64_t *slot, sl, meta, to_meta;
+};
+
+/*
+ * Claim a free block of class tc outside segment skip (CAS its bit clear),
+ * looking from segment *cursor on. Blocks whose free bit is set but whose
+ * meta is not free (garbage, a hostile writer's bit) are left claimed and
+ * unused, as a client's claim leaves them. NULL if the class has none.
+ */
+static struct hkv_block_hdr *claim_free(struct hkv_store *s, uint32_t tc, uint32_t skip,
+					uint32_t *cursor, uint32_t *tseg, uint32_t *tb,
+					uint64_t *tmeta)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint32_t nb = nblocks(s, tc);
+
+	for (; *cursor < g->nsegs; ++*cursor) {
+		uint32_t i = *cursor;
+		uint64_t e = load(&table(s)[i]), *bits = bitmap(s, i);
+
+		if (i == skip || hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) != tc)
+			continue;
+		for (uint32_t w = 0; w * 64 < nb; w++) {
+			uint64_t v = load(&bits[w]);
+
+			while (v & word_mask(nb, w)) {
+				uint64_t bit = (v & word_mask(nb, w)) & -(v & word_mask(nb, w));
+				struct hkv_block_hdr *h;
+				enum hkv_block_state st;
+
+				if (!__atomic_compare_exchange_n(&bits[w], &v, v & ~bit, 0,
+								 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+					continue; /* (v reloaded) */
+				*tb = w * 64 + (uint32_t)__builtin_ctzll(bit);
+				h = block(s, i, tc, *tb);
+				*tmeta = load(&h->meta);
+				st = hkv_meta_state(*tmeta);
+				if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) &&
+				    hkv_meta_class(*tmeta) == tc && hkv_meta_gen(*tmeta) < UINT32_MAX - 2) {
+					*tseg = i;
+					return h;
+				}
+				hkv_warn("slab: free bit of a block that is not free (segment %u block "
+					 "%u, meta 0x%llx); not used", i, *tb,
+					 (unsigned long long)*tmeta);
+				v &= ~bit;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* The smallest class that holds block h's item (its own class if garbage). */
+static uint32_t item_class(const struct hkv_geometry *g, const struct hkv_block_hdr *h,
+			   uint32_t cls)
+{
+	int c = hkv_class_for(g, (uint32_t)(HKV_BLOCK_HDR + h->klen + (uint64_t)h->vlen));
+
+	return c >= 0 && (uint32_t)c < cls ? (uint32_t)c : cls;
+}
+
+/* The slot of h's key that names h (LIVE, generation gen) as of now, or NULL. */
+static uint64_t *naming_slot(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
+			     uint32_t gen, uint64_t *sl)
+{
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slots[2 * HKV_BUCKET_SLOTS];
+
+	if (key_slots(s, h, cls, slots))
+		return NULL;
+	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
+		*sl = load(slots[p]);
+		if (*sl && hkv_slot_off(*sl) == off && hkv_slot_class(*sl) == cls &&
+		    hkv_slot_ver(*sl) == (gen & 0x7ff))
+			return slots[p];
+	}
+	return NULL;
+}
+
+/* Withdraw an unpublished copy: OBSOLETE (aborted), its bit set again. */
+static void withdraw(struct hkv_store *s, const struct relocation *r)
+{
+	__atomic_store_n(&r->to->meta,
+			 hkv_meta_make(HKV_BLK_OBSOLETE, r->to_cls, hkv_meta_gen(r->to_meta) + 1) |
+				 HKV_META_ABORTED,
+			 __ATOMIC_RELEASE);
+	__atomic_fetch_or(&bitmap(s, r->to_seg)[r->to_b / 64], 1ull << (r->to_b % 64),
+			  __ATOMIC_ACQ_REL);
+}
+
+/*
+ * Write r's copy and publish it as a client's update does: the copy (its
+ * block's generation + 1, its own class and CRC) written whole, then the
+ * old block's meta LIVE -> OBSOLETE, then the slot old -> copy, then the
+ * old block's bit. A writer that retires the item first (its mark wins)
+ * keeps it: the copy is withdrawn. 1 if the item moved.
+ */
+static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relocation *r)
+{
+	struct hkv_block_hdr nh;
+	uint32_t gen = hkv_meta_gen(r->to_meta) + 1, ogen = hkv_meta_gen(r->meta);
+	uint64_t m = r->meta, sl = r->sl;
+
+	memcpy(&nh, r->from, sizeof(nh));
+	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
+	if (nh.klen == 0 || nh.klen > HKV_MAX_KEY ||
+	    (uint64_t)HKV_BLOCK_HDR + nh.klen + nh.vlen > s->geom->class_size[cls] ||
+	    nh.crc != hkv_block_crc(r->from, r->from + 1)) {
+		withdraw(s, r); /* garbage under a slot: not ours to judge; it stays */
+		return 0;
+	}
+	nh.crc = hkv_block_crc(&nh, r->from + 1);
+	memcpy(r->to + 1, r->from + 1, (size_t)nh.klen + nh.vlen);
+	memcpy((uint8_t *)r->to + 8, (uint8_t *)&nh + 8, sizeof(nh) - 8);
+	__atomic_store_n(&r->to->meta, nh.meta, __ATOMIC_RELEASE);
+	if (!__atomic_compare_exchange_n(&r->from->meta, &m,
+					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, ogen), 0,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		withdraw(s, r); /* a writer retires it: theirs to free */
+		return 0;
+	}
+	if (!__atomic_compare_exchange_n(r->slot, &sl,
+					 hkv_slot_make(hkv_slot_fp(r->sl), r->to_cls, gen,
+						       (uint64_t)((uint8_t *)r->to - base(s))),
+					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		withdraw(s, r); /* a writer's slot CAS (its mark lost to ours) won: the
+				 * old block is out of the index, and ours to free */
+	__atomic_fetch_or(&bitmap(s, seg)[r->from_b / 64], 1ull << (r->from_b % 64),
+			  __ATOMIC_ACQ_REL);
+	return sl == r->sl;
+}
+
+/*
+ * Store mode: move every LIVE item the index names out of segment seg
+ * (class cls, being moved) into free blocks of its class, or of a larger
+ * one, elsewhere. All targets are claimed first; if any was freed before,
+ * we rest HKV_QUARANTINE_NS once before writing them (the ABA horizon holds
+ * for our reuse as for a client's). -1 if the others have no room (nothing
+ * is moved then), else how many items moved.
+ */
+static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint32_t nb = nblocks(s, cls), n = 0, moved = 0;
+	uint32_t *cursor = hkv_calloc(g->nclasses, sizeof(*cursor));
+	struct relocation *rv = hkv_calloc(nb, sizeof(*rv));
+	uint64_t *bits = bitmap(s, seg);
+	int rest = 0;
+
+	if (!cursor || !rv) {
+		hkv_free(cursor);
+		hkv_free(rv);
+		return 0;
+	}
+	for (uint32_t b = 0; b < nb; b++) {
+		struct relocation *r = &rv[n];
+		struct hkv_block_hdr *h = block(s, seg, cls, b);
+		uint32_t tc;
+
+		if (load(&bits[b / 64]) & (1ull << (b % 64)))
+			continue;
+		r->meta = load(&h->meta);
+		if (hkv_meta_state(r->meta) != HKV_BLK_LIVE || hkv_meta_class(r->meta) != cls ||
+		    !(r->slot = naming_slot(s, h, cls, hkv_meta_gen(r->meta), &r->sl)))
+			continue; /* (unpublished yet, or being retired: the drain waits) */
+		/* (from the class the item needs: one moved up before may come back down) */
+		r->to = NULL;
+		for (tc = item_class(g, h, cls); tc < (s->slab.drain_up ? g->nclasses : cls + 1); tc++)
+			if ((r->to = claim_free(s, tc, seg, &cursor[tc], &r->to_seg, &r->to_b,
+						&r->to_meta)))
+				break;
+		if (!r->to) { /* no room: give back what we claimed */
+			for (uint32_t i = 0; i < n; i++)
+				__atomic_fetch_or(&bitmap(s, rv[i].to_seg)[rv[i].to_b / 64],
+						  1ull << (rv[i].to_b % 64), __ATOMIC_ACQ_REL);
+			hkv_free(cursor);
+			hkv_free(rv);
+			return -1;
+		}
+		r->from = h;
+		r->from_b = b;
+		r->to_cls = tc;
+		rest |= hkv_meta_state(r->to_meta) == HKV_BLK_OBSOLETE;
+		n++;
+	}
+	if (rest) {
+		struct timespec ts = {0, (long)HKV_QUARANTINE_NS};
+
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		moved += (uint32_t)relocate(s, seg, cls, &rv[i]);
+	s->slab.relocated += moved;
+	s->slab.drain_items += moved;
+	hkv_free(cursor);
+	hkv_free(rv);
+	return (int)moved;
+}
+
 /* ---- moving a segment ------------------------------------------------------------ */
 
 /* Start moving seg (whose entry was e, validated: SHARED, a real class) to
  * class to; 0, or -EAGAIN if the entry changed meanwhile (garbage CASed by
  * a hostile writer: nothing is started). */
-static int drain_start(struct hkv_store *s, uint32_t seg, uint64_t e, uint32_t to)
+static int drain_start(struct hkv_store *s, uint32_t seg, uint64_t e, uint32_t to, int up)
 {
 	uint64_t d = hkv_seg_make(HKV_SEG_DRAINING, hkv_seg_class(e), hkv_seg_epoch(e) + 1);
 
@@ -340,6 +556,8 @@ static int drain_start(struct hkv_store *s, uint32_t seg, uint64_t e, uint32_t t
 	s->slab.drain_seg = (int64_t)seg;
 	s->slab.drain_from = hkv_seg_class(e);
 	s->slab.drain_to = to;
+	s->slab.drain_up = up;
+	s->slab.drain_items = 0;
 	s->slab.drain_entry = d;
 	s->slab.drain_start_ns = hkv_now_ns();
 	s->slab.dcur.n = s->slab.dprev.n = 0;
@@ -352,7 +570,7 @@ static void drain_end(struct hkv_store *s)
 }
 
 /* Undo the move: the segment serves its own class again, as it is. */
-static void drain_abort(struct hkv_store *s)
+static void drain_abort(struct hkv_store *s, const char *why)
 {
 	uint32_t seg = (uint32_t)s->slab.drain_seg;
 
@@ -363,15 +581,14 @@ static void drain_abort(struct hkv_store *s)
 	s->slab.drains_aborted++;
 	s->slab.undone_seg = seg; /* not picked again for a while */
 	s->slab.undone_ns = hkv_now_ns();
-	hkv_info("slab: moving segment %u from class %u to %u did not finish in %llu ms; undone",
-		 seg, s->slab.drain_from, s->slab.drain_to,
-		 (unsigned long long)(DRAIN_MAX_NS / 1000000ull));
+	hkv_info("slab: moving segment %u from class %u to %u %s; undone", seg,
+		 s->slab.drain_from, s->slab.drain_to, why);
 	drain_end(s);
 }
 
 /*
  * One step of the move in progress: evict what the index names (cache
- * mode), take back abandoned holds, and once every bit is set clear them
+ * mode) or move it to free blocks elsewhere (store mode), take back abandoned holds, and once every bit is set clear them
  * all (CAS each full word to 0: a claimer that got in first makes it fail,
  * and we look again) and carve the segment into its new class, generations
  * continuing above the highest its old blocks had. 0 when carved,
@@ -384,13 +601,17 @@ static int drain_step(struct hkv_store *s)
 	int all = 1, cache = s->geom->flags & HKV_GEOM_F_CACHE;
 	uint32_t floor = 0, w;
 
+	if (!cache && relocate_live(s, seg, cls) < 0) {
+		drain_abort(s, "found no room for its items"); /* (the others filled meanwhile) */
+		return HKV_EFULL;
+	}
 	for (w = 0; w * 64 < nb; w++) {
 		uint64_t clear = ~load(&bits[w]) & word_mask(nb, w);
 
 		for (; clear; clear &= clear - 1) {
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
-			uint64_t meta = load(&h->meta), stamp, off;
+			uint64_t meta = load(&h->meta), stamp, off, since, cur;
 			int kind;
 
 			if (cache && hkv_meta_state(meta) == HKV_BLK_LIVE &&
@@ -400,15 +621,19 @@ static int drain_step(struct hkv_store *s)
 			if (!(kind = held_free(s, h, cls, &meta, &stamp)))
 				continue;
 			off = (uint64_t)((uint8_t *)h - base(s));
-			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now) >=
-			    RECLAIM_NS)
+			/* (seen by the sweep already: it counts from then) */
+			since = first_seen(&s->slab.prev, off, stamp, meta);
+			cur = first_seen(&s->slab.cur, off, stamp, meta);
+			since = cur < since ? cur : since;
+			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now,
+					   since) >= RECLAIM_NS)
 				reclaim_held(s, seg, b, h, stamp, meta, kind);
 		}
 	}
 	sightings_swap(&s->slab.dprev, &s->slab.dcur);
 	if (!all) {
 		if (now - s->slab.drain_start_ns > DRAIN_MAX_NS) {
-			drain_abort(s);
+			drain_abort(s, "did not finish in 3 s");
 			return HKV_EFULL;
 		}
 		return -EINPROGRESS;
@@ -423,7 +648,7 @@ static int drain_step(struct hkv_store *s)
 			while (w--) /* a claimer got in: its blocks come back; again later */
 				__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
 			if (now - s->slab.drain_start_ns > DRAIN_MAX_NS) {
-				drain_abort(s);
+				drain_abort(s, "did not finish in 3 s");
 				return HKV_EFULL;
 			}
 			return -EINPROGRESS;
@@ -438,14 +663,19 @@ static int drain_step(struct hkv_store *s)
 	if (floor >= UINT32_MAX - 2) { /* garbage: never wrap a generation */
 		for (w = 0; w * 64 < nb; w++)
 			__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
-		drain_abort(s);
+		drain_abort(s, "found generations near their end (garbage)");
 		return HKV_EFULL;
 	}
 	/* (a block written at gen floor anywhere in the segment: the new blocks
 	 * start above it, so no address sees a generation twice) */
 	carve(s, seg, s->slab.drain_to, floor + 1, s->slab.drain_entry);
 	s->slab.moved++;
-	hkv_info("slab: segment %u moved from class %u to class %u", seg, cls, s->slab.drain_to);
+	if (s->slab.drain_items)
+		hkv_info("slab: segment %u moved from class %u to class %u; %u live items moved "
+			 "to other segments", seg, cls, s->slab.drain_to, s->slab.drain_items);
+	else
+		hkv_info("slab: segment %u moved from class %u to class %u", seg, cls,
+			 s->slab.drain_to);
 	drain_end(s);
 	return 0;
 }
@@ -510,12 +740,93 @@ static int64_t pick_victim(const struct hkv_store *s, uint32_t cls, uint64_t kee
 	return best;
 }
 
+/* Blocks of SHARED segment seg (class cls) that a writer holds now. */
+static uint32_t held_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cls)
+{
+	uint32_t nb = nblocks(s, cls), n = 0;
+
+	for (uint32_t w = 0; w * 64 < nb; w++) {
+		uint64_t clear = ~load(&bitmap(s, seg)[w]) & word_mask(nb, w);
+
+		for (; clear; clear &= clear - 1) {
+			struct hkv_block_hdr *h =
+				block(s, seg, cls, w * 64 + (uint32_t)__builtin_ctzll(clear));
+
+			n += hkv_held_is(load(stamp_word(h)));
+		}
+	}
+	return n;
+}
+
+#define RELOCATE_LOOK 64 /* candidates looked at closely */
+
+/*
+ * Store mode: the segment to empty for class cls by moving its items - of
+ * another class, not holding keep_off, whose items the free blocks of its
+ * class elsewhere can take (up: or of larger classes, the items then lose
+ * the difference to rounding). Of the RELOCATE_LOOK with the
+ * fewest bytes to copy, the cheapest that no writer holds a block of (the
+ * move then finishes at once; a held block stops it until it is written,
+ * given back or reclaimed). -1 if none (the store is full).
+ */
+static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_t keep_off,
+				int up)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint64_t *room = hkv_calloc(g->nclasses + 1, sizeof(*room));
+	struct {
+		uint64_t cost;
+		uint32_t seg;
+	} look[RELOCATE_LOOK];
+	uint32_t nlook = 0;
+	int64_t best = -1;
+
+	if (!room)
+		return -1;
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]);
+
+		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) < g->nclasses)
+			room[hkv_seg_class(e)] += free_blocks(s, i, hkv_seg_class(e));
+	}
+	for (uint32_t c = g->nclasses; up && c-- > 0;) /* up: free blocks of class >= c */
+		room[c] += room[c + 1];
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint64_t e = load(&table(s)[i]), live, cost;
+		uint32_t c = hkv_seg_class(e), f, at;
+
+		if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
+		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size) ||
+		    (s->slab.undone_ns && i == s->slab.undone_seg &&
+		     hkv_now_ns() - s->slab.undone_ns < 10 * DRAIN_MAX_NS))
+			continue;
+		f = free_blocks(s, i, c);
+		live = nblocks(s, c) - f;
+		cost = live * g->class_size[c];
+		if (room[c] - f < live)
+			continue;
+		/* keep the cheapest RELOCATE_LOOK, sorted by cost */
+		if (nlook == RELOCATE_LOOK && cost >= look[nlook - 1].cost)
+			continue;
+		at = nlook < RELOCATE_LOOK ? nlook++ : nlook - 1;
+		for (; at > 0 && look[at - 1].cost > cost; at--)
+			look[at] = look[at - 1];
+		look[at].cost = cost;
+		look[at].seg = i;
+	}
+	hkv_free(room);
+	for (uint32_t k = 0; k < nlook && best < 0; k++)
+		if (!held_blocks(s, look[k].seg, hkv_seg_class(load(&table(s)[look[k].seg]))))
+			best = look[k].seg;
+	return best >= 0 ? best : nlook ? (int64_t)look[0].seg : -1;
+}
+
 int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int move,
 		   uint32_t *seg)
 {
 	const struct hkv_geometry *g = s->geom;
 	int64_t victim = -1;
-	int ret;
+	int ret, up = 0;
 
 	if (cls >= g->nclasses)
 		return -EINVAL;
@@ -576,13 +887,21 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int mov
 	}
 	if (victim < 0 && (g->flags & HKV_GEOM_F_CACHE) && move)
 		victim = pick_victim(s, cls, keep_off);
+	if (victim < 0 && !(g->flags & HKV_GEOM_F_CACHE)) { /* items move within their class */
+		victim = pick_to_relocate(s, cls, keep_off, 0);
+		up = 0;
+	}
+	if (victim < 0 && !(g->flags & HKV_GEOM_F_CACHE)) { /* else up, into larger blocks */
+		victim = pick_to_relocate(s, cls, keep_off, 1);
+		up = 1;
+	}
 	if (victim < 0)
 		return HKV_EFULL;
 	{
 		uint64_t e = load(&table(s)[victim]);
 
 		if (hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) >= g->nclasses ||
-		    hkv_seg_class(e) == cls || drain_start(s, (uint32_t)victim, e, cls))
+		    hkv_seg_class(e) == cls || drain_start(s, (uint32_t)victim, e, cls, up))
 			return -EINPROGRESS; /* changed under us: look again */
 	}
 	ret = drain_step(s);

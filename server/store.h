@@ -23,6 +23,7 @@ struct hkv_store_opts {
 	uint32_t seg_size;   /* segment bytes (power of two) */
 	uint64_t index_slots;/* 0: derived from memory */
 	int cache_mode;      /* evict instead of failing when full */
+	uint32_t growth;     /* size classes' growth factor x 1000; 0: the mode's default */
 	uint32_t max_clients;     /* connected + admitted at once; 0 = HKV_MAX_CLIENTS */
 	const char *memory_file; /* NULL: anonymous memfd */
 	/* the key hash's secret; NULL: random. A cluster's servers share the
@@ -52,6 +53,8 @@ struct hkv_sightings {
 struct hkv_slab {
 	int64_t drain_seg; /* the segment being moved, or -1 */
 	uint32_t drain_from, drain_to;
+	int drain_up; /* store mode: items may move to larger classes */
+	uint32_t drain_items; /* store mode: live items moved out so far */
 	uint64_t drain_entry, drain_start_ns;
 	uint32_t undone_seg; /* the last move undone, and when (not picked again soon) */
 	uint64_t undone_ns;
@@ -59,7 +62,7 @@ struct hkv_slab {
 	uint32_t sweep_next; /* next segment the sweep looks at */
 	struct hkv_sightings prev, cur; /* held blocks of the last and this pass */
 	uint64_t *named; /* warm restart: blocks a slot names, one bit per 64 B */
-	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed;
+	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed, relocated;
 };
 
 struct hkv_store {

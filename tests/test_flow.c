@@ -25,9 +25,10 @@
  *                          miss, never another;
  *   test_store_fill        store mode, 64 handles, random sizes, new keys
  *                          until the first refusal: how full the value area
- *                          is then, of live item bytes (goal >= 90 %; the
- *                          1.25x classes cap it near 89 %) and of the blocks
- *                          they take, and every acknowledged item reads back;
+ *                          is then, of live item bytes (>= 90 %: the server
+ *                          moves live items to empty whole segments for a
+ *                          class that needs one) and of the blocks they
+ *                          take, and every acknowledged item reads back;
  *   test_sizes_over_time   store mode, one client: 100 B items until full,
  *                          delete them all, 10 KB items until full: their
  *                          segments are carved again into the new class.
@@ -289,7 +290,7 @@ static void test_many_sizes(void)
 	free(got);
 }
 
-#define FILL_MAX 40000
+#define FILL_MAX 400000
 
 /*
  * What is left of the value area, read through handle c (a test may look
@@ -352,11 +353,13 @@ static void test_store_fill(void)
 	uint64_t free_bytes = 0, held_bytes = 0;
 	uint64_t rfree = 0, rheld = 0;
 	uint32_t carved = 0, rcarved = 0, refused_len = 0;
-	int rcls;
+	int rcls, moves;
 	int n = 0, first_err = 0, bad = 0;
 
 	CHECK(v != NULL && got != NULL);
-	CHECK(hkvserver_start(&f.s, use_verbs, "32M", "256K", NULL) == 0);
+	/* 989 segments, as many as the default 1 GiB / 1 MiB: a class costs
+	 * one partly used segment (docs/design.md, "What a segment costs") */
+	CHECK(hkvserver_start(&f.s, use_verbs, "256M", "256K", NULL) == 0);
 	fleet_open(&f, NHANDLES);
 	probe = f.h[0];
 	g = probe->g; /* (a test may look inside the handle) */
@@ -411,20 +414,20 @@ static void test_store_fill(void)
 	       (unsigned long long)t.claims_lost, (unsigned long long)t.blocks_claimed,
 	       (unsigned long long)t.carves, (unsigned long long)t.blocks_given_back,
 	       (unsigned long long)t.blocks_abandoned);
+	moves = hkvserver_log_count(&f.s, "live items moved");
+	printf("# store fill: %d segments emptied for another class by moving their items to free "
+	       "blocks elsewhere; %.1f MB of blocks beyond each item's own class (items moved "
+	       "up)\n", moves, (double)(idx_bytes - blocks) / (1 << 20));
 	CHECK(first_err == HKV_EFULL);
 	CHECK(bad == 0);
-	CHECK(idx_items == (uint64_t)n && idx_bytes == blocks);
+	CHECK(idx_items == (uint64_t)n && idx_bytes >= blocks);
 	/*
-	 * The goal (issue 13): refused only when live items fill the value area
-	 * (>= 90 %; the 1.25x classes cap item bytes near 89 % of the blocks).
-	 * Measured here (shm, 64 handles): blocks 79 %, item bytes 70 % - at the
-	 * first refusal ~13 % of the area sits in blocks other handles claimed
-	 * (16 KB per class a claim) and have not used yet, and ~6 % is free in
-	 * segments of other classes; one handle alone reaches 90 % / 80 %. The
-	 * gates hold what is reached, with a margin, until the holds count.
+	 * The goal (issue 13): refused only when live items fill the value area,
+	 * >= 90 % of it in live items' header + key + value (measured 91.5 %,
+	 * blocks 97 %; with memcached's 1.25 classes 86.7 %: rounding).
 	 */
-	CHECK(blocks * 100 >= area * 75);
-	CHECK(live * 100 >= area * 65);
+	CHECK(moves > 0);
+	CHECK(live * 100 >= area * 90);
 	fleet_close(&f);
 	hkvserver_stop(&f.s);
 	free(v);

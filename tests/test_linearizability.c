@@ -1371,7 +1371,7 @@ static void print_tally(int key, const struct tally *t)
 }
 
 /* Segments the flow rounds' server logged it moved between classes. */
-static int server_moves;
+static int server_moves, server_relocations;
 
 static void check_key(int key, struct lc_op *ops, size_t n)
 {
@@ -1459,18 +1459,21 @@ static void test_mixed(void)
 /* The mixed workload in `mode` for `rounds` rounds on a tiny server of its
  * own (4 MB, 64 KiB segments, 512 index slots; cache mode if `cache`); the
  * blocks freed for reuse. */
+/* The rounds' server: a store with a tiny index (0), a cache (1), a store (2). */
 static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 {
 	static const char *const tiny[] = {"--index-slots", "512", NULL};
 	/* (cache mode: an index that never runs out, so no insert evicts a hot key) */
 	static const char *const tiny_cache[] = {"--cache", NULL};
+	static const char *const plain[] = {NULL};
 	struct hkvserver main_server = server;
 	uint64_t freed = 0;
 	int up;
 
 	memset(tallies, 0, sizeof(tallies));
 	rounds_carves = rounds_min_claims = rounds_refused = 0;
-	up = hkvserver_start(&server, race_verbs, "4M", "64K", cache ? tiny_cache : tiny) == 0;
+	up = hkvserver_start(&server, race_verbs, "4M", "64K",
+			     cache == 1 ? tiny_cache : cache == 2 ? plain : tiny) == 0;
 	if (!up) {
 		fprintf(stderr, "%s:%d: the %s rounds' server did not start\n", __FILE__, __LINE__,
 			mode);
@@ -1483,6 +1486,7 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 	for (int k = 0; k < NKEYS; k++)
 		print_tally(k, &tallies[k]);
 	server_moves = hkvserver_log_count(&server, "moved from class");
+	server_relocations = hkvserver_log_count(&server, "live items moved");
 	hkvserver_stop(&server);
 	server = main_server;
 	return freed;
@@ -1509,7 +1513,7 @@ static int cmp_u64(const void *a, const void *b);
  * may be written twice by anyone: a block's generation never repeats for an
  * address, whoever reuses it.
  */
-static void test_flow_reuse(void)
+static void flow_rounds(int store)
 {
 	uint64_t freed, dups = 0;
 
@@ -1518,9 +1522,9 @@ static void test_flow_reuse(void)
 	flow_mode = 1; /* (the parent parses values too) */
 	printf("# memory that flows: %d rounds of %d processes x (%d threads x %d ops + a "
 	       "churner of 0.2-1.5 KiB and 6-28 KiB values by turns; hot values < 200 B) + a victim of %d churners killed "
-	       "mid-round, cache mode\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
-	       prm.threads);
-	freed = own_server_rounds("flow", prm.flow_rounds, 1);
+	       "mid-round, %s\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
+	       prm.threads, store ? "store mode (the server moves live items)" : "cache mode");
+	freed = own_server_rounds("flow", prm.flow_rounds, store ? 2 : 1);
 	flow_mode = 0;
 	qsort(blks, nblks, sizeof(*blks), cmp_u64);
 	for (size_t i = 1; i < nblks; i++)
@@ -1532,7 +1536,7 @@ static void test_flow_reuse(void)
 	       "%llu carve requests by the workers, %llu by the victims; fewest claims of a "
 	       "worker process in a round %llu; victims: %llu claims, holding blocks when killed "
 	       "in %llu of %d rounds (%llu blocks); segments the server moved: %d; hot-key "
-	       "writes refused as full (cache mode): %llu\n", nblks,
+	       "writes refused as full: %llu\n", nblks,
 	       (unsigned long long)dups, (unsigned long long)rounds_carves,
 	       (unsigned long long)victim_carves, (unsigned long long)rounds_min_claims,
 	       (unsigned long long)victim_claims, (unsigned long long)victims_holding,
@@ -1545,6 +1549,25 @@ static void test_flow_reuse(void)
 	CHECK(rounds_carves + victim_carves > 0); /* classes shifted: CARVE requests */
 	CHECK(victims_holding > 0);        /* killed while holding claims */
 	CHECK(victim_claims > 0);
+	printf("# flow: segments emptied by moving their live items: %d\n", server_relocations);
+	if (store) /* segments emptied by moving live items while the checker watched */
+		CHECK(server_relocations > 0);
+}
+
+static void test_flow_reuse(void)
+{
+	flow_rounds(0);
+}
+
+/*
+ * 6. The same in store mode: a class that needs a segment gets one the
+ * server empties by moving its live items - copy, mark, slot CAS, as a
+ * client's update - into free blocks elsewhere (server/slab.c), while
+ * everyone reads and writes them.
+ */
+static void test_flow_store(void)
+{
+	flow_rounds(1);
 }
 
 /* ---- 3. exact count --------------------------------------------------------------- */
@@ -1823,6 +1846,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_exact_count);
 	RUN_TEST(test_mixed_reuse);
 	RUN_TEST(test_flow_reuse);
+	RUN_TEST(test_flow_store);
 	race_rounds = verbs ? 300 : argc > 2 && !strcmp(argv[2], "--quick") ? 300 : 20000;
 	RUN_TEST(test_add_race);
 	RUN_TEST(test_add_race_cache);

@@ -220,7 +220,7 @@ static int build_header(struct input *in, struct hkv_geometry *g, uint64_t *regi
 	uint64_t slots = take_u64(in) % (1ull << 30);
 	uint8_t npatch = take_u8(in) % 8;
 
-	if (hkv_geometry_init(g, total, seg, slots, 0))
+	if (hkv_geometry_init(g, total, seg, slots, 0, 0))
 		return -1;
 	hkv_geometry_seal(g);
 	*region_len = total;
