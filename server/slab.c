@@ -273,6 +273,10 @@ static void carve(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t floo
 	}
 	__atomic_store_n(&table(s)[seg], hkv_seg_make(HKV_SEG_SHARED, cls, hkv_seg_epoch(was) + 1),
 			 __ATOMIC_RELEASE);
+	if (hkv_seg_state(was) != HKV_SEG_FREE && !s->slab.moved_in)
+		s->slab.moved_in = hkv_calloc(s->geom->nsegs, sizeof(*s->slab.moved_in));
+	if (hkv_seg_state(was) != HKV_SEG_FREE && s->slab.moved_in) /* a move's re-carve */
+		s->slab.moved_in[seg] = (struct hkv_moved_in){hkv_now_ns(), hkv_seg_class(was)};
 	for (uint32_t w = 0; w * 64 < nb; w++)
 		__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
 	s->slab.carved++;
@@ -338,6 +342,11 @@ static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t
 
 /* ---- moving live items (store mode, a segment being moved) -------------------- */
 
+#define UP_MAX (64u << 10) /* items move up only to blocks this large (or their own) */
+/* a segment that left class c this lately does not go back to c: a block
+ * start of c does not come back within a view's age at a floored generation */
+#define RECARVE_NS (300ull * 1000000ull)
+
 /* A LIVE item of the segment being moved and the block it goes to. */
 struct relocation {
 	struct hkv_block_hdr *from, *to;
@@ -398,7 +407,8 @@ static struct hkv_block_hdr *claim_free(struct hkv_store *s, uint32_t tc, uint32
 static uint32_t item_class(const struct hkv_geometry *g, const struct hkv_block_hdr *h,
 			   uint32_t cls)
 {
-	int c = hkv_class_for(g, (uint32_t)(HKV_BLOCK_HDR + h->klen + (uint64_t)h->vlen));
+	uint64_t item = HKV_BLOCK_HDR + h->klen + (uint64_t)h->vlen;
+	int c = item > g->class_size[cls] ? -1 : hkv_class_for(g, (uint32_t)item);
 
 	return c >= 0 && (uint32_t)c < cls ? (uint32_t)c : cls;
 }
@@ -438,22 +448,38 @@ static void withdraw(struct hkv_store *s, const struct relocation *r)
  * old block's bit. A writer that retires the item first (its mark wins)
  * keeps it: the copy is withdrawn. 1 if the item moved.
  */
-static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relocation *r)
+static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relocation *r,
+		    uint8_t *buf)
 {
-	struct hkv_block_hdr nh;
+	const struct hkv_geometry *g = s->geom;
+	struct hkv_block_hdr nh, *oh = (struct hkv_block_hdr *)buf;
 	uint32_t gen = hkv_meta_gen(r->to_meta) + 1, ogen = hkv_meta_gen(r->meta);
-	uint64_t m = r->meta, sl = r->sl;
+	uint64_t m = r->meta, sl = r->sl, item;
+	uint64_t *tbits = &bitmap(s, r->to_seg)[r->to_b / 64], tbit = 1ull << (r->to_b % 64);
 
-	memcpy(&nh, r->from, sizeof(nh));
-	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
-	if (nh.klen == 0 || nh.klen > HKV_MAX_KEY ||
-	    (uint64_t)HKV_BLOCK_HDR + nh.klen + nh.vlen > s->geom->class_size[cls] ||
-	    nh.crc != hkv_block_crc(r->from, r->from + 1)) {
-		withdraw(s, r); /* garbage under a slot: not ours to judge; it stays */
+	/*
+	 * Everything is checked on one private copy of the old block, and the
+	 * new one is written from it: what a writer changes in shared memory
+	 * meanwhile (a kept block rewritten, garbage) cannot make us read or
+	 * write out of bounds.
+	 */
+	memcpy(buf, r->from, g->class_size[cls]);
+	item = (uint64_t)HKV_BLOCK_HDR + oh->klen + (uint64_t)oh->vlen;
+	if (oh->meta != r->meta || oh->klen == 0 || oh->klen > HKV_MAX_KEY ||
+	    item > g->class_size[cls] || item > g->class_size[r->to_cls] ||
+	    oh->crc != hkv_block_crc(oh, buf + HKV_BLOCK_HDR)) {
+		withdraw(s, r); /* changed since we looked, or garbage: left where it is */
 		return 0;
 	}
-	nh.crc = hkv_block_crc(&nh, r->from + 1);
-	memcpy(r->to + 1, r->from + 1, (size_t)nh.klen + nh.vlen);
+	/* (still ours: our bit, no holder's stamp, the meta we claimed under -
+	 * a check against an atomic of another agent that did not see ours) */
+	if ((load(tbits) & tbit) || hkv_held_is(load(stamp_word(r->to))) ||
+	    load(&r->to->meta) != r->to_meta)
+		return 0;
+	memcpy(&nh, oh, sizeof(nh));
+	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
+	nh.crc = hkv_block_crc(&nh, buf + HKV_BLOCK_HDR);
+	memcpy(r->to + 1, buf + HKV_BLOCK_HDR, (size_t)item - HKV_BLOCK_HDR);
 	memcpy((uint8_t *)r->to + 8, (uint8_t *)&nh + 8, sizeof(nh) - 8);
 	__atomic_store_n(&r->to->meta, nh.meta, __ATOMIC_RELEASE);
 	if (!__atomic_compare_exchange_n(&r->from->meta, &m,
@@ -474,6 +500,21 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 }
 
 /*
+ * The largest class an item of class cls may move up to: one every handle
+ * can read in one go (a handle reads blocks up to 64 KiB, or twice its
+ * largest value's; client/connect.c), or its own.
+ */
+static uint32_t up_limit(const struct hkv_geometry *g, uint32_t cls)
+{
+	uint32_t lim = cls;
+
+	while (lim + 1 < g->nclasses &&
+	       g->class_size[lim + 1] <= (g->class_size[cls] > UP_MAX ? g->class_size[cls] : UP_MAX))
+		lim++;
+	return lim;
+}
+
+/*
  * Store mode: move every LIVE item the index names out of segment seg
  * (class cls, being moved) into free blocks of its class, or of a larger
  * one, elsewhere. All targets are claimed first; if any was freed before,
@@ -487,12 +528,15 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 	uint32_t nb = nblocks(s, cls), n = 0, moved = 0;
 	uint32_t *cursor = hkv_calloc(g->nclasses, sizeof(*cursor));
 	struct relocation *rv = hkv_calloc(nb, sizeof(*rv));
+	uint8_t *buf = hkv_malloc(g->class_size[cls]);
 	uint64_t *bits = bitmap(s, seg);
+	uint32_t top = s->slab.drain_up ? up_limit(g, cls) : cls;
 	int rest = 0;
 
-	if (!cursor || !rv) {
+	if (!cursor || !rv || !buf) {
 		hkv_free(cursor);
 		hkv_free(rv);
+		hkv_free(buf);
 		return 0;
 	}
 	for (uint32_t b = 0; b < nb; b++) {
@@ -508,7 +552,7 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 			continue; /* (unpublished yet, or being retired: the drain waits) */
 		/* (from the class the item needs: one moved up before may come back down) */
 		r->to = NULL;
-		for (tc = item_class(g, h, cls); tc < (s->slab.drain_up ? g->nclasses : cls + 1); tc++)
+		for (tc = item_class(g, h, cls); tc <= top; tc++)
 			if ((r->to = claim_free(s, tc, seg, &cursor[tc], &r->to_seg, &r->to_b,
 						&r->to_meta)))
 				break;
@@ -518,6 +562,7 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 						  1ull << (rv[i].to_b % 64), __ATOMIC_ACQ_REL);
 			hkv_free(cursor);
 			hkv_free(rv);
+			hkv_free(buf);
 			return -1;
 		}
 		r->from = h;
@@ -533,11 +578,12 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 			;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		moved += (uint32_t)relocate(s, seg, cls, &rv[i]);
+		moved += (uint32_t)relocate(s, seg, cls, &rv[i], buf);
 	s->slab.relocated += moved;
 	s->slab.drain_items += moved;
 	hkv_free(cursor);
 	hkv_free(rv);
+	hkv_free(buf);
 	return (int)moved;
 }
 
@@ -740,8 +786,13 @@ static int64_t pick_victim(const struct hkv_store *s, uint32_t cls, uint64_t kee
 	return best;
 }
 
-/* Blocks of SHARED segment seg (class cls) that a writer holds now. */
-static uint32_t held_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cls)
+/*
+ * Blocks of SHARED segment seg (class cls) that a move would wait for: bit
+ * clear but not LIVE - held (a HELD stamp), kept by a replace, an insert
+ * not committed yet. A move waits until they are written, given back or
+ * reclaimed.
+ */
+static uint32_t blocked_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cls)
 {
 	uint32_t nb = nblocks(s, cls), n = 0;
 
@@ -752,7 +803,7 @@ static uint32_t held_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cl
 			struct hkv_block_hdr *h =
 				block(s, seg, cls, w * 64 + (uint32_t)__builtin_ctzll(clear));
 
-			n += hkv_held_is(load(stamp_word(h)));
+			n += hkv_meta_state(load(&h->meta)) != HKV_BLK_LIVE;
 		}
 	}
 	return n;
@@ -763,11 +814,11 @@ static uint32_t held_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cl
 /*
  * Store mode: the segment to empty for class cls by moving its items - of
  * another class, not holding keep_off, whose items the free blocks of its
- * class elsewhere can take (up: or of larger classes, the items then lose
- * the difference to rounding). Of the RELOCATE_LOOK with the
- * fewest bytes to copy, the cheapest that no writer holds a block of (the
- * move then finishes at once; a held block stops it until it is written,
- * given back or reclaimed). -1 if none (the store is full).
+ * class elsewhere can take (up: or of larger classes up to up_limit, the
+ * items then lose the difference to rounding). Of the RELOCATE_LOOK with
+ * the fewest bytes to copy, the one with the fewest blocks a move would
+ * wait for (none: it finishes at once), the cheapest of those. -1 if none
+ * (the store is full).
  */
 static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_t keep_off,
 				int up)
@@ -783,27 +834,32 @@ static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_
 
 	if (!room)
 		return -1;
+	/* room[c]: free blocks of the classes below c (prefix sums) */
 	for (uint32_t i = 0; i < g->nsegs; i++) {
 		uint64_t e = load(&table(s)[i]);
 
 		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) < g->nclasses)
-			room[hkv_seg_class(e)] += free_blocks(s, i, hkv_seg_class(e));
+			room[hkv_seg_class(e) + 1] += free_blocks(s, i, hkv_seg_class(e));
 	}
-	for (uint32_t c = g->nclasses; up && c-- > 0;) /* up: free blocks of class >= c */
-		room[c] += room[c + 1];
+	for (uint32_t c = 1; c <= g->nclasses; c++)
+		room[c] += room[c - 1];
 	for (uint32_t i = 0; i < g->nsegs; i++) {
-		uint64_t e = load(&table(s)[i]), live, cost;
+		uint64_t e = load(&table(s)[i]), live, cost, fits;
 		uint32_t c = hkv_seg_class(e), f, at;
 
 		if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
 		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size) ||
 		    (s->slab.undone_ns && i == s->slab.undone_seg &&
-		     hkv_now_ns() - s->slab.undone_ns < 10 * DRAIN_MAX_NS))
-			continue;
+		     hkv_now_ns() - s->slab.undone_ns < 10 * DRAIN_MAX_NS) ||
+		    (s->slab.moved_in && s->slab.moved_in[i].from == cls &&
+		     hkv_now_ns() - s->slab.moved_in[i].ns < RECARVE_NS))
+			continue; /* (it left cls lately: not back within a view's age) */
 		f = free_blocks(s, i, c);
 		live = nblocks(s, c) - f;
 		cost = live * g->class_size[c];
-		if (room[c] - f < live)
+		/* free blocks of its class (up: to up_limit) elsewhere; ours are counted in */
+		fits = room[(up ? up_limit(g, c) : c) + 1] - room[c];
+		if (fits < (uint64_t)f + live)
 			continue;
 		/* keep the cheapest RELOCATE_LOOK, sorted by cost */
 		if (nlook == RELOCATE_LOOK && cost >= look[nlook - 1].cost)
@@ -815,10 +871,17 @@ static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_
 		look[at].seg = i;
 	}
 	hkv_free(room);
-	for (uint32_t k = 0; k < nlook && best < 0; k++)
-		if (!held_blocks(s, look[k].seg, hkv_seg_class(load(&table(s)[look[k].seg]))))
+	/* the cheapest with the fewest blocks to wait for */
+	for (uint32_t k = 0, fewest = UINT32_MAX; k < nlook && fewest; k++) {
+		uint32_t b = blocked_blocks(s, look[k].seg,
+					    hkv_seg_class(load(&table(s)[look[k].seg])));
+
+		if (b < fewest) {
+			fewest = b;
 			best = look[k].seg;
-	return best >= 0 ? best : nlook ? (int64_t)look[0].seg : -1;
+		}
+	}
+	return best;
 }
 
 int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int move,
@@ -1013,6 +1076,7 @@ void hkv_slab_fini(struct hkv_store *s)
 	hkv_free(s->slab.dprev.v);
 	hkv_free(s->slab.dcur.v);
 	hkv_free(s->slab.named);
+	hkv_free(s->slab.moved_in);
 	memset(&s->slab, 0, sizeof(s->slab));
 	s->slab.drain_seg = -1;
 }

@@ -49,6 +49,11 @@ struct hkv_sightings {
 	uint32_t n, cap;
 };
 
+struct hkv_moved_in {
+	uint64_t ns;
+	uint32_t from;
+};
+
 /* The slab mover and the sweep of held blocks (server/slab.c). */
 struct hkv_slab {
 	int64_t drain_seg; /* the segment being moved, or -1 */
@@ -62,6 +67,7 @@ struct hkv_slab {
 	uint32_t sweep_next; /* next segment the sweep looks at */
 	struct hkv_sightings prev, cur; /* held blocks of the last and this pass */
 	uint64_t *named; /* warm restart: blocks a slot names, one bit per 64 B */
+	struct hkv_moved_in *moved_in; /* per segment: its last move, when and from which class */
 	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed, relocated;
 };
 

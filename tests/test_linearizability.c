@@ -106,6 +106,9 @@ static struct hkvserver server;
 static int server_up;
 
 static int flow_mode; /* "flow" rounds (cache mode, class shifts, a process killed) */
+/* store-mode flow rounds: nobody killed (a dead writer's unpublished block
+ * keeps its segment from being emptied: docs/design.md, known gaps) */
+static int flow_no_victim;
 
 static int64_t now_ns(void)
 {
@@ -773,7 +776,7 @@ static int crew_spawn(struct crew *w, const char *mode, int round, int nops)
 			break;
 		w->n++;
 	}
-	if (!strcmp(mode, "flow") && w->n == prm.procs) {
+	if (!strcmp(mode, "flow") && w->n == prm.procs && !flow_no_victim) {
 		snprintf(w->victim_hist, sizeof(w->victim_hist), "%s/victim.hist", server.dir);
 		w->victim = spawn_worker("victim", round, prm.procs, nops, w->victim_hist, go[0],
 					 ready[1]);
@@ -1481,6 +1484,31 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 		server = main_server;
 		return 0;
 	}
+	if (cache == 2) {
+		/*
+		 * A store with no FREE segment and none wholly free: 2 KB items
+		 * until it is full, then every other one deleted. Every segment
+		 * a round's class needs is then emptied by moving live items.
+		 */
+		struct hkv_client *c = hkvserver_client(&server);
+		static char v[2000];
+		char key[32];
+		int n = 0;
+
+		memset(v, 'f', sizeof(v));
+		for (; c && n < 100000; n++) {
+			snprintf(key, sizeof(key), "filler-%d", n);
+			if (hkv_set(c, key, strlen(key), v, sizeof(v), NULL))
+				break;
+		}
+		for (int i = 0; c && i < n; i += 2) {
+			snprintf(key, sizeof(key), "filler-%d", i);
+			hkv_delete(c, key, strlen(key));
+		}
+		if (c)
+			hkv_close(c);
+		printf("# store filled with %d items of 2000 B, every other one deleted\n", n);
+	}
 	for (mixed_round = 0; mixed_round < rounds; mixed_round++)
 		freed += mixed_round_run(mode);
 	for (int k = 0; k < NKEYS; k++)
@@ -1523,9 +1551,10 @@ static void flow_rounds(int store)
 	printf("# memory that flows: %d rounds of %d processes x (%d threads x %d ops + a "
 	       "churner of 0.2-1.5 KiB and 6-28 KiB values by turns; hot values < 200 B) + a victim of %d churners killed "
 	       "mid-round, %s\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
-	       prm.threads, store ? "store mode (the server moves live items)" : "cache mode");
+	       prm.threads, store ? "store mode (the server moves live items; no victim)" : "cache mode");
+	flow_no_victim = store;
 	freed = own_server_rounds("flow", prm.flow_rounds, store ? 2 : 1);
-	flow_mode = 0;
+	flow_mode = flow_no_victim = 0;
 	qsort(blks, nblks, sizeof(*blks), cmp_u64);
 	for (size_t i = 1; i < nblks; i++)
 		if (blks[i] == blks[i - 1] && dups++ < 5)
@@ -1547,8 +1576,10 @@ static void flow_rounds(int store)
 	CHECK(dups == 0);
 	CHECK(rounds_min_claims > 0);      /* every process claimed blocks */
 	CHECK(rounds_carves + victim_carves > 0); /* classes shifted: CARVE requests */
-	CHECK(victims_holding > 0);        /* killed while holding claims */
-	CHECK(victim_claims > 0);
+	if (!store) {
+		CHECK(victims_holding > 0); /* killed while holding claims */
+		CHECK(victim_claims > 0);
+	}
 	printf("# flow: segments emptied by moving their live items: %d\n", server_relocations);
 	if (store) /* segments emptied by moving live items while the checker watched */
 		CHECK(server_relocations > 0);
