@@ -77,6 +77,12 @@ static uint64_t word_mask(uint32_t nb, uint32_t w)
 	return left >= 64 ? ~0ull : (1ull << left) - 1;
 }
 
+/* Block b of segment seg is free again: set its bit. */
+static void set_free(const struct hkv_store *s, uint32_t seg, uint32_t b)
+{
+	__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
+}
+
 static uint64_t load(const uint64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
@@ -166,7 +172,7 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 		      : !__atomic_compare_exchange_n(stamp_word(h), &stamp, 0, 0, __ATOMIC_ACQ_REL,
 						     __ATOMIC_ACQUIRE))
 		return 0;
-	__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
+	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
 	return 1;
 }
@@ -305,6 +311,23 @@ static uint32_t free_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cl
 
 /* ---- eviction by the server (cache mode, a segment being moved) ------------------ */
 
+/* The slot of h's key that names h (LIVE, generation gen) as of now, or NULL. */
+static uint64_t *naming_slot(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
+			     uint32_t gen, uint64_t *sl)
+{
+	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slots[2 * HKV_BUCKET_SLOTS];
+
+	if (key_slots(s, h, cls, slots))
+		return NULL;
+	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
+		*sl = load(slots[p]);
+		if (*sl && hkv_slot_off(*sl) == off && hkv_slot_class(*sl) == cls &&
+		    hkv_slot_ver(*sl) == (gen & 0x7ff))
+			return slots[p];
+	}
+	return NULL;
+}
+
 /*
  * Remove the LIVE item in block b of seg (class cls, meta as loaded) as a
  * client's delete does: mark its meta LIVE -> OBSOLETE, then swing the slot
@@ -314,30 +337,20 @@ static uint32_t free_blocks(const struct hkv_store *s, uint32_t seg, uint32_t cl
 static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t b,
 		       struct hkv_block_hdr *h, uint64_t meta)
 {
-	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slots[2 * HKV_BUCKET_SLOTS];
 	uint32_t gen = hkv_meta_gen(meta);
+	uint64_t m = meta, sl, *slot = naming_slot(s, h, cls, gen, &sl);
 
-	if (key_slots(s, h, cls, slots))
+	if (!slot)
 		return 0;
-	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
-		uint64_t *slot = slots[p];
-		uint64_t sl = load(slot), m = meta;
-
-		if (!sl || hkv_slot_off(sl) != off || hkv_slot_class(sl) != cls ||
-		    hkv_slot_ver(sl) != (gen & 0x7ff))
-			continue;
-		if (!__atomic_compare_exchange_n(&h->meta, &m,
-						 hkv_meta_make(HKV_BLK_OBSOLETE, cls, gen), 0,
-						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			return 0; /* someone else retires it: theirs to free */
-		/* (lost: a writer's slot CAS beat ours after our mark; it is out of
-		 * the index either way, and we won the mark, so we free it) */
-		__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-		__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
-		s->slab.evicted++;
-		return 1;
-	}
-	return 0;
+	if (!__atomic_compare_exchange_n(&h->meta, &m, hkv_meta_make(HKV_BLK_OBSOLETE, cls, gen), 0,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0; /* someone else retires it: theirs to free */
+	/* (lost: a writer's slot CAS beat ours after our mark; it is out of the
+	 * index either way, and we won the mark, so we free it) */
+	__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	set_free(s, seg, b);
+	s->slab.evicted++;
+	return 1;
 }
 
 /* ---- moving live items (store mode, a segment being moved) -------------------- */
@@ -413,23 +426,6 @@ static uint32_t item_class(const struct hkv_geometry *g, const struct hkv_block_
 	return c >= 0 && (uint32_t)c < cls ? (uint32_t)c : cls;
 }
 
-/* The slot of h's key that names h (LIVE, generation gen) as of now, or NULL. */
-static uint64_t *naming_slot(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
-			     uint32_t gen, uint64_t *sl)
-{
-	uint64_t off = (uint64_t)((uint8_t *)h - base(s)), *slots[2 * HKV_BUCKET_SLOTS];
-
-	if (key_slots(s, h, cls, slots))
-		return NULL;
-	for (int p = 0; p < 2 * HKV_BUCKET_SLOTS; p++) {
-		*sl = load(slots[p]);
-		if (*sl && hkv_slot_off(*sl) == off && hkv_slot_class(*sl) == cls &&
-		    hkv_slot_ver(*sl) == (gen & 0x7ff))
-			return slots[p];
-	}
-	return NULL;
-}
-
 /* Withdraw an unpublished copy: OBSOLETE (aborted), its bit set again. */
 static void withdraw(struct hkv_store *s, const struct relocation *r)
 {
@@ -437,8 +433,7 @@ static void withdraw(struct hkv_store *s, const struct relocation *r)
 			 hkv_meta_make(HKV_BLK_OBSOLETE, r->to_cls, hkv_meta_gen(r->to_meta) + 1) |
 				 HKV_META_ABORTED,
 			 __ATOMIC_RELEASE);
-	__atomic_fetch_or(&bitmap(s, r->to_seg)[r->to_b / 64], 1ull << (r->to_b % 64),
-			  __ATOMIC_ACQ_REL);
+	set_free(s, r->to_seg, r->to_b);
 }
 
 /*
@@ -494,8 +489,7 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		withdraw(s, r); /* a writer's slot CAS (its mark lost to ours) won: the
 				 * old block is out of the index, and ours to free */
-	__atomic_fetch_or(&bitmap(s, seg)[r->from_b / 64], 1ull << (r->from_b % 64),
-			  __ATOMIC_ACQ_REL);
+	set_free(s, seg, r->from_b);
 	return sl == r->sl;
 }
 
@@ -558,8 +552,7 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 				break;
 		if (!r->to) { /* no room: give back what we claimed */
 			for (uint32_t i = 0; i < n; i++)
-				__atomic_fetch_or(&bitmap(s, rv[i].to_seg)[rv[i].to_b / 64],
-						  1ull << (rv[i].to_b % 64), __ATOMIC_ACQ_REL);
+				set_free(s, rv[i].to_seg, rv[i].to_b);
 			hkv_free(cursor);
 			hkv_free(rv);
 			hkv_free(buf);
@@ -814,17 +807,18 @@ static uint32_t blocked_blocks(const struct hkv_store *s, uint32_t seg, uint32_t
 /*
  * Store mode: the segment to empty for class cls by moving its items - of
  * another class, not holding keep_off, whose items the free blocks of its
- * class elsewhere can take (up: or of larger classes up to up_limit, the
- * items then lose the difference to rounding). Of the RELOCATE_LOOK with
- * the fewest bytes to copy, the one with the fewest blocks a move would
- * wait for (none: it finishes at once), the cheapest of those. -1 if none
- * (the store is full).
+ * class elsewhere can take, or if there is none (*up = 1), of its class and
+ * larger ones up to up_limit (the items then lose the difference to
+ * rounding). Of the RELOCATE_LOOK with the fewest bytes to copy, the one
+ * with the fewest blocks a move would wait for (none: it finishes at
+ * once), the cheapest of those. -1 if none (the store is full).
  */
 static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_t keep_off,
-				int up)
+				int *up)
 {
 	const struct hkv_geometry *g = s->geom;
-	uint64_t *room = hkv_calloc(g->nclasses + 1, sizeof(*room));
+	uint64_t *room = hkv_calloc(g->nclasses + 1, sizeof(*room)), now = hkv_now_ns();
+	uint32_t *nfree = hkv_calloc(g->nsegs, sizeof(*nfree));
 	struct {
 		uint64_t cost;
 		uint32_t seg;
@@ -832,45 +826,46 @@ static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_
 	uint32_t nlook = 0;
 	int64_t best = -1;
 
-	if (!room)
-		return -1;
+	if (!room || !nfree)
+		goto out;
 	/* room[c]: free blocks of the classes below c (prefix sums) */
 	for (uint32_t i = 0; i < g->nsegs; i++) {
 		uint64_t e = load(&table(s)[i]);
 
 		if (hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) < g->nclasses)
-			room[hkv_seg_class(e) + 1] += free_blocks(s, i, hkv_seg_class(e));
+			room[hkv_seg_class(e) + 1] += nfree[i] = free_blocks(s, i, hkv_seg_class(e));
 	}
 	for (uint32_t c = 1; c <= g->nclasses; c++)
 		room[c] += room[c - 1];
-	for (uint32_t i = 0; i < g->nsegs; i++) {
-		uint64_t e = load(&table(s)[i]), live, cost, fits;
-		uint32_t c = hkv_seg_class(e), f, at;
+	for (*up = 0; *up < 2 && !nlook; ++*up) {
+		for (uint32_t i = 0; i < g->nsegs; i++) {
+			uint64_t e = load(&table(s)[i]), live, cost, fits;
+			uint32_t c = hkv_seg_class(e), at;
 
-		if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
-		    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size) ||
-		    (s->slab.undone_ns && i == s->slab.undone_seg &&
-		     hkv_now_ns() - s->slab.undone_ns < 10 * DRAIN_MAX_NS) ||
-		    (s->slab.moved_in && s->slab.moved_in[i].from == cls &&
-		     hkv_now_ns() - s->slab.moved_in[i].ns < RECARVE_NS))
-			continue; /* (it left cls lately: not back within a view's age) */
-		f = free_blocks(s, i, c);
-		live = nblocks(s, c) - f;
-		cost = live * g->class_size[c];
-		/* free blocks of its class (up: to up_limit) elsewhere; ours are counted in */
-		fits = room[(up ? up_limit(g, c) : c) + 1] - room[c];
-		if (fits < (uint64_t)f + live)
-			continue;
-		/* keep the cheapest RELOCATE_LOOK, sorted by cost */
-		if (nlook == RELOCATE_LOOK && cost >= look[nlook - 1].cost)
-			continue;
-		at = nlook < RELOCATE_LOOK ? nlook++ : nlook - 1;
-		for (; at > 0 && look[at - 1].cost > cost; at--)
-			look[at] = look[at - 1];
-		look[at].cost = cost;
-		look[at].seg = i;
+			if (hkv_seg_state(e) != HKV_SEG_SHARED || c >= g->nclasses || c == cls ||
+			    (keep_off >= seg_off(s, i) && keep_off < seg_off(s, i) + g->seg_size) ||
+			    (s->slab.undone_ns && i == s->slab.undone_seg &&
+			     now - s->slab.undone_ns < 10 * DRAIN_MAX_NS) ||
+			    (s->slab.moved_in && s->slab.moved_in[i].from == cls &&
+			     now - s->slab.moved_in[i].ns < RECARVE_NS))
+				continue; /* (it left cls lately: not back within a view's age) */
+			live = nblocks(s, c) - nfree[i];
+			cost = live * g->class_size[c];
+			/* free blocks of its class (up: to up_limit) elsewhere; ours counted in */
+			fits = room[(*up ? up_limit(g, c) : c) + 1] - room[c];
+			if (fits < (uint64_t)nfree[i] + live)
+				continue;
+			/* keep the cheapest RELOCATE_LOOK, sorted by cost */
+			if (nlook == RELOCATE_LOOK && cost >= look[nlook - 1].cost)
+				continue;
+			at = nlook < RELOCATE_LOOK ? nlook++ : nlook - 1;
+			for (; at > 0 && look[at - 1].cost > cost; at--)
+				look[at] = look[at - 1];
+			look[at].cost = cost;
+			look[at].seg = i;
+		}
 	}
-	hkv_free(room);
+	--*up; /* (the pass that found them) */
 	/* the cheapest with the fewest blocks to wait for */
 	for (uint32_t k = 0, fewest = UINT32_MAX; k < nlook && fewest; k++) {
 		uint32_t b = blocked_blocks(s, look[k].seg,
@@ -881,6 +876,9 @@ static int64_t pick_to_relocate(const struct hkv_store *s, uint32_t cls, uint64_
 			best = look[k].seg;
 		}
 	}
+out:
+	hkv_free(room);
+	hkv_free(nfree);
 	return best;
 }
 
@@ -950,14 +948,8 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int mov
 	}
 	if (victim < 0 && (g->flags & HKV_GEOM_F_CACHE) && move)
 		victim = pick_victim(s, cls, keep_off);
-	if (victim < 0 && !(g->flags & HKV_GEOM_F_CACHE)) { /* items move within their class */
-		victim = pick_to_relocate(s, cls, keep_off, 0);
-		up = 0;
-	}
-	if (victim < 0 && !(g->flags & HKV_GEOM_F_CACHE)) { /* else up, into larger blocks */
-		victim = pick_to_relocate(s, cls, keep_off, 1);
-		up = 1;
-	}
+	if (victim < 0 && !(g->flags & HKV_GEOM_F_CACHE))
+		victim = pick_to_relocate(s, cls, keep_off, &up);
 	if (victim < 0)
 		return HKV_EFULL;
 	{
