@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -219,12 +220,51 @@ int hkv_test_etcd_start(struct hkv_test_etcd *t)
 	return rc;
 }
 
+/* Has every thread of pid stopped (state T or t)? A stop is delivered to
+ * each thread as it next enters the kernel: kill() returns before that, and
+ * a thread running on another CPU may still answer a request meanwhile. */
+static int all_threads_stopped(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int all = 1;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(path)))
+		return 0;
+	while (all && (e = readdir(d))) {
+		char stat[400], buf[512], *rp;
+		FILE *f;
+		size_t n;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(stat, sizeof(stat), "%s/%s/stat", path, e->d_name);
+		if (!(f = fopen(stat, "r")))
+			continue; /* (the thread exited) */
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		rp = strrchr(buf, ')'); /* "tid (comm) S ...": comm may hold anything */
+		all = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+	}
+	closedir(d);
+	return all;
+}
+
 int hkv_test_etcd_kill(struct hkv_test_etcd *t, int sig)
 {
 	if (t->pid <= 0)
 		return -ESRCH;
 	if (kill(t->pid, sig))
 		return -errno;
+	if (sig == SIGSTOP) { /* frozen when this returns, not a moment later */
+		struct timespec ms = {0, 1000000};
+
+		for (int i = 0; i < 2000 && !all_threads_stopped(t->pid); i++)
+			nanosleep(&ms, NULL);
+	}
 	if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT) {
 		kill(t->pid, SIGCONT); /* a stopped one must run to die of SIGTERM */
 		while (waitpid(t->pid, NULL, 0) < 0 && errno == EINTR)

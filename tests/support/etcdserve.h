@@ -38,7 +38,8 @@ int hkv_test_etcd_start(struct hkv_test_etcd *t);
  * after hkv_test_etcd_kill and twice. */
 void hkv_test_etcd_stop(struct hkv_test_etcd *t);
 /* Send sig; for SIGKILL, SIGTERM and SIGINT also reap it (t->pid = 0).
- * SIGSTOP / SIGCONT freeze and thaw it. 0 or -errno. */
+ * SIGSTOP / SIGCONT freeze and thaw it; SIGSTOP returns once every thread
+ * of etcd has stopped. 0 or -errno. */
 int hkv_test_etcd_kill(struct hkv_test_etcd *t, int sig);
 
 #endif
