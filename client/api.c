@@ -98,7 +98,8 @@ static int touch_fn(struct hkv_client *c, const struct item *old, struct value *
 	const struct hkv_block_hdr *h = hkv_item_hdr(old);
 
 	*v = (struct value){.p1 = old->blk + HKV_BLOCK_HDR + h->klen, .l1 = h->vlen,
-			    .flags = h->flags, .exptime = *(uint32_t *)arg};
+			    .flags = h->flags, .exptime = *(uint32_t *)arg,
+			    .wid = h->wid}; /* the same write, later expiry: cas tokens still match */
 	return 0;
 }
 

@@ -180,6 +180,7 @@ struct hkv_client {
 	uint64_t tidy_ns;   /* last pass over every class's held blocks */
 	struct hkv_cur_alloc cur;
 	uint64_t rng;
+	uint64_t wid_next; /* the next write id (hkv_next_wid) */
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
 	/* The write in progress: its key (evicting it to make room must not turn
@@ -286,6 +287,18 @@ static inline uint64_t hkv_raddr(const struct hkv_client *c, uint64_t off)
 }
 
 /* Is [off, off+len) a whole block inside one segment of the data area? */
+/*
+ * A write id for a new logical write: 64 random bits at open, then counting,
+ * never 0 (0 is "none" to callers). Two writes of one key share an id only if
+ * two handles' counters meet: about 2^-64 per comparison.
+ */
+static inline uint64_t hkv_next_wid(struct hkv_client *c)
+{
+	if (!++c->wid_next)
+		++c->wid_next;
+	return c->wid_next;
+}
+
 static inline int hkv_block_range_ok(const struct hkv_geometry *g, uint64_t off, uint64_t len)
 {
 	uint64_t end = g->data_off + (uint64_t)g->nsegs * g->seg_size;

@@ -419,6 +419,7 @@ static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 		return -ENOMEM;
 	c->timeout_ms = o->timeout_ms;
 	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
+	randombytes_buf(&c->wid_next, sizeof(c->wid_next)); /* write ids: see hkv_next_wid */
 	c->cache = hkv_cache_ref(cache);
 	c->via = o;
 	ret = ctl_auth(&o->ep, o->token, o->timeout_ms, &w);

@@ -87,6 +87,7 @@ struct value {
 	const void *p1, *p2; /* value = p1 . p2 */
 	size_t l1, l2;
 	uint32_t flags, exptime;
+	uint64_t wid; /* 0: a new write (a fresh id); else the write this value keeps */
 };
 
 static inline uint64_t hkv_slot_off_of(const struct hkv_client *c, const struct key *k, int pos)
@@ -122,7 +123,7 @@ static inline int hkv_item_expired(const struct item *it)
 
 static inline uint64_t hkv_item_version(const struct item *it)
 {
-	return (it->blk_off / HKV_BLOCK_ALIGN) << 28 | (it->gen & 0xfffffff);
+	return hkv_item_hdr(it)->wid;
 }
 
 static inline uint64_t hkv_meta_live(const struct item *it)

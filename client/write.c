@@ -36,6 +36,8 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	h->flags = v->flags;
 	h->klen = k->len;
 	h->exptime = v->exptime;
+	h->owner = (uint16_t)c->client_id;
+	h->wid = v->wid ? v->wid : hkv_next_wid(c);
 	memcpy(c->wblk + HKV_BLOCK_HDR, k->p, k->len);
 	if (v->l1)
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);

@@ -315,7 +315,8 @@ uint32_t hkv_block_crc(const struct hkv_block_hdr *h, const void *kv)
 	uint32_t gen = hkv_meta_gen(h->meta);
 	uint32_t crc = hkv_crc32c(0, &gen, 4);
 
-	crc = hkv_crc32c(crc, &h->vlen, 16); /* vlen, flags, klen, rsv, exptime */
+	crc = hkv_crc32c(crc, &h->vlen, 16); /* vlen, flags, klen, owner, exptime */
+	crc = hkv_crc32c(crc, &h->wid, 8);
 	return hkv_crc32c(crc, kv, (size_t)h->klen + h->vlen);
 }
 

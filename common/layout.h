@@ -30,15 +30,18 @@
  *   0  u64 meta     state(2) | class(7) | aborted(1) | retirer(16) | rsv(6) | gen(32)
  *                   -- CAS word; retirer: in an OBSOLETE meta, the client whose
  *                   CAS retired the block (it frees it, or keeps it to reuse)
- *   8  u32 crc      CRC32C of gen, bytes 12..27 and key+value
+ *   8  u32 crc      CRC32C of gen, bytes 12..27, the wid and key+value
  *   12 u32 vlen
  *   16 u32 flags    client flags (memcached)
  *   20 u16 klen
- *   22 u16 rsv      (a held free block: bytes 16..23 are its HELD stamp)
+ *   22 u16 owner    the writing client's id (0: unknown); a held free block:
+ *                   bytes 16..23 are its HELD stamp
  *   24 u32 exptime  absolute Unix seconds, 0 = never
  *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
  *                   (readers refresh it; not in crc)
- *   32 key bytes, then value bytes
+ *   32 u64 wid      write id: fresh (never 0) for each logical write, kept
+ *                   when the item is copied or moved; the item's cas version
+ *   40 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
  *   about to be by the writer that marked it), 3 pending (an insert not yet
  *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the
@@ -58,12 +61,12 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 3 /* 3: shared per-class pools; 2: keyed key hash */
+#define HKV_LAYOUT_VERSION 4 /* 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
 #define HKV_BLOCK_ALIGN    64
-#define HKV_BLOCK_HDR      32
+#define HKV_BLOCK_HDR      40
 #define HKV_MAX_KEY        250
 #define HKV_NCLASSES_MAX   128
 #define HKV_MAX_CLIENTS    65535
@@ -179,10 +182,12 @@ struct hkv_block_hdr {
 	uint32_t vlen;
 	uint32_t flags;
 	uint16_t klen;
-	uint16_t rsv;
+	uint16_t owner;
 	uint32_t exptime;
 	uint32_t atime;
+	uint64_t wid;
 };
+_Static_assert(sizeof(struct hkv_block_hdr) == HKV_BLOCK_HDR, "block header size");
 
 static inline uint64_t hkv_meta_make(enum hkv_block_state st, uint32_t cls, uint32_t gen)
 {

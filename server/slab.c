@@ -473,6 +473,7 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 		return 0;
 	memcpy(&nh, oh, sizeof(nh));
 	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
+	nh.owner = 0; /* the server's copy (the wid, the item's version, is kept) */
 	nh.crc = hkv_block_crc(&nh, buf + HKV_BLOCK_HDR);
 	memcpy(r->to + 1, buf + HKV_BLOCK_HDR, (size_t)item - HKV_BLOCK_HDR);
 	memcpy((uint8_t *)r->to + 8, (uint8_t *)&nh + 8, sizeof(nh) - 8);

@@ -2906,7 +2906,7 @@ static int raw_put_block(struct raw *r, uint64_t off, uint32_t cls, enum hkv_blo
 			 const char *key, uint32_t vlen)
 {
 	struct hkv_block_hdr h = {.meta = hkv_meta_make(st, cls, 1), .vlen = vlen,
-				  .klen = (uint16_t)strlen(key)};
+				  .klen = (uint16_t)strlen(key), .wid = off};
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);

@@ -31,7 +31,12 @@
  *                          take, and every acknowledged item reads back;
  *   test_sizes_over_time   store mode, one client: 100 B items until full,
  *                          delete them all, 10 KB items until full: their
- *                          segments are carved again into the new class.
+ *                          segments are carved again into the new class;
+ *   test_cas_across_move   store mode: the server moves an item to empty its
+ *                          segment; a cas with the version read before the
+ *                          move still succeeds (nobody wrote), one read
+ *                          before a write fails, even a write of the same
+ *                          bytes; a touch keeps the version, as memcached's.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -41,6 +46,7 @@
 #include <time.h>
 
 #include "client/client_int.h"
+#include "client/ops_int.h"
 #include "hatchkv.h"
 #include "tests/hkv_test.h"
 #include "tests/support/hkvserver.h"
@@ -512,6 +518,131 @@ static void test_sizes_over_time(void)
 	free(v);
 }
 
+/* The segment holding key's block as handle c finds it now (-1: not found). */
+static int64_t seg_of(struct hkv_client *c, const char *key)
+{
+	struct key k;
+	struct item it;
+	struct view v;
+
+	if (hkv_key_init(c, &k, key, strlen(key)) || hkv_find(c, &k, &it, &v))
+		return -1;
+	return (int64_t)((it.blk_off - c->g.data_off) / c->g.seg_size);
+}
+
+/*
+ * A store: segment S1 holds one item K of class c1 and nothing else, S2 two
+ * items of c1 and free blocks, every other segment one full largest-class
+ * block. A write of a class with no segment then makes the server empty S1
+ * (the cheapest segment whose items fit elsewhere): K moves to S2. Its
+ * version (the write id) must not change: a cas with it succeeds.
+ */
+static void test_cas_across_move(void)
+{
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *a, *b, *c;
+	struct hkv_item_info info;
+	struct hkv_geometry g;
+	char key[48], *v, *got;
+	const size_t vlen = 8000;
+	size_t big, n;
+	int nkeys = 0, ins1 = 0, ins2 = 0, ret, moved0;
+	int64_t s1, s2 = -1, s1_after;
+	uint64_t t;
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &a), 0);
+	CHECK_RC(hkv_open(cfg, &b), 0);
+	CHECK_RC(hkv_open(cfg, &c), 0);
+	g = a->g;
+	big = a->max_value; /* with an 8-byte key: a largest-class block, a segment */
+	v = malloc(big);
+	got = malloc(big);
+	CHECK(v != NULL && got != NULL);
+	/* class c1 items until two land in a second segment */
+	memset(v, 'k', vlen);
+	CHECK_RC(hkv_set(a, "k-0", 3, v, vlen, NULL), 0);
+	s1 = seg_of(a, "k-0");
+	for (nkeys = 1; nkeys < 64 && ins2 < 2; nkeys++) {
+		int64_t sg;
+
+		snprintf(key, sizeof(key), "k-%d", nkeys);
+		CHECK_RC(hkv_set(a, key, strlen(key), v, vlen, NULL), 0);
+		sg = seg_of(a, key);
+		if (sg == s1) {
+			ins1++;
+		} else {
+			CHECK(s2 < 0 || sg == s2);
+			s2 = sg;
+			ins2++;
+		}
+	}
+	printf("# c1 (%zu B values, %u B blocks): segment %lld holds k-0 and %d more, segment "
+	       "%lld holds %d\n", vlen, g.class_size[hkv_class_for(&g, HKV_BLOCK_HDR + 4 + vlen)],
+	       (long long)s1, ins1, (long long)s2, ins2);
+	CHECK(s1 >= 0 && s2 >= 0 && ins1 >= 2 && ins2 == 2);
+	/* every other segment: one largest-class item, until full */
+	memset(v, 'B', big);
+	for (n = 0; n < 4096; n++) {
+		snprintf(key, sizeof(key), "big%05zu", n);
+		if ((ret = hkv_set(a, key, strlen(key), v, big, NULL)))
+			break;
+	}
+	CHECK_RC(ret, HKV_EFULL);
+	/* S1 keeps only k-0; a's holds go back */
+	for (int i = 1; i <= ins1; i++) {
+		snprintf(key, sizeof(key), "k-%d", i);
+		CHECK_RC(hkv_delete(a, key, strlen(key)), 0);
+	}
+	hkv_close(a);
+	CHECK_RC(hkv_get(b, "k-0", 3, got, big, &n, &info), 0);
+	t = info.version;
+	moved0 = hkvserver_log_count(&s, "live items moved");
+	/* a class with no segment, in a full store: the server empties S1 */
+	memset(v, 'x', 1000);
+	CHECK_RC(hkv_set(c, "x", 1, v, 1000, NULL), 0);
+	s1_after = seg_of(c, "k-0");
+	printf("# a 1000 B set into the full store: k-0 now in segment %lld (was %lld); the server "
+	       "logged %d segment(s) emptied by moving items\n", (long long)s1_after,
+	       (long long)s1, hkvserver_log_count(&s, "live items moved") - moved0);
+	CHECK(hkvserver_log_count(&s, "live items moved") == moved0 + 1);
+	CHECK(s1_after == s2);
+	CHECK_RC(hkv_get(b, "k-0", 3, got, big, &n, &info), 0);
+	CHECK(n == vlen && got[0] == 'k' && info.version == t);
+	/* nobody wrote k-0: a cas with the version from before the move succeeds */
+	memset(v, '1', vlen);
+	CHECK_RC(hkv_cas(b, "k-0", 3, v, vlen, t, NULL), 0);
+	CHECK_RC(hkv_get(c, "k-0", 3, got, big, &n, &info), 0);
+	CHECK(n == vlen && got[0] == '1' && info.version != t);
+	/* a write in between fails it: another value, or the same bytes */
+	t = info.version;
+	memset(v, '2', vlen);
+	CHECK_RC(hkv_set(c, "k-0", 3, v, vlen, NULL), 0);
+	memset(v, '3', vlen);
+	CHECK_RC(hkv_cas(b, "k-0", 3, v, vlen, t, NULL), HKV_EVERSION);
+	CHECK_RC(hkv_get(b, "k-0", 3, got, big, &n, &info), 0);
+	t = info.version;
+	CHECK_RC(hkv_set(c, "k-0", 3, got, n, NULL), 0); /* the same bytes again */
+	CHECK_RC(hkv_cas(b, "k-0", 3, v, vlen, t, NULL), HKV_EVERSION);
+	/* a touch changes only the expiry: the version stays (memcached) */
+	CHECK_RC(hkv_get(b, "k-0", 3, got, big, &n, &info), 0);
+	t = info.version;
+	CHECK_RC(hkv_touch(c, "k-0", 3, 3600), 0);
+	CHECK_RC(hkv_get(b, "k-0", 3, got, big, &n, &info), 0);
+	CHECK(info.version == t && got[0] == '2');
+	CHECK_RC(hkv_cas(b, "k-0", 3, v, vlen, t, NULL), 0);
+	CHECK_RC(hkv_get(c, "k-0", 3, got, big, &n, NULL), 0);
+	CHECK(n == vlen && got[0] == '3');
+	hkv_close(b);
+	hkv_close(c);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+	free(got);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -520,5 +651,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_many_sizes);
 	RUN_TEST(test_store_fill);
 	RUN_TEST(test_sizes_over_time);
+	RUN_TEST(test_cas_across_move);
 	return hkv_test_finish();
 }

@@ -383,9 +383,9 @@ static void test_round_trips(void)
 	CHECK_RC(hkv_get(c, "key", 3, buf, sizeof(buf), &vlen, NULL), 0); /* warm get */
 	rt1 = rt_of(c, HKV_OP_GET, &b1);
 	printf("# warm get: %llu round trips, %llu bytes read for a %zu-byte block\n",
-	       (unsigned long long)(rt1 - rt0), (unsigned long long)(b1 - b0), 32 + 3 + vlen);
+	       (unsigned long long)(rt1 - rt0), (unsigned long long)(b1 - b0), HKV_BLOCK_HDR + 3 + vlen);
 	CHECK(rt1 - rt0 == 1);
-	CHECK(b1 - b0 <= 32 + 3 + vlen + 64);
+	CHECK(b1 - b0 <= HKV_BLOCK_HDR + 3 + vlen + 64);
 	rt0 = rt_of(c2, HKV_OP_GET, NULL);
 	CHECK_RC(hkv_get(c2, "key", 3, buf, sizeof(buf), &vlen, NULL), 0); /* cold get */
 	rt1 = rt_of(c2, HKV_OP_GET, NULL);
@@ -560,8 +560,8 @@ static void test_flush_all(void)
 		CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
 		CHECK(items == (uint64_t)n1);
 		/* block bytes: header, key and value, rounded up to a class (<= 1.25x) */
-		CHECK(bytes >= items * (sizeof(val) + 32) &&
-		      bytes <= items * (sizeof(val) + 32 + 16) * 5 / 4 + items * 64);
+		CHECK(bytes >= items * (sizeof(val) + HKV_BLOCK_HDR) &&
+		      bytes <= items * (sizeof(val) + HKV_BLOCK_HDR + 16) * 5 / 4 + items * 64);
 		CHECK_RC(hkv_flush_all(c), 0);
 		CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
 		CHECK(items == 0 && bytes == 0);
@@ -983,9 +983,9 @@ static int rmw_boundaries(struct hkv_client *c, int *misses, int *full)
 	for (int klen = 1; klen <= 250; klen++) {
 		int rc;
 
-		/* header 32 + key + value: 1 -> 2 digits crosses a 64 B class at
-		 * 32 + klen + 1 == 64k; only test where the class changes */
-		if ((32 + klen + 1) % 64 != 0)
+		/* header + key + value: 1 -> 2 digits crosses a 64 B class at
+		 * HKV_BLOCK_HDR + klen + 1 == 64k; only test where the class changes */
+		if ((HKV_BLOCK_HDR + klen + 1) % 64 != 0)
 			continue;
 		memset(key, 'a' + klen % 26, (size_t)klen);
 		key[klen] = 0;

@@ -228,22 +228,6 @@ def resolve(cmd, conn):
     return re.sub(rb"\{cas:([^}]*)\}", lambda m: conn.cas.get(m.group(1), b"1"), cmd)
 
 
-def forget_cas(cmd, conns):
-    """memcached keeps the cas through touch/gat; hatchkv gives a new one (documented)."""
-    line = cmd.split(b"\r\n")[0].split(b" ")
-    if line[0] == b"touch":
-        keys = line[1:2]
-    elif line[0] in (b"gat", b"gats"):
-        keys = line[2:]
-    elif line[0] == b"mg" and any(f.startswith(b"T") for f in line[2:]):
-        keys = line[1:2]
-    else:
-        keys = []
-    for c in conns:
-        for k in keys:
-            c.cas.pop(k, None)
-
-
 NON_NUMERIC = b"CLIENT_ERROR cannot increment or decrement non-numeric value"
 ARITH = re.compile(rb"(?:incr|decr|ma) (\S+)")
 
@@ -404,7 +388,6 @@ def main():
                 print("  hatchkv:   %r" % [x[:200] for x in rb])
                 print(d.log("memcached.log")[-2000:])
                 return 1
-            forget_cas(cmd, (a, b))
         if collide:
             print("keys: %s (two pairs with one 64-bit hash each), two connections" %
                   " ".join(COLLIDING))
