@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "client/client_int.h"
+#include "client/copy.h"
 #include "client/ops_int.h"
 #include "common/transport_int.h"
 
@@ -231,6 +232,26 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 	}
 	op_begin(c, &sc, op);
 	return op_end(c, &sc, hkv_store_value(c, &k, mode, &v, version));
+}
+
+/*
+ * The server's copy of an item into its new home (server/mover.c): a set
+ * that keeps the item's write id, so a version read before the move still
+ * matches. exptime is absolute, as in the block. Not routed: c is a
+ * per-server handle.
+ */
+int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid)
+{
+	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid};
+	struct op_scope sc;
+	struct key k;
+	int ret = write_key(c, &k, key, klen);
+
+	if (ret)
+		return ret;
+	op_begin(c, &sc, HKV_OP_SET);
+	return op_end(c, &sc, hkv_store_value(c, &k, STORE_SET, &v, 0));
 }
 
 HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,

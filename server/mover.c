@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/copy.h"
 #include "common/cluster_map.h"
 #include "common/hkv_alloc.h"
 #include "common/layout.h"
@@ -61,7 +62,6 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 {
 	struct copy *cp = arg;
 	const uint8_t *key = (const uint8_t *)(h + 1);
-	struct hkv_write_opts wo = {.flags = h->flags, .exptime = h->exptime};
 	struct hkv_client *c;
 	uint32_t p, i;
 	int ret;
@@ -85,7 +85,8 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 	i = cp->map->repl[p * cp->map->replicas];
 	ret = home_handle(cp, i, &c);
 	if (!ret)
-		ret = hkv_set(c, key, h->klen, key + h->klen, h->vlen, &wo);
+		ret = hkv_put_copy(c, key, h->klen, key + h->klen, h->vlen, h->flags, h->exptime,
+				   h->wid); /* a cas token from before the move still matches */
 	if (ret) {
 		hkv_err("cluster: copying an item to %s: %s", cp->map->names[i], hkv_strerror(ret));
 		return ret;

@@ -1061,7 +1061,8 @@ static void test_store_moves(void)
 	char k[32], v[32], buf[32], out[4096];
 	uint32_t got, moved;
 	uint64_t t0, t_join, t_drain, items = 1, bytes;
-	int at_sd = 0, found_at_sd = 0;
+	static uint64_t ver[2000];
+	int at_sd = 0, found_at_sd = 0, cas_ok = 0;
 
 	for (int i = 0; i < 3; i++)
 		CHECK_RC(start_member(&ssrv[i], sids[i]), 0);
@@ -1072,6 +1073,13 @@ static void test_store_moves(void)
 		snprintf(k, sizeof(k), "s:%06d", i);
 		snprintf(v, sizeof(v), "v%d", i);
 		CHECK_RC(set_str(c, k, v), 0);
+	}
+	for (int i = 0; i < 2000; i++) {
+		struct hkv_item_info info;
+
+		snprintf(k, sizeof(k), "s:%06d", i);
+		CHECK_RC(get_str(c, k, buf, sizeof(buf), &info), 0);
+		ver[i] = info.version;
 	}
 	hot_start(thr);
 	sleep_ms(500);
@@ -1100,6 +1108,16 @@ static void test_store_moves(void)
 	printf("# %d of sd's %d preloaded keys read directly on sd\n", found_at_sd, at_sd);
 	CHECK(at_sd > 0 && found_at_sd == at_sd);
 	hkv_close(direct);
+	/* the copy kept each item's version: a cas with one read before the move succeeds */
+	for (int i = 0; i < 2000; i++) {
+		snprintf(k, sizeof(k), "s:%06d", i);
+		if (strcmp(hkv_cmap_server(&after, hkv_cmap_partition(&after, k, strlen(k)), 0), "sd"))
+			continue;
+		snprintf(v, sizeof(v), "v%d", i);
+		cas_ok += hkv_cas(c, k, strlen(k), v, strlen(v), ver[i], NULL) == 0;
+	}
+	printf("# %d of them: a cas with the version read before the move succeeded\n", cas_ok);
+	CHECK(cas_ok == at_sd);
 	CHECK(preload_intact(c, 2000) == 0);
 	sleep_ms(500);
 	t0 = now_ms();

@@ -1,0 +1,20 @@
+/*
+ * copy.h - the library's one entry point for the server's own writes: a
+ * partition move (server/mover.c) copies each item into its new home and
+ * keeps the item's write id, so a version a client read before the move
+ * (hkv_item_info.version) still matches after it. Not part of the API.
+ */
+#ifndef HKV_CLIENT_COPY_H
+#define HKV_CLIENT_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hkv_client;
+
+/* A set of key on the per-server handle c with flags, absolute exptime
+ * (Unix s, 0 = never) and write id wid (!= 0). 0 or an hkv error. */
+int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid);
+
+#endif /* HKV_CLIENT_COPY_H */
