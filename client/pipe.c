@@ -177,7 +177,7 @@ static void lane_idle(void *arg)
 
 /* ---- running one operation ---------------------------------------------- */
 
-static void run(struct hkv_client *h, struct hkv_pipe_op *op)
+static void run(struct hkv_client *h, int lane, struct hkv_pipe_op *op)
 {
 	switch (op->kind) {
 	case HKV_PIPE_GET:
@@ -209,6 +209,9 @@ static void run(struct hkv_client *h, struct hkv_pipe_op *op)
 	case HKV_PIPE_TOUCH:
 		op->status = hkv_touch(h, op->key, op->klen, op->opts.exptime);
 		break;
+	case HKV_PIPE_CALL:
+		op->status = op->call ? op->call(h, lane, op->user) : -EINVAL;
+		break;
 	default:
 		op->status = -EINVAL;
 	}
@@ -222,7 +225,7 @@ void hkv_lane_main(struct lane *l)
 #endif
 	for (;;) {
 		hkv_conn_idle = (struct hkv_conn_idle){lane_idle, l};
-		run(l->h, l->op);
+		run(l->h, (int)(l - l->p->lanes), l->op);
 		hkv_conn_idle = (struct hkv_conn_idle){NULL, NULL};
 		l->done = 1;
 		to_main(l);

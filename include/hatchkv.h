@@ -266,7 +266,18 @@ struct hkv_pipe;
 
 enum hkv_pipe_kind {
 	HKV_PIPE_GET, HKV_PIPE_SET, HKV_PIPE_ADD, HKV_PIPE_REPLACE, HKV_PIPE_CAS,
-	HKV_PIPE_DELETE, HKV_PIPE_INCR, HKV_PIPE_DECR, HKV_PIPE_TOUCH
+	HKV_PIPE_DELETE, HKV_PIPE_INCR, HKV_PIPE_DECR, HKV_PIPE_TOUCH,
+	/*
+	 * The caller's own function, status = call(h, lane, user): it may make
+	 * any blocking calls on h, the lane's handle (and on nothing that would
+	 * block elsewhere), and yields to the other lanes whenever h waits for
+	 * the network - several steps (a get, then a cas) as one operation in
+	 * flight. lane (0..depth-1) names the lane, for per-lane buffers. key
+	 * orders it as for the others: calls with the same key bytes (any
+	 * bytes, e.g. a connection's address) run one after another, in
+	 * submission order; klen 0 orders it after every other keyless op.
+	 */
+	HKV_PIPE_CALL
 };
 
 struct hkv_pipe_op {
@@ -282,6 +293,7 @@ struct hkv_pipe_op {
 	void *buf;                    /* GET: where the value goes */
 	size_t cap;
 	void *user;                   /* the caller's */
+	int (*call)(struct hkv_client *h, int lane, void *user); /* CALL */
 	/* out, once hkv_pipe_poll() returned it */
 	int status;                   /* what the blocking call returns */
 	size_t out_vlen;              /* GET */

@@ -17,6 +17,11 @@
  *                       against depth 1 in the same run (printed)
  *   test_server_lost    the server killed under 64 queued operations: every
  *                       one comes back, with an error, none hangs
+ *   test_call           the caller's own steps as one operation (CALL): 200
+ *                       read-modify-writes (get, then cas) over 4 counters at
+ *                       depth 8: every counter ends at its count, each call
+ *                       ran on a lane in range, and calls with one key ran
+ *                       in submission order
  */
 #include <errno.h>
 #include <pthread.h>
@@ -388,6 +393,98 @@ static void test_in_flight(void)
 	CHECK(rt1 == 64 && rt16 == 64); /* one READ each, whatever the depth */
 }
 
+struct bump {
+	struct hkv_pipe_op op;
+	char key[16];
+	int seq, lane, seen; /* seen: the counter's value this call read */
+};
+
+static int ncalls_lanes_bad;
+
+/* get, then cas the number one up; again on a lost race */
+static int bump(struct hkv_client *h, int lane, void *arg)
+{
+	struct bump *b = arg;
+	char buf[32];
+
+	b->lane = lane;
+	for (;;) {
+		struct hkv_item_info info;
+		size_t vlen;
+		int ret = hkv_get(h, b->key, strlen(b->key), buf, sizeof(buf) - 1, &vlen, &info);
+		int n;
+
+		if (ret)
+			return ret;
+		buf[vlen] = 0;
+		b->seen = atoi(buf);
+		n = snprintf(buf, sizeof(buf), "%d", b->seen + 1);
+		ret = hkv_cas(h, b->key, strlen(b->key), buf, (size_t)n, info.version, NULL);
+		if (ret != HKV_EVERSION)
+			return ret;
+	}
+}
+
+static void test_call(void)
+{
+	enum { NB = 200, NK = 4, DEPTH = 8 };
+	struct hkv_client *c = hkvserver_client(&srv);
+	struct hkv_pipe *p = pipe_on(&srv, DEPTH);
+	static struct bump b[NB];
+	int submitted = 0, back = 0, last[NK], bad_order = 0, failed = 0;
+	char buf[32];
+
+	CHECK(p != NULL);
+	if (!p)
+		return;
+	for (int k = 0; k < NK; k++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "ctr:%d", k);
+		CHECK_RC(set_str(c, key, "0"), 0);
+		last[k] = -1;
+	}
+	while (back < NB) {
+		struct hkv_pipe_op *done[16];
+		int n;
+
+		for (; submitted < NB; submitted++) {
+			struct bump *x = &b[submitted];
+
+			snprintf(x->key, sizeof(x->key), "ctr:%d", submitted % NK);
+			x->seq = submitted / NK;
+			x->op = (struct hkv_pipe_op){.kind = HKV_PIPE_CALL, .key = x->key,
+						     .klen = strlen(x->key), .call = bump, .user = x};
+			if (hkv_pipe_submit(p, &x->op))
+				break;
+		}
+		n = hkv_pipe_poll(p, done, 16);
+		for (int i = 0; i < n; i++) {
+			struct bump *x = done[i]->user;
+			int k = atoi(x->key + 4);
+
+			failed += done[i]->status != 0;
+			ncalls_lanes_bad += x->lane < 0 || x->lane >= DEPTH;
+			/* one key's calls one after another: each read what the one before wrote */
+			bad_order += x->seq != last[k] + 1 || x->seen != x->seq;
+			last[k] = x->seq;
+		}
+		back += n;
+	}
+	for (int k = 0; k < NK; k++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "ctr:%d", k);
+		CHECK_RC(get_str(c, key, buf, sizeof(buf), NULL), 0);
+		CHECK(atoi(buf) == NB / NK);
+	}
+	printf("# %d calls (get + cas each) at depth %d: %d failed, %d out of order, %d on a bad "
+	       "lane\n", NB, DEPTH, failed, bad_order, ncalls_lanes_bad);
+	CHECK(failed == 0 && bad_order == 0 && ncalls_lanes_bad == 0);
+	hkv_pipe_close(p);
+	hkv_close(c);
+}
+
 static void test_server_lost(void)
 {
 	struct hkv_pipe *p = pipe_on(&srv, 16);
@@ -435,6 +532,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_key_order);
 	RUN_TEST(test_linearizable);
 	RUN_TEST(test_in_flight);
+	RUN_TEST(test_call);
 	RUN_TEST(test_server_lost);
 	hkvserver_stop(&srv);
 	return hkv_test_finish();
