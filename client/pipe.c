@@ -304,6 +304,9 @@ HKV_EXPORT int hkv_pipe_poll(struct hkv_pipe *p, struct hkv_pipe_op **done, int 
 {
 	int n = 0;
 
+#ifdef PIPE_TSAN
+	p->main_fiber = __tsan_get_current_fiber(); /* the polling thread's (a pipe may move) */
+#endif
 	while (!p->nfin) {
 		start_ops(p);
 		if (!sweep(p))

@@ -24,6 +24,12 @@ static void usage(FILE *f)
 		"  -l, --listen ADDR       address to listen on (default 127.0.0.1)\n"
 		"  -t, --threads N         worker threads, one hatchkv handle each (default 4)\n"
 		"  -c, --conn-limit N      max simultaneous connections (default 1024)\n"
+		"      --depth N           requests in flight per worker (1..64; default 1 on\n"
+		"                          shm:, where a round trip is CPU work, else 8): above 1\n"
+		"                          a worker runs its connections' requests on N lanes\n"
+		"                          (hkv_pipe: N more handles), so one connection's round\n"
+		"                          trips overlap another's; a connection's own requests\n"
+		"                          still run in order\n"
 		"  -I, --max-item-size S   largest item, e.g. 1m, 512k (default 1m)\n"
 		"  -U, --udp-port N        accepted for compatibility; only 0 (UDP off)\n"
 		"  -F, --disable-flush-all flush_all answers CLIENT_ERROR (as memcached -F)\n"
@@ -67,12 +73,17 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"max-item-size", required_argument, NULL, 'I'},
 		{"udp-port", required_argument, NULL, 'U'}, {"verbose", no_argument, NULL, 'v'},
 		{"disable-flush-all", no_argument, NULL, 'F'},
+		{"depth", required_argument, NULL, 256},
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
 	int c, udp;
 
 	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'F': o->no_flush = 1; break;
+		case 256:
+			if (parse_int(optarg, 1, 64, &o->depth))
+				return fprintf(stderr, "bad --depth '%s' (1..64)\n", optarg), -1;
+			break;
 		case 'S': o->server_uri = optarg; break;
 		case 'k': o->token_file = optarg; break;
 		case 'l': o->listen_addr = optarg; break;
@@ -115,6 +126,7 @@ int main(int argc, char **argv)
 		.listen_addr = "127.0.0.1",
 		.port = 11211,
 		.threads = 4,
+		.depth = 0, /* by transport: see mc_server_run */
 		.max_conns = 1024,
 		.item_max = 1u << 20,
 		.server_uri = NULL,

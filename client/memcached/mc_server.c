@@ -46,6 +46,12 @@ struct mc_counters {
 struct mc_server;
 struct conn;
 
+/* A value buffer and a multi-get's: the worker's (depth 1) or a lane's. */
+struct bufs {
+	char *vbuf;                 /* one value (max_value + 1 bytes) */
+	char *mbuf;                 /* a multi-get's values: MC_MGET_KEYS x MC_MGET_VCAP */
+};
+
 struct worker {
 	struct mc_server *srv;
 	int id;
@@ -57,9 +63,14 @@ struct worker {
 	size_t nqueue, qcap;
 	struct conn *conns;         /* this worker's connections (list) */
 	struct hkv_client *hkv;     /* NULL after a lost server, until reopened */
-	char *vbuf;                 /* one value (max_value + 1 bytes) */
+	struct bufs own;            /* depth 1: requests run on hkv with these */
 	size_t vcap;
-	char *mbuf;                 /* a multi-get's values: MC_MGET_KEYS x MC_MGET_VCAP */
+	/* depth > 1: connections' passes run as pipe calls, each on a lane (its
+	 * own handle, and lane_bufs[lane]); pump drives the pipe */
+	struct hkv_pipe *pipe;
+	struct bufs *lane_bufs;
+	struct event *pump;
+	struct conn *wait_head, *wait_tail; /* passes the pipe had no room for */
 	struct event *flush_ev;     /* this worker's delayed flush_all (see process_flush) */
 	uint64_t flush_gen;         /* the pending flush it was armed for */
 	struct mc_counters ctr;
@@ -80,6 +91,7 @@ struct mc_server {
 	uint64_t curr_conns, total_conns, rejected_conns;
 	uint64_t flush_seq, flush_pending; /* the one pending delayed flush_all (0: none) */
 	pthread_mutex_t count_lock;        /* the last walk of the index (stats) */
+	pthread_mutex_t walk_lock;         /* held by the one walking it */
 	time_t counted_at;
 	uint64_t items, bytes, walks;
 };
@@ -95,6 +107,16 @@ struct conn {
 	size_t get_pos;             /* a multi-get stopped at the output bound: keys done */
 	int closing, paused;
 	int eof;                    /* peer finished sending: close when answered */
+	/* depth > 1: a pass of this connection as a pipe call (keyed by the
+	 * connection, so its passes run one after another) */
+	struct hkv_pipe_op op;
+	int busy;                   /* submitted, not yet handed back by the pipe */
+	int again;                  /* an event came while busy: another pass after */
+	int dead;                   /* freed while busy: free once handed back */
+	int waiting;                /* on the worker's wait list */
+	struct conn *wait_next;
+	int lane;                   /* the lane running its pass (-1: none) */
+	struct hkv_client *lane_h;  /* and its handle */
 };
 
 /* What a process_* function works with. */
@@ -103,6 +125,8 @@ struct ctx {
 	struct conn *c;
 	struct evbuffer *out;
 	const struct mc_req *r;
+	struct hkv_client *lane_h;  /* in a pipe call: the lane's handle (else NULL) */
+	struct bufs *b;             /* value buffers to use */
 };
 
 static volatile sig_atomic_t stopping;
@@ -161,10 +185,16 @@ static void stats_add(struct hkv_client_stats *a, const struct hkv_client_stats 
 
 static void publish_stats(struct worker *w)
 {
-	if (!w->hkv)
-		return;
+	struct hkv_client_stats st = {0}, lanes;
+
+	if (w->hkv)
+		hkv_client_stats(w->hkv, &st);
+	if (w->pipe) {
+		hkv_pipe_stats(w->pipe, &lanes);
+		stats_add(&st, &lanes);
+	}
 	pthread_mutex_lock(&w->lock);
-	hkv_client_stats(w->hkv, &w->snap);
+	w->snap = st;
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -185,6 +215,8 @@ static struct hkv_client *handle(struct ctx *x)
 {
 	int rc;
 
+	if (x->lane_h)
+		return x->lane_h;
 	if (x->w->hkv)
 		return x->w->hkv;
 	rc = open_handle(x->w);
@@ -201,6 +233,11 @@ static int checked(struct ctx *x, int rc)
 {
 	struct worker *w = x->w;
 
+	if (x->lane_h) { /* a lane's handle reconnects itself at its next operation */
+		if (rc == HKV_EDISCONNECTED || rc == HKV_ETIMEDOUT)
+			count(&w->ctr.hkv_errors, 1);
+		return rc;
+	}
 	if ((rc != HKV_EDISCONNECTED && rc != HKV_ETIMEDOUT) || !w->hkv)
 		return rc;
 	hkv_warn("worker %d: hatchkv server lost (%s); will reconnect", w->id, hkv_strerror(rc));
@@ -220,7 +257,7 @@ static int checked(struct ctx *x, int rc)
 static int get_one(struct ctx *x, struct hkv_client *h, const char *key, size_t klen,
 		   size_t *vlen, struct hkv_item_info *info)
 {
-	int rc = checked(x, hkv_get(h, key, klen, x->w->vbuf, x->w->vcap, vlen, info));
+	int rc = checked(x, hkv_get(h, key, klen, x->b->vbuf, x->w->vcap, vlen, info));
 
 	return rc == -ENOSPC ? HKV_ETOOBIG : rc;
 }
@@ -277,7 +314,7 @@ static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p,
 		while (n < MC_MGET_KEYS && mc_key_next(&p, end, &key, &klen)) {
 			it[n].key = key;
 			it[n].klen = klen;
-			it[n].buf = w->mbuf + (size_t)n * MC_MGET_VCAP;
+			it[n].buf = x->b->mbuf + (size_t)n * MC_MGET_VCAP;
 			it[n].cap = MC_MGET_VCAP;
 			after[n++] = p;
 		}
@@ -291,7 +328,7 @@ static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p,
 			rc = it[i].status;
 			if (rc == -ENOSPC) { /* bigger than a multi-get slot: alone */
 				rc = get_one(x, h, it[i].key, it[i].klen, &vlen, &it[i].info);
-				v = w->vbuf;
+				v = x->b->vbuf;
 			} else {
 				rc = checked(x, rc);
 			}
@@ -331,7 +368,7 @@ static void process_get(struct ctx *x)
 	x->c->get_pos = 0;
 	if (!h)
 		return;
-	if (!touch && w->mbuf) {
+	if (!touch && x->b->mbuf) {
 		const char *q = p, *k2;
 		size_t l2;
 
@@ -342,7 +379,7 @@ static void process_get(struct ctx *x)
 	}
 	while (mc_key_next(&p, end, &key, &klen)) {
 		struct hkv_item_info info;
-		const void *v = w->vbuf;
+		const void *v = x->b->vbuf;
 		size_t vlen;
 		int rc;
 
@@ -454,7 +491,7 @@ static int arith_once(struct ctx *x, struct hkv_client *h, const char *key, size
 		      struct arith *a)
 {
 	struct hkv_write_opts o;
-	char digits[24], *v = x->w->vbuf;
+	char digits[24], *v = x->b->vbuf;
 	size_t vlen, n;
 	uint64_t cur;
 	int rc = get_one(x, h, key, klen, &vlen, &a->info);
@@ -648,20 +685,37 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	time_t now = time(NULL), sampled = 0;
 	uint64_t walks = 0;
 
+	struct hkv_client *hh = x->lane_h ? x->lane_h : x->w->hkv;
+
 	publish_stats(x->w);
 	sum_workers(s, &c, &h);
-	if (x->w->hkv) {
-		hkv_server_info(x->w->hkv, &si);
+	if (hh) {
+		uint64_t n_items, n_bytes;
+		int due;
+
+		hkv_server_info(hh, &si);
 		/* A walk of the shared index (every daemon on the store sees the same
 		 * numbers; a count kept here would know only this daemon's writes),
 		 * at most every MC_COUNT_EVERY s whatever the number of stats
-		 * requests: the figures say when they were taken (hkv_items_sampled). */
+		 * requests: the figures say when they were taken (hkv_items_sampled).
+		 * One walker at a time (walk_lock; in a pipe call the walk lets other
+		 * lanes of this thread run, so they only try it); the figures under
+		 * count_lock, never held across a wait. */
 		pthread_mutex_lock(&s->count_lock);
-		if (now - s->counted_at >= MC_COUNT_EVERY &&
-		    !checked(x, hkv_count_items(x->w->hkv, &s->items, &s->bytes))) {
-			s->counted_at = now;
-			s->walks++;
+		due = now - s->counted_at >= MC_COUNT_EVERY;
+		pthread_mutex_unlock(&s->count_lock);
+		if (due && !pthread_mutex_trylock(&s->walk_lock)) {
+			if (!checked(x, hkv_count_items(hh, &n_items, &n_bytes))) {
+				pthread_mutex_lock(&s->count_lock);
+				s->items = n_items;
+				s->bytes = n_bytes;
+				s->counted_at = now;
+				s->walks++;
+				pthread_mutex_unlock(&s->count_lock);
+			}
+			pthread_mutex_unlock(&s->walk_lock);
 		}
+		pthread_mutex_lock(&s->count_lock);
 		walks = s->walks;
 		items = s->items;
 		bytes = s->bytes;
@@ -842,7 +896,7 @@ static void process_mg(struct ctx *x)
 	meta_flags(x, "Okcfst", &info, vlen);
 	evbuffer_add(x->out, "\r\n", 2);
 	if (has(r, 'v')) {
-		evbuffer_add(x->out, x->w->vbuf, vlen);
+		evbuffer_add(x->out, x->b->vbuf, vlen);
 		evbuffer_add(x->out, "\r\n", 2);
 	}
 }
@@ -1049,6 +1103,22 @@ static void conn_free(struct conn *c)
 {
 	struct worker *w = c->w;
 
+	if (c->busy) { /* its pass is in the pipe: freed once handed back */
+		c->dead = 1;
+		bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+		event_del(c->resume);
+		return;
+	}
+	if (c->waiting) { /* off the wait list */
+		struct conn **pp = &w->wait_head, *prev = NULL;
+
+		while (*pp != c)
+			prev = *pp, pp = &(*pp)->wait_next;
+		*pp = c->wait_next;
+		if (w->wait_tail == c)
+			w->wait_tail = prev;
+	}
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -1103,7 +1173,7 @@ static int conn_process(struct conn *c)
 	int more = 0;
 
 	for (int done = 0; !c->closing; done++) {
-		struct ctx x = {.w = w, .c = c, .out = c->stage};
+		struct ctx x = {.w = w, .c = c, .out = c->stage, .b = &w->own};
 		size_t len;
 		struct mc_req req;
 		int n;
@@ -1135,6 +1205,10 @@ static int conn_process(struct conn *c)
 		}
 		c->need = 0;
 		x.r = &req;
+		if (c->lane >= 0) { /* a pipe call: the lane's handle and buffers */
+			x.lane_h = c->lane_h;
+			x.b = &w->lane_bufs[c->lane];
+		}
 		if (!c->get_pos)
 			count(&w->ctr.bytes_read, (uint64_t)n + req.swallow);
 		execute(&x);
@@ -1166,14 +1240,103 @@ static int conn_process(struct conn *c)
 	return 0;
 }
 
+/* ---- depth > 1: a connection's passes as pipe calls ---------------------- */
+
+static int conn_call(struct hkv_client *h, int lane, void *arg)
+{
+	struct conn *c = arg;
+
+	c->lane = lane;
+	c->lane_h = h;
+	conn_process(c); /* (may mark it dead: conn_free waits for us) */
+	c->lane = -1;
+	c->lane_h = NULL;
+	return 0;
+}
+
+static void pump_arm(struct worker *w)
+{
+	static const struct timeval now;
+
+	if (!evtimer_pending(w->pump, NULL))
+		evtimer_add(w->pump, &now); /* after the next look at the sockets */
+}
+
+/* Submit c's pass; 0, or -EAGAIN when the pipe is full (it waits its turn). */
+static int conn_submit(struct conn *c)
+{
+	c->op = (struct hkv_pipe_op){.kind = HKV_PIPE_CALL, .key = &c->op, .klen = sizeof(void *),
+				     .call = conn_call, .user = c};
+	if (hkv_pipe_submit(c->w->pipe, &c->op))
+		return -EAGAIN;
+	c->busy = 1;
+	return 0;
+}
+
+/* Run a pass of c: at once at depth 1; else queue it in the pipe. */
+static void conn_schedule(struct conn *c)
+{
+	struct worker *w = c->w;
+
+	if (!w->pipe) {
+		conn_process(c);
+		return;
+	}
+	if (c->busy || c->waiting) {
+		c->again = 1;
+		return;
+	}
+	if (w->wait_head || conn_submit(c)) {
+		c->waiting = 1;
+		c->wait_next = NULL;
+		if (w->wait_tail)
+			w->wait_tail->wait_next = c;
+		else
+			w->wait_head = c;
+		w->wait_tail = c;
+	}
+	pump_arm(w);
+}
+
+/* Run the pipe until a pass is done; hand back what finished; go on later. */
+static void on_pump(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct hkv_pipe_op *done[64];
+	int n = hkv_pipe_poll(w->pipe, done, 64);
+
+	for (int i = 0; i < n; i++) {
+		struct conn *c = done[i]->user;
+
+		c->busy = 0;
+		if (c->dead) {
+			conn_free(c);
+		} else if (c->again) {
+			c->again = 0;
+			conn_schedule(c);
+		}
+	}
+	while (w->wait_head && !conn_submit(w->wait_head)) {
+		struct conn *c = w->wait_head;
+
+		w->wait_head = c->wait_next;
+		if (!w->wait_head)
+			w->wait_tail = NULL;
+		c->waiting = 0;
+		c->again = 0;
+	}
+	if (hkv_pipe_pending(w->pipe) || w->wait_head)
+		pump_arm(w);
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
-	conn_process(arg);
+	conn_schedule(arg);
 }
 
 static void on_resume(evutil_socket_t fd, short what, void *arg)
 {
-	conn_process(arg);
+	conn_schedule(arg);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -1188,7 +1351,7 @@ static void on_write(struct bufferevent *bev, void *arg)
 	if (c->paused) {
 		c->paused = 0;
 		bufferevent_enable(bev, EV_READ);
-		conn_process(c);
+		conn_schedule(c);
 	}
 }
 
@@ -1201,7 +1364,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		return conn_free(c);
 	if (what & BEV_EVENT_EOF) {
 		c->eof = 1;
-		conn_process(c);
+		conn_schedule(c);
 	}
 }
 
@@ -1212,6 +1375,7 @@ static void conn_new(struct worker *w, int fd)
 	if (!c)
 		goto fail;
 	c->w = w;
+	c->lane = -1;
 	/* replies go out when written, as memcached's do (no Nagle delay; a
 	 * unix-socket or IPv6 peer simply ignores or refuses it) */
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
@@ -1271,8 +1435,13 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 
 	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
-	while (w->conns)
+	while (w->pipe && hkv_pipe_pending(w->pipe)) /* passes in flight end first */
+		on_pump(-1, 0, w);
+	while (w->conns) {
+		w->conns->waiting = 0; /* (the wait list goes with them) */
 		conn_free(w->conns);
+	}
+	w->wait_head = w->wait_tail = NULL;
 	return NULL;
 }
 
@@ -1284,11 +1453,32 @@ static int worker_init(struct mc_server *s, struct worker *w, int id)
 	if (open_handle(w))
 		return -1;
 	w->vcap = s->max_value;
-	w->vbuf = malloc(w->vcap + 1);
-	w->mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP); /* (NULL: one key at a time) */
+	w->own.vbuf = malloc(w->vcap + 1);
+	w->own.mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP); /* (NULL: one key at a time) */
 	w->base = event_base_new();
-	if (!w->vbuf || !w->base)
+	if (!w->own.vbuf || !w->base)
 		return -1;
+	if (s->o.depth > 1) {
+		int rc = hkv_pipe_open(s->cfg, s->o.depth, &w->pipe);
+
+		if (rc) {
+			hkv_warn("worker %d: cannot open a pipe of depth %d: %s", id, s->o.depth,
+				 hkv_strerror(rc));
+			return -1;
+		}
+		w->lane_bufs = calloc((size_t)s->o.depth, sizeof(*w->lane_bufs));
+		if (!w->lane_bufs)
+			return -1;
+		for (int i = 0; i < s->o.depth; i++) {
+			w->lane_bufs[i].vbuf = malloc(w->vcap + 1);
+			w->lane_bufs[i].mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP);
+			if (!w->lane_bufs[i].vbuf)
+				return -1;
+		}
+		w->pump = evtimer_new(w->base, on_pump, w);
+		if (!w->pump)
+			return -1;
+	}
 	w->flush_ev = evtimer_new(w->base, on_flush_timer, w);
 	w->notify = event_new(w->base, -1, EV_PERSIST, on_notify, w);
 	return w->notify && w->flush_ev ? 0 : -1;
@@ -1300,10 +1490,18 @@ static void worker_destroy(struct worker *w)
 		event_free(w->notify);
 	if (w->flush_ev)
 		event_free(w->flush_ev);
+	if (w->pump)
+		event_free(w->pump);
 	if (w->base)
 		event_base_free(w->base);
-	free(w->vbuf);
-	free(w->mbuf);
+	free(w->own.vbuf);
+	free(w->own.mbuf);
+	for (int i = 0; w->lane_bufs && i < w->srv->o.depth; i++) {
+		free(w->lane_bufs[i].vbuf);
+		free(w->lane_bufs[i].mbuf);
+	}
+	free(w->lane_bufs);
+	hkv_pipe_close(w->pipe);
 	free(w->queue);
 	if (w->hkv)
 		hkv_close(w->hkv);
@@ -1397,9 +1595,9 @@ static int start_listener(struct mc_server *s)
 	getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&ss, &alen);
 	s->o.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						    : ((struct sockaddr_in *)&ss)->sin_port);
-	hkv_info("listening on %s:%d (memcached text protocol), %d workers, hatchkv server %s, "
-		 "item size max %zu", s->o.listen_addr, s->o.port, s->nworkers, s->o.server_uri,
-		 s->o.item_max);
+	hkv_info("listening on %s:%d (memcached text protocol), %d workers x %d requests in "
+		 "flight, hatchkv server %s, item size max %zu", s->o.listen_addr, s->o.port,
+		 s->nworkers, s->o.depth, s->o.server_uri, s->o.item_max);
 	return 0;
 }
 
@@ -1470,8 +1668,11 @@ int mc_server_run(const struct mc_options *opts)
 	int rc = 1, started = 0;
 
 	signal(SIGPIPE, SIG_IGN);
+	if (!s.o.depth) /* shm: a round trip is our own CPU's work, nothing to overlap */
+		s.o.depth = strncmp(s.o.server_uri, "shm:", 4) ? 8 : 1;
 	s.started = time(NULL);
 	pthread_mutex_init(&s.count_lock, NULL);
+	pthread_mutex_init(&s.walk_lock, NULL);
 	if (evthread_use_pthreads() || make_config(&s))
 		goto free_config;
 	learn_limits(&s);

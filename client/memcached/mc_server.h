@@ -18,6 +18,14 @@
  * A handle that loses its server (HKV_EDISCONNECTED / HKV_ETIMEDOUT) is
  * closed; the next request on that worker opens a new one.
  *
+ * --depth N > 1: a connection's pass (the parse-and-execute loop above) runs
+ * as an HKV_PIPE_CALL on one of the worker's N lanes (hkv_pipe: a handle
+ * each, with its own value buffers), keyed by the connection so its passes
+ * run one after another; a lane waiting for the network lets the others
+ * run. A zero-timeout timer (the pump) polls the pipe while anything is in
+ * flight, between looks at the sockets. A connection freed while its pass
+ * is in a lane is freed when the pipe hands the pass back.
+ *
  * Counters are written by their worker only and read by any worker for
  * `stats` (relaxed atomics; handle counters through a mutex-guarded copy).
  */
@@ -30,6 +38,7 @@ struct mc_options {
 	const char *listen_addr; /* default 127.0.0.1 */
 	int port;                /* default 11211; 0 = any free port (logged) */
 	int threads;             /* workers (default 4) */
+	int depth;               /* requests in flight per worker (0: 1 on shm, else 8) */
 	int max_conns;           /* default 1024 */
 	size_t item_max;         /* -I (default 1 MiB) */
 	int verbose;

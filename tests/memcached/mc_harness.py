@@ -120,6 +120,9 @@ class Daemons:
                      srv.poll() is not None, 60, "hatchkv-server (re-keyed)")
             if srv.poll() is not None:
                 raise RuntimeError("hatchkv-server died: " + self.log("server2.log"))
+        depth = os.environ.get("HKV_MC_DEPTH")  # a tier may run every test at a depth
+        if depth and "--depth" not in self.mc_extra:
+            self.mc_extra += ["--depth", depth]
         mc = self._spawn([mc_bin, "--server", uri, "--token-file", token, "-p", "0",
                           "-t", str(threads), "-I", item_max] + self.mc_extra, "memcached.log")
         pat = re.compile(r"listening on \S+:(\d+)")
