@@ -182,6 +182,7 @@ struct hkv_client {
 	uint64_t rng;
 	uint64_t wid_next; /* the next write id (hkv_next_wid) */
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
+	uint32_t stuck_gen;
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write

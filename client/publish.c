@@ -320,17 +320,19 @@ static int abort_stale_pending(struct hkv_client *c, uint64_t slot_off, uint64_t
 }
 
 /*
- * The same OBSOLETE entry of our key under an unchanged slot, seen again
- * after the lease: its writer died between marking and swinging the slot
- * (or the region was vandalised). 1 if so.
+ * The same aborted entry of our key (slot, and block generation: a
+ * generation never repeats for an address, so a slot value that came back
+ * with a reused block is not the same entry) seen again after the lease:
+ * its aborter died before taking the slot back. 1 if so.
  */
-static int stuck_obsolete(struct hkv_client *c, uint64_t slot_off, uint64_t s)
+static int stuck_obsolete(struct hkv_client *c, uint64_t slot_off, uint64_t s, uint32_t gen)
 {
 	uint64_t now = hkv_coarse_ns();
 
-	if (c->stuck_slot_off != slot_off || c->stuck_slot != s) {
+	if (c->stuck_slot_off != slot_off || c->stuck_slot != s || c->stuck_gen != gen) {
 		c->stuck_slot_off = slot_off;
 		c->stuck_slot = s;
+		c->stuck_gen = gen;
 		c->stuck_since_ns = now;
 		return 0;
 	}
@@ -401,23 +403,25 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
 				s = c->atom[3];
 				continue;
 			}
+			/*
+			 * Being replaced or removed (OBSOLETE, not aborted): a rival,
+			 * however long it stays. Every find takes it as present (its
+			 * value is the key's until the slot moves), so clearing the
+			 * slot would make the key absent, neither value; and a writer
+			 * that seems dead may only be slow (a retransmitted CAS), and
+			 * its slot CAS can still land.
+			 */
 			if (ours_key && hkv_meta_state(h->meta) == HKV_BLK_OBSOLETE &&
 			    !(h->meta & HKV_META_ABORTED)) {
-				if (!stuck_obsolete(c, soff, s)) {
-					*rival = 1; /* being replaced or removed right now */
-					return 0;
-				}
-				wr = hkv_wr_cas(c, &c->atom[3], soff, s, 0);
-				if ((ret = hkv_exec(c, &wr, 1)))
-					return ret;
-				s = c->atom[3] == s ? 0 : c->atom[3];
-				continue;
+				*rival = 1;
+				return 0;
 			}
 			/* An aborted insert whose slot stays: its aborter stopped or
 			 * died before taking the slot back. Take the slot (only the
 			 * slot: the aborter frees the block once its own slot CAS has
 			 * run, whatever it finds; if it died, the block is lost). */
-			if (ours_key && (h->meta & HKV_META_ABORTED) && stuck_obsolete(c, soff, s)) {
+			if (ours_key && (h->meta & HKV_META_ABORTED) &&
+			    stuck_obsolete(c, soff, s, hkv_meta_gen(h->meta))) {
 				wr = hkv_wr_cas(c, &c->atom[3], soff, s, 0);
 				if ((ret = hkv_exec(c, &wr, 1)))
 					return ret;

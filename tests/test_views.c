@@ -15,6 +15,9 @@
  * the key as it is now (incr adds to the current number, cas fails on the
  * changed version), and the history must be linearizable.
  *
+ *   test_stuck_obsolete: an insert never clears a slot naming an OBSOLETE
+ *   entry of its key, even one it saw under the same slot value before.
+ *
  * Values are 18 KB (a digit string padded with spaces, which incr accepts
  * as memcached does): blocks of the 18560-byte class, so a 64 KiB segment
  * holds three and one address comes back every few writes: the 2048 reuses
@@ -553,6 +556,152 @@ static void test_stale_undo_raced(void)
 	stale_undo(1);
 }
 
+#define RK "rival-key"
+
+static struct hkv_client *H, *F, *G; /* test_stuck_obsolete */
+static uint64_t soffX, SX, swap_from; /* hook: CAS soffX swap_from -> SX */
+static int hook_fired;
+
+static void rival_item(struct hkv_client *c, struct item *it)
+{
+	struct key k;
+	struct view v;
+
+	CHECK(!hkv_key_init(c, &k, RK, strlen(RK)));
+	CHECK_RC(hkv_find(c, &k, it, &v), 0);
+}
+
+static uint64_t raw_cas(struct hkv_client *c, uint64_t off, uint64_t exp, uint64_t sw)
+{
+	struct hkv_wr wr = hkv_wr_cas(c, &c->atom[0], off, exp, sw);
+
+	if (hkv_exec(c, &wr, 1))
+		return ~0ull;
+	return c->atom[0];
+}
+
+static void rival_hook(struct hkv_client *c, enum hkv_test_point p)
+{
+	if (c != H || p != HKV_TP_ABORT_SLOT)
+		return;
+	hook_fired++;
+	printf("# hook: H aborted the stale PENDING; F puts SX back into its slot: %s\n",
+	       raw_cas(F, soffX, swap_from, SX) == swap_from ? "done" : "FAILED");
+}
+
+/* Make the block of it a PENDING insert stamped 5 s ago (an abandoned insert). */
+static void make_stale_pending(struct hkv_client *c, const struct item *it)
+{
+	uint64_t live = hkv_meta_make(HKV_BLK_LIVE, it->cls, it->gen);
+	uint32_t *at = (uint32_t *)&c->atom[1];
+	struct hkv_wr wr;
+
+	CHECK(raw_cas(c, it->blk_off, live, hkv_meta_make(HKV_BLK_PENDING, it->cls, it->gen)) == live);
+	*at = hkv_now_ms32() - 5000;
+	wr = hkv_wr_write(c, at, it->blk_off + 28, 4);
+	CHECK_RC(hkv_exec(c, &wr, 1), 0);
+}
+
+/*
+ * An insert's rival check must never clear a slot naming an OBSOLETE entry of
+ * its key (a writer between its mark and its slot CAS, or dead there): every
+ * find takes that entry as present. An earlier version cleared it once the
+ * same handle had seen the same slot value for the lease - and a slot value
+ * comes back when the block's address is reused 2048 generations on (ABA):
+ * phase 1 arms that record (H's add aborts a stale insert, then meets an
+ * OBSOLETE entry: EEXISTS), phase 2 (1.2 s later) shows H an OBSOLETE entry
+ * at gen + 2048 under the same slot value. Its add must say EEXISTS again
+ * (it said success: the key was absent for a moment, neither value).
+ * (Found by a review; the forging is by raw verbs on the handles.)
+ */
+static void test_stuck_obsolete(void)
+{
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct item x, y, z;
+	char big[500], buf[600];
+	size_t vlen;
+	uint8_t xcopy[256];
+	struct hkv_wr wr;
+	int rc;
+
+	memset(big, 'h', sizeof(big));
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &H), 0);
+	CHECK_RC(hkv_open(cfg, &F), 0);
+	CHECK_RC(hkv_open(cfg, &G), 0);
+	/* X: K's block, then retired by F's update (OBSOLETE, retirer F, not aborted) */
+	CHECK_RC(hkv_set(F, RK, strlen(RK), "v1", 2, NULL), 0);
+	rival_item(F, &x);
+	soffX = x.slot_off;
+	SX = x.slot;
+	CHECK_RC(hkv_set(F, RK, strlen(RK), "v2", 2, NULL), 0);
+	rival_item(F, &y);
+	CHECK(y.slot_off == soffX && y.blk_off != x.blk_off);
+	wr = hkv_wr_read(F, F->rblk, x.blk_off, 64);
+	CHECK_RC(hkv_exec(F, &wr, 1), 0);
+	memcpy(xcopy, F->rblk, 64);
+	printf("# X at 0x%llx gen %u: state %d retirer %u\n", (unsigned long long)x.blk_off, x.gen,
+	       (int)hkv_meta_state(*(uint64_t *)xcopy), hkv_meta_retired_by(*(uint64_t *)xcopy));
+	/* phase 1: Y made an abandoned insert; H's add aborts it, then sees SX (X OBSOLETE) */
+	make_stale_pending(F, &y);
+	swap_from = y.slot;
+	hkv_test_hook = rival_hook;
+	rc = hkv_add(H, RK, strlen(RK), big, sizeof(big), NULL);
+	hkv_test_hook = NULL;
+	printf("# phase 1: add -> %s (hook fired %d), H's record: slot 0x%llx value 0x%llx\n",
+	       hkv_strerror(rc), hook_fired, (unsigned long long)H->stuck_slot_off,
+	       (unsigned long long)H->stuck_slot);
+	CHECK_RC(rc, HKV_EEXISTS);
+	/* the key goes (a delete), time passes, X's address is reused: an incarnation
+	 * 2048 generations on, same slot value (ABA), OBSOLETE: a writer mid-update */
+	CHECK(raw_cas(F, soffX, SX, 0) == SX);
+	usleep(1200 * 1000);
+	CHECK_RC(hkv_set(G, RK, strlen(RK), big, sizeof(big), NULL), 0);
+	rival_item(G, &z);
+	if (z.slot_off != soffX) { /* (put Z's slot value where X's was) */
+		CHECK(raw_cas(G, z.slot_off, z.slot, 0) == z.slot);
+		CHECK(raw_cas(G, soffX, 0, z.slot) == 0);
+		z.slot_off = soffX;
+	}
+	{
+		struct hkv_block_hdr *h = (struct hkv_block_hdr *)F->wblk;
+		uint64_t m = *(uint64_t *)xcopy;
+
+		memcpy(F->wblk, xcopy, 64);
+		h->meta = (m & 0xffffffffull) | (uint64_t)(hkv_meta_gen(m) + 2048) << 32;
+		h->crc = hkv_block_crc(h, F->wblk + HKV_BLOCK_HDR);
+		SX = hkv_slot_make(hkv_slot_fp(SX), hkv_slot_class(SX), hkv_meta_gen(h->meta),
+				   hkv_slot_off(SX));
+		wr = hkv_wr_write(F, F->wblk, x.blk_off, HKV_BLOCK_HDR + h->klen + h->vlen);
+		CHECK_RC(hkv_exec(F, &wr, 1), 0);
+		printf("# X' (gen %u): slot value 0x%llx, same as the record: %s\n",
+		       hkv_meta_gen(h->meta), (unsigned long long)SX,
+		       SX == H->stuck_slot ? "yes" : "no");
+	}
+	make_stale_pending(G, &z);
+	swap_from = z.slot;
+	hook_fired = 0;
+	hkv_test_hook = rival_hook;
+	rc = hkv_add(H, RK, strlen(RK), big, sizeof(big), NULL);
+	hkv_test_hook = NULL;
+	printf("# phase 2: add -> %s (hook fired %d); X' OBSOLETE was present (a cold get "
+	       "would return it): add must say EXISTS\n", hkv_strerror(rc), hook_fired);
+	{
+		int rc2 = hkv_get(F, RK, strlen(RK), buf, sizeof(buf), &vlen, NULL);
+
+		printf("# get after: %s, %zu bytes, first '%c'\n", hkv_strerror(rc2),
+		       rc2 ? 0 : vlen, rc2 ? '-' : buf[0]);
+	}
+	CHECK_RC(rc, HKV_EEXISTS);
+	hkv_close(H);
+	hkv_close(F);
+	hkv_close(G);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -562,5 +711,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_stale_flush);
 	RUN_TEST(test_stale_undo);
 	RUN_TEST(test_stale_undo_raced);
+	RUN_TEST(test_stuck_obsolete);
 	return hkv_test_finish();
 }
