@@ -295,8 +295,13 @@ uint64_t hkv_hash64(const void *key, size_t len);
  */
 uint64_t hkv_key_hash(const struct hkv_geometry *g, const void *key, size_t len);
 uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len);
-/* The same by table only (what a CPU without SSE4.2 runs), for tests. */
+/* The same by the bytewise table (the reference), for tests. */
 uint32_t hkv_crc32c_table(uint32_t crc, const void *buf, size_t len);
+/* One implementation by number (0: bytewise table, 1: slicing by 8, 2:
+ * SSE4.2, or 1 without it): for tests. */
+uint32_t hkv_crc32c_with(int impl, uint32_t crc, const void *buf, size_t len);
+/* The one hkv_crc32c uses here ("sse4.2" or "slice8"): the faster, timed once. */
+const char *hkv_crc32c_impl(void);
 
 /* The two candidate buckets and the fingerprint of a key hash. */
 static inline void hkv_buckets_of(const struct hkv_geometry *g, uint64_t h, uint64_t *b1,
