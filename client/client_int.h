@@ -37,7 +37,7 @@
 /* (HKV_QUARANTINE_NS, 200 us, is in common/layout.h: the server rests too) */
 #define HKV_VIEW_MAX_NS      (250ull * 1000000ull)     /* a write acts on a view this young */
 #define HKV_MAX_RETRIES      100000 /* besides the timeout, a hard bound */
-#define HKV_PENDING_LEASE_MS 1000 /* an uncommitted insert older than this is abandoned */
+/* (HKV_PENDING_LEASE_MS too: the server aborts such inserts in a move) */
 #define HKV_MAX_SERVERS     8
 #define HKV_REVIVE_INTERVAL_MS 200 /* a lost connection is retried at most this often */
 

@@ -267,6 +267,8 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
  * whoever claims it, a client or the server moving an item (the ABA
  * horizon: client/client_int.h, docs/design.md "Views"). */
 #define HKV_QUARANTINE_NS   (200ull * 1000ull)
+/* An uncommitted insert older than this (its atime, ms) is abandoned. */
+#define HKV_PENDING_LEASE_MS 1000
 #define HKV_HELD_KLEN       0xffffu
 
 static inline uint64_t hkv_held_make(uint32_t holder, uint32_t seq)

@@ -7,7 +7,9 @@
  *
  * The sweep also takes back what a disconnected client left: blocks it had
  * retired (its id is in the OBSOLETE meta) and kept for its next write, or
- * whose free it had not posted yet.
+ * whose free it had not posted yet. A move also takes back, from the
+ * segment it empties, what a disconnected writer wrote and never published
+ * and inserts left uncommitted past their lease (left_behind()).
  *
  * None of this runs per operation: a CARVE request comes once per segment's
  * worth of memory that changes class, and the sweep looks at a few segments
@@ -174,6 +176,93 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 		return 0;
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
+	return 1;
+}
+
+static uint64_t *naming_slot(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
+			     uint32_t gen, uint64_t *sl);
+
+/*
+ * What a move would otherwise wait for until it is undone: blocks of the
+ * segment being moved (bit clear, LIVE or PENDING in its class) that
+ *
+ *  3: no slot names, written by a client (its id in `owner`) that is not
+ *     connected. Its queue pair went first (store.c; shm: its socket, as
+ *     for a retirer), so nothing it posted can land any more: no late meta
+ *     WRITE, slot CAS or give-back. And nobody else makes a slot name a
+ *     block they did not write: a slot CAS writes the writer's own new
+ *     block, 0, or a copy (a stale swing's undo) - never another's block.
+ *     So it stays unnamed and unwritten. Its writer's id given to a client
+ *     connected since only delays this.
+ *  4: an insert not committed that a slot names (its writer, alive or
+ *     not, stalled or died between its slot CAS and its commit): once past
+ *     its lease, aborted as a client's find_rival does (abort_stale_pending,
+ *     client/publish.c), whose meta CAS makes the commit fail.
+ *
+ * 0 otherwise. Only for the segment being moved: in the sweep it would hash
+ * the key of every live item a gone writer wrote, on every pass. Sets *meta,
+ * *stamp (the sighting's: bytes 16..23 with atime folded in, so that a
+ * touch counts as a change), and for 4 the slot (*slot = *sl).
+ */
+static int left_behind(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
+		       uint64_t *meta, uint64_t *stamp, uint64_t **slot, uint64_t *sl)
+{
+	enum hkv_block_state st;
+	uint32_t atime, owner;
+
+	*meta = load(&h->meta);
+	st = hkv_meta_state(*meta);
+	if ((st != HKV_BLK_LIVE && st != HKV_BLK_PENDING) || hkv_meta_class(*meta) != cls)
+		return 0;
+	*stamp = load(stamp_word(h));
+	atime = __atomic_load_n(&h->atime, __ATOMIC_RELAXED);
+	owner = (uint32_t)(*stamp >> 48); /* (owner: bytes 22..23) */
+	*stamp ^= atime;
+	if (st == HKV_BLK_PENDING && (*slot = naming_slot(s, h, cls, hkv_meta_gen(*meta), sl)))
+		return 4;
+	return owner && !s->clients[owner].connected && !named(s, h, cls) ? 3 : 0;
+}
+
+/* Is block h whole as seen with meta: lengths within class cls, its CRC
+ * right? (A write in progress, or torn by a writer stopped in it, is not
+ * taken.) The header is read once, so a writer cannot make us read past
+ * the block. */
+static int whole(const struct hkv_store *s, const struct hkv_block_hdr *h, uint32_t cls,
+		 uint64_t meta)
+{
+	struct hkv_block_hdr c;
+
+	memcpy(&c, h, sizeof(c));
+	return c.meta == meta && c.klen && c.klen <= HKV_MAX_KEY &&
+	       (uint64_t)HKV_BLOCK_HDR + c.klen + c.vlen <= s->geom->class_size[cls] &&
+	       c.crc == hkv_block_crc(&c, h + 1);
+}
+
+/*
+ * Take back a block left_behind() found, once it has stood unchanged for
+ * RECLAIM_NS (4: and its lease is over, by the writer's clock too): CAS its
+ * meta to OBSOLETE|aborted with no retirer - the one arbiter against the
+ * writer's own CASes (commit, withdraw) and a client aborting it: only the
+ * winner frees - then, for 4, the slot to 0 (whatever that CAS finds, the
+ * slot no longer names the block after it), then its bit. 1 if taken.
+ */
+static int reclaim_left(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
+			uint32_t cls, uint64_t meta, int kind, uint64_t *slot, uint64_t sl)
+{
+	int32_t age_ms = (int32_t)(now_ms32() - __atomic_load_n(&h->atime, __ATOMIC_RELAXED));
+
+	if ((kind == 4 && age_ms <= HKV_PENDING_LEASE_MS) || !whole(s, h, cls, meta) ||
+	    !__atomic_compare_exchange_n(&h->meta, &meta,
+					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
+						 HKV_META_ABORTED,
+					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0;
+	if (kind == 4)
+		__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	set_free(s, seg, b);
+	s->slab.held_reclaimed++;
+	hkv_debug("slab: segment %u block %u: %s taken back", seg, b,
+		  kind == 4 ? "an insert past its lease" : "a gone writer's unpublished block");
 	return 1;
 }
 
@@ -628,7 +717,9 @@ static void drain_abort(struct hkv_store *s, const char *why)
 
 /*
  * One step of the move in progress: evict what the index names (cache
- * mode) or move it to free blocks elsewhere (store mode), take back abandoned holds, and once every bit is set clear them
+ * mode) or move it to free blocks elsewhere (store mode), take back
+ * abandoned holds and what gone writers and stalled inserts left
+ * (left_behind()), and once every bit is set clear them
  * all (CAS each full word to 0: a claimer that got in first makes it fail,
  * and we look again) and carve the segment into its new class, generations
  * continuing above the highest its old blocks had. 0 when carved,
@@ -651,14 +742,16 @@ static int drain_step(struct hkv_store *s)
 		for (; clear; clear &= clear - 1) {
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
-			uint64_t meta = load(&h->meta), stamp, off, since, cur;
+			uint64_t meta = load(&h->meta), stamp, off, since, cur, sl = 0;
+			uint64_t *slot = NULL;
 			int kind;
 
 			if (cache && hkv_meta_state(meta) == HKV_BLK_LIVE &&
 			    evict_block(s, seg, cls, b, h, meta))
 				continue;
 			all = 0;
-			if (!(kind = held_free(s, h, cls, &meta, &stamp)))
+			if (!(kind = held_free(s, h, cls, &meta, &stamp)) &&
+			    !(kind = left_behind(s, h, cls, &meta, &stamp, &slot, &sl)))
 				continue;
 			off = (uint64_t)((uint8_t *)h - base(s));
 			/* (seen by the sweep already: it counts from then) */
@@ -666,8 +759,12 @@ static int drain_step(struct hkv_store *s)
 			cur = first_seen(&s->slab.cur, off, stamp, meta);
 			since = cur < since ? cur : since;
 			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now,
-					   since) >= RECLAIM_NS)
+					   since) < RECLAIM_NS)
+				continue;
+			if (kind <= 2)
 				reclaim_held(s, seg, b, h, stamp, meta, kind);
+			else
+				reclaim_left(s, seg, b, h, cls, meta, kind, slot, sl);
 		}
 	}
 	sightings_swap(&s->slab.dprev, &s->slab.dcur);

@@ -65,6 +65,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "client/client_int.h"
+#include "client/ops_int.h"
 #include "common/ctl_proto.h"
 #include "common/layout.h"
 #include "common/token.h"
@@ -2862,10 +2863,10 @@ static void test_abort_dies(void)
 
 /* ---- test_unpublished_reclaimed ------------------------------------------------------ */
 
-/* Claim up to n free blocks of a SHARED segment of class cls the way a
- * writer does (CAS of a bitmap word), without stamping them: their offsets
- * in off[]; how many, or <0. */
-static int raw_claim(struct raw *r, uint32_t cls, uint64_t *off, int n)
+/* Claim up to n free blocks of a SHARED segment of class cls (only: that
+ * segment, or -1 for any) the way a writer does (CAS of a bitmap word),
+ * without stamping them: their offsets in off[]; how many, or <0. */
+static int raw_claim(struct raw *r, uint32_t cls, int64_t only, uint64_t *off, int n)
 {
 	const struct hkv_geometry *g = &r->g;
 	uint32_t csize = g->class_size[cls], nb = g->seg_size / csize;
@@ -2878,7 +2879,8 @@ static int raw_claim(struct raw *r, uint32_t cls, uint64_t *off, int n)
 		uint64_t word, mask = 0, bw = g->bitmap_off + (uint64_t)i * g->bitmap_bytes;
 		int got = 0;
 
-		if (hkv_seg_state(tab[i]) != HKV_SEG_SHARED || hkv_seg_class(tab[i]) != cls)
+		if (hkv_seg_state(tab[i]) != HKV_SEG_SHARED || hkv_seg_class(tab[i]) != cls ||
+		    (only >= 0 && i != (uint64_t)only))
 			continue;
 		if (raw_xfer(r, HKV_WR_READ, bw, 8))
 			return -1;
@@ -2901,14 +2903,21 @@ static int raw_claim(struct raw *r, uint32_t cls, uint64_t *off, int n)
 	return 0;
 }
 
-/* Write a block of class cls at off (key, value of vlen 'u' bytes, meta). */
+/* Write a block of class cls at off (key, value of vlen 'u' bytes, meta st
+ * at the generation after the one it has, in *gen; we are its owner). */
 static int raw_put_block(struct raw *r, uint64_t off, uint32_t cls, enum hkv_block_state st,
-			 const char *key, uint32_t vlen)
+			 const char *key, uint32_t vlen, uint32_t *gen)
 {
-	struct hkv_block_hdr h = {.meta = hkv_meta_make(st, cls, 1), .vlen = vlen,
-				  .klen = (uint16_t)strlen(key), .wid = off};
+	struct hkv_block_hdr h = {.vlen = vlen, .klen = (uint16_t)strlen(key),
+				  .owner = (uint16_t)r->id, .wid = off};
 	struct timespec ts;
+	uint64_t was;
 
+	if (raw_xfer(r, HKV_WR_READ, off, 8))
+		return -1;
+	memcpy(&was, r->buf, 8);
+	*gen = hkv_meta_gen(was) + 1;
+	h.meta = hkv_meta_make(st, cls, *gen);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	h.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
 	memcpy(r->buf + HKV_BLOCK_HDR, key, h.klen);
@@ -2918,8 +2927,10 @@ static int raw_put_block(struct raw *r, uint64_t off, uint32_t cls, enum hkv_blo
 	return raw_xfer(r, HKV_WR_WRITE, off, HKV_BLOCK_HDR + h.klen + vlen);
 }
 
-/* Publish the block at off as key's (CAS of an empty slot of its first bucket). */
-static int raw_publish(struct raw *r, const char *key, uint32_t cls, uint64_t off)
+/* Publish the block at off (generation gen) as key's: CAS of an empty slot
+ * of its first bucket, whose offset goes to *slot_off if not NULL. */
+static int raw_publish(struct raw *r, const char *key, uint32_t cls, uint64_t off, uint32_t gen,
+		       uint64_t *slot_off)
 {
 	uint64_t h = hkv_key_hash(&r->g, key, strlen(key)), b[2];
 
@@ -2933,9 +2944,12 @@ static int raw_publish(struct raw *r, const char *key, uint32_t cls, uint64_t of
 		memcpy(&slot, r->buf + j * 8, 8);
 		if (slot)
 			continue;
-		if (raw_op(r, HKV_WR_CAS, so, 8, r->akey, 0, hkv_slot_make(hkv_fp_of(h), cls, 1, off)))
+		if (raw_op(r, HKV_WR_CAS, so, 8, r->akey, 0,
+			   hkv_slot_make(hkv_fp_of(h), cls, gen, off)))
 			return -1;
 		memcpy(&slot, r->buf, 8);
+		if (slot_off)
+			*slot_off = so;
 		return slot == 0 ? 0 : -1;
 	}
 	return -1;
@@ -2944,14 +2958,16 @@ static int raw_publish(struct raw *r, const char *key, uint32_t cls, uint64_t of
 /*
  * A client that dies between writing a block and publishing it (an insert
  * or update that never reached its slot CAS) leaves the block allocated with
- * no slot naming it and no HELD stamp: the sweep cannot tell it from a live
- * write in progress, so it stays out until a warm restart rebuilds the
- * bitmaps from the index (a known gap of layout 3, docs/design.md). Made
- * exactly: a raw writer claims four blocks of a class, writes LIVE, LIVE and
- * PENDING ones no slot names and a LIVE one it publishes, and disconnects.
- * After the server restarts on its --memory-file, exactly the three
- * unpublished blocks are free (and OBSOLETE), and the published item and
- * every item stored before read as written.
+ * no slot naming it and no HELD stamp. The sweep leaves it (telling it from
+ * a live write would cost a key hash per live item a gone writer wrote, on
+ * every pass): only a move of its segment takes it back
+ * (test_move_takes_leftovers), or a warm restart, which rebuilds the
+ * bitmaps from the index. Made exactly: a raw writer claims four blocks of
+ * a class, writes LIVE, LIVE and PENDING ones no slot names and a LIVE one
+ * it publishes, and disconnects. After the server restarts on its
+ * --memory-file, exactly the three unpublished blocks are free (and
+ * OBSOLETE), and the published item and every item stored before read as
+ * written.
  */
 static void test_unpublished_reclaimed(void)
 {
@@ -2965,7 +2981,7 @@ static void test_unpublished_reclaimed(void)
 	struct hkv_client *c;
 	struct raw r;
 	uint64_t off[4], meta[4];
-	uint32_t cls;
+	uint32_t cls, gen[4];
 	char got[256];
 	size_t vlen_got = 0;
 	int freed[4] = {-1, -1, -1, -1}, before[4] = {-1, -1, -1, -1}, bad;
@@ -2984,19 +3000,19 @@ static void test_unpublished_reclaimed(void)
 	hkv_close(c); /* (gives back what it held) */
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	cls = (uint32_t)hkv_class_for(&r.g, HKV_BLOCK_HDR + 7 + vlen);
-	CHECK(raw_claim(&r, cls, off, 4) == 4);
+	CHECK(raw_claim(&r, cls, -1, off, 4) == 4);
 	for (int i = 0; i < 4; i++)
-		CHECK_RC(raw_put_block(&r, off[i], cls, states[i], keys[i], vlen), 0);
-	CHECK_RC(raw_publish(&r, "publish", cls, off[3]), 0);
+		CHECK_RC(raw_put_block(&r, off[i], cls, states[i], keys[i], vlen, &gen[i]), 0);
+	CHECK_RC(raw_publish(&r, "publish", cls, off[3], gen[3], NULL), 0);
 	raw_close(&r); /* the writer is gone */
 
-	/* the running server does not take them back: no HELD stamp on them */
+	/* the running server does not take them back: no HELD stamp, no move */
 	sleep_ms(HKV_HOLD_RECLAIM_MS + 1500);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	for (int i = 0; i < 4; i++)
 		CHECK_RC(raw_block_freed(&r, off[i], cls, &before[i]), 0);
 	raw_close(&r);
-	CHECK(before[3] == 0);
+	CHECK(before[0] == 0 && before[1] == 0 && before[2] == 0 && before[3] == 0);
 
 	CHECK(hkvserver_restart(&s, "4M", "64K", extra) == 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
@@ -3025,6 +3041,262 @@ static void test_unpublished_reclaimed(void)
 	hkv_close(c);
 	hkvserver_stop(&s);
 	unlink(path);
+}
+
+/* ---- test_move_takes_leftovers ------------------------------------------------------ */
+
+/* The segment of key's block as handle c finds it now (-1: not found). */
+static int64_t seg_of(struct hkv_client *c, const char *key)
+{
+	struct key k;
+	struct item it;
+	struct view v;
+
+	if (hkv_key_init(c, &k, key, strlen(key)) || hkv_find(c, &k, &it, &v))
+		return -1;
+	return (int64_t)((it.blk_off - c->g.data_off) / c->g.seg_size);
+}
+
+/*
+ * A full store set up for a move of one segment (as test_flow
+ * test_cas_across_move): S1 holds one item k-0 of class c1, S2 four items
+ * of c1 and free blocks, every other segment one largest-class item. A set
+ * of a class with no segment then makes the server empty S1 (the cheapest
+ * of the two whose items fit elsewhere, when S2 has as many blocks a move
+ * waits for): k-0 moves to S2. ok = 1 when so.
+ */
+struct move_stage {
+	struct hkvserver s;
+	struct hkv_client *c;
+	uint32_t c1, nb;
+	int64_t s1, s2;
+	int ok;
+};
+
+#define STAGE_VLEN 3000 /* c1: about 20 blocks a segment */
+
+static void move_stage(struct move_stage *m)
+{
+	static const char *const verbose[] = {"-v", NULL}; /* (takes back are debug lines) */
+	struct hkv_client *a;
+	char key[48], *v;
+	size_t big;
+	int nkeys, ins1 = 0, ins2 = 0, ret = 0;
+
+	memset(m, 0, sizeof(*m));
+	m->s2 = -1;
+	CHECK(hkvserver_start(&m->s, use_verbs, "4M", "64K", verbose) == 0);
+	a = hkvserver_client(&m->s);
+	m->c = hkvserver_client(&m->s);
+	m->c1 = (uint32_t)hkv_class_for(&a->g, HKV_BLOCK_HDR + 4 + STAGE_VLEN);
+	m->nb = a->g.seg_size / a->g.class_size[m->c1];
+	big = a->max_value; /* with an 8-byte key: a largest-class block, a segment */
+	v = malloc(big);
+	CHECK(v != NULL);
+	memset(v, 'k', STAGE_VLEN);
+	CHECK_RC(hkv_set(a, "k-0", 3, v, STAGE_VLEN, NULL), 0);
+	m->s1 = seg_of(a, "k-0");
+	for (nkeys = 1; nkeys < 256 && ins2 < 4 && !ret; nkeys++) {
+		int64_t sg;
+
+		snprintf(key, sizeof(key), "k-%d", nkeys);
+		ret = hkv_set(a, key, strlen(key), v, STAGE_VLEN, NULL);
+		sg = seg_of(a, key);
+		if (sg == m->s1) {
+			ins1++;
+		} else {
+			ret = ret ? ret : m->s2 >= 0 && sg != m->s2;
+			m->s2 = sg;
+			ins2++;
+		}
+	}
+	memset(v, 'B', big);
+	for (size_t n = 0; !ret && n < 4096; n++) {
+		snprintf(key, sizeof(key), "big%05zu", n);
+		if ((ret = hkv_set(a, key, strlen(key), v, big, NULL)) == HKV_EFULL)
+			break;
+	}
+	for (int i = 1; ret == HKV_EFULL && i <= ins1; i++) {
+		snprintf(key, sizeof(key), "k-%d", i);
+		if (hkv_delete(a, key, strlen(key)))
+			ret = -1;
+	}
+	hkv_close(a); /* (its holds go back) */
+	free(v);
+	printf("# c1 (%d B values, %u blocks a segment): segment %lld holds k-0 (%d more "
+	       "deleted), segment %lld holds %d; the rest full: %s\n", STAGE_VLEN, m->nb,
+	       (long long)m->s1, ins1, (long long)m->s2, ins2, hkv_strerror(ret));
+	CHECK_RC(ret, HKV_EFULL);
+	CHECK(m->s1 >= 0 && m->s2 >= 0 && ins1 >= 8 && ins2 == 4 && m->nb >= 12);
+	m->ok = 1;
+}
+
+/* The segment table entry of seg, read by r. */
+static uint64_t raw_seg_entry(struct raw *r, int64_t seg)
+{
+	uint64_t e = 0;
+
+	if (!raw_xfer(r, HKV_WR_READ, r->g.seg_table_off + (uint64_t)seg * 8, 8))
+		memcpy(&e, r->buf, 8);
+	return e;
+}
+
+/* Wait until the server logged client id's disconnect (up to 2 s). */
+static int wait_disconnect_logged(const struct hkvserver *s, uint32_t id)
+{
+	char what[64];
+
+	snprintf(what, sizeof(what), "store: client %u disconnected", id);
+	for (int i = 0; i < 200; i++) {
+		if (hkvserver_log_count(s, what) > 0)
+			return 0;
+		sleep_ms(10);
+	}
+	return -1;
+}
+
+/*
+ * A writer that died with blocks unpublished in the one segment a store's
+ * move picks: LIVE and PENDING blocks no slot names, and an insert it never
+ * committed (PENDING, its slot in place). The move takes them back (the
+ * writer's id in each block says who may still write it: nobody, once it
+ * is disconnected; the insert is aborted as a client does past its lease)
+ * and finishes in about 1.5 s - before, it waited 3 s, was undone and the
+ * segment passed over for 30 s. k-0 moves and reads back; the insert's key
+ * reads as absent, its slot empty. The same writer's two PENDING blocks in
+ * S2, which no move empties, stay out (only a move takes such blocks).
+ */
+static void test_move_takes_leftovers(void)
+{
+	static const char *const keys[3] = {"dead-live", "dead-pend", "dead-pend-u"};
+	static const enum hkv_block_state states[3] = {HKV_BLK_LIVE, HKV_BLK_PENDING,
+						       HKV_BLK_PENDING};
+	struct move_stage m;
+	struct raw w, q;
+	uint64_t off[3], off2[2], pend_slot = 0, slot, meta, t0, took_ms, e;
+	uint32_t gen[3], gen2[2], xcls, wid;
+	int undone0, moved0, gone0, lease0, freed2[2] = {-1, -1};
+	char v[1000], got[STAGE_VLEN + 8];
+	size_t n = 0;
+
+	move_stage(&m);
+	if (!m.ok) {
+		hkvserver_stop(&m.s);
+		return;
+	}
+	CHECK_RC(raw_open(&w, m.s.uri, m.s.token_file), 0);
+	CHECK(raw_claim(&w, m.c1, m.s1, off, 3) == 3);
+	CHECK(raw_claim(&w, m.c1, m.s2, off2, 2) == 2);
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(raw_put_block(&w, off[i], m.c1, states[i], keys[i], 100, &gen[i]), 0);
+	CHECK_RC(raw_publish(&w, "dead-pend", m.c1, off[1], gen[1], &pend_slot), 0);
+	for (int i = 0; i < 2; i++)
+		CHECK_RC(raw_put_block(&w, off2[i], m.c1, HKV_BLK_PENDING, i ? "s2-b" : "s2-a", 100,
+				       &gen2[i]), 0);
+	wid = w.id;
+	raw_close(&w); /* the writer is gone */
+	CHECK_RC(wait_disconnect_logged(&m.s, wid), 0);
+
+	undone0 = hkvserver_log_count(&m.s, "undone");
+	moved0 = hkvserver_log_count(&m.s, "live items moved");
+	gone0 = hkvserver_log_count(&m.s, "a gone writer's unpublished block taken back");
+	lease0 = hkvserver_log_count(&m.s, "an insert past its lease taken back");
+	/* a class with no segment, in a full store: the server empties S1 */
+	memset(v, 'x', sizeof(v));
+	t0 = now_ms();
+	CHECK_RC(hkv_set(m.c, "x", 1, v, sizeof(v), NULL), 0);
+	took_ms = now_ms() - t0;
+	CHECK_RC(raw_open(&q, m.s.uri, m.s.token_file), 0);
+	xcls = (uint32_t)hkv_class_for(&q.g, HKV_BLOCK_HDR + 1 + sizeof(v));
+	e = raw_seg_entry(&q, m.s1);
+	for (int i = 0; i < 2; i++)
+		CHECK_RC(raw_block_freed(&q, off2[i], m.c1, &freed2[i]), 0);
+	CHECK_RC(raw_xfer(&q, HKV_WR_READ, pend_slot, 8), 0);
+	memcpy(&slot, q.buf, 8);
+	CHECK_RC(raw_xfer(&q, HKV_WR_READ, off2[0], 8), 0);
+	memcpy(&meta, q.buf, 8);
+	raw_close(&q);
+	printf("# a 1000 B set into the full store took %llu ms; segment %lld now %s class %u "
+	       "(x: %u); the server logged %d move(s) undone, %d emptied by moving items, %d "
+	       "unpublished block(s) and %d insert(s) taken back; the insert's slot: 0x%llx; "
+	       "S2's leftovers free: %d %d\n", (unsigned long long)took_ms, (long long)m.s1,
+	       hkv_seg_state(e) == HKV_SEG_SHARED ? "SHARED" : "not SHARED", hkv_seg_class(e),
+	       xcls, hkvserver_log_count(&m.s, "undone") - undone0,
+	       hkvserver_log_count(&m.s, "live items moved") - moved0,
+	       hkvserver_log_count(&m.s, "a gone writer's unpublished block taken back") - gone0,
+	       hkvserver_log_count(&m.s, "an insert past its lease taken back") - lease0,
+	       (unsigned long long)slot, freed2[0], freed2[1]);
+	CHECK(took_ms < 3000);
+	CHECK(hkvserver_log_count(&m.s, "undone") == undone0);
+	CHECK(hkvserver_log_count(&m.s, "live items moved") == moved0 + 1);
+	CHECK(hkvserver_log_count(&m.s, "a gone writer's unpublished block taken back") ==
+	      gone0 + 2);
+	CHECK(hkvserver_log_count(&m.s, "an insert past its lease taken back") == lease0 + 1);
+	CHECK(hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) == xcls);
+	CHECK(slot == 0);
+	CHECK(freed2[0] == 0 && freed2[1] == 0 && hkv_meta_state(meta) == HKV_BLK_PENDING);
+	CHECK_RC(hkv_get(m.c, "k-0", 3, got, sizeof(got), &n, NULL), 0);
+	CHECK(n == STAGE_VLEN && got[0] == 'k' && got[n - 1] == 'k');
+	CHECK(seg_of(m.c, "k-0") == m.s2);
+	CHECK_RC(hkv_get(m.c, "dead-pend", 9, got, sizeof(got), &n, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_get(m.c, "dead-live", 9, got, sizeof(got), &n, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_add(m.c, "dead-pend", 9, "new", 3, NULL), 0);
+	CHECK_RC(hkv_get(m.c, "x", 1, got, sizeof(got), &n, NULL), 0);
+	CHECK(n == sizeof(v) && got[0] == 'x');
+	hkv_close(m.c);
+	hkvserver_stop(&m.s);
+}
+
+/*
+ * The same, but the writer of the unpublished LIVE block in S1 stays
+ * connected: it may still publish it (or write it again), so the move must
+ * not take it - it waits, is undone after 3 s, as before, and the block is
+ * as it was written. (The server then empties S2 instead.)
+ */
+static void test_move_spares_live_writer(void)
+{
+	struct move_stage m;
+	struct raw w;
+	uint64_t off, t0, took_ms, meta = 0, e;
+	uint32_t gen;
+	int undone0, freed = -1, ret;
+	char v[1000], got[STAGE_VLEN + 8], what[64];
+	size_t n = 0;
+
+	move_stage(&m);
+	if (!m.ok) {
+		hkvserver_stop(&m.s);
+		return;
+	}
+	CHECK_RC(raw_open(&w, m.s.uri, m.s.token_file), 0);
+	CHECK(raw_claim(&w, m.c1, m.s1, &off, 1) == 1);
+	CHECK_RC(raw_put_block(&w, off, m.c1, HKV_BLK_LIVE, "alive-live", 100, &gen), 0);
+	snprintf(what, sizeof(what), "moving segment %lld from class %u", (long long)m.s1, m.c1);
+	undone0 = hkvserver_log_count(&m.s, what);
+	memset(v, 'x', sizeof(v));
+	t0 = now_ms();
+	ret = hkv_set(m.c, "x", 1, v, sizeof(v), NULL);
+	took_ms = now_ms() - t0;
+	CHECK_RC(raw_block_freed(&w, off, m.c1, &freed), 0);
+	CHECK_RC(raw_xfer(&w, HKV_WR_READ, off, 8), 0);
+	memcpy(&meta, w.buf, 8);
+	e = raw_seg_entry(&w, m.s1);
+	printf("# the writer connected: the set took %llu ms (%s); moves of segment %lld undone: "
+	       "%d; its block free: %d, meta %s gen %u (wrote %u); the segment still class %u: "
+	       "%s\n", (unsigned long long)took_ms, hkv_strerror(ret), (long long)m.s1,
+	       hkvserver_log_count(&m.s, what) - undone0, freed,
+	       hkv_meta_state(meta) == HKV_BLK_LIVE ? "LIVE" : "not LIVE", hkv_meta_gen(meta),
+	       gen, m.c1, hkv_seg_class(e) == m.c1 ? "yes" : "no");
+	raw_close(&w);
+	CHECK(hkvserver_log_count(&m.s, what) == undone0 + 1);
+	CHECK(took_ms >= 3000);
+	CHECK_RC(ret, 0); /* (S2 was emptied instead: its items fit in S1) */
+	CHECK(freed == 0 && meta == hkv_meta_make(HKV_BLK_LIVE, m.c1, gen));
+	CHECK(hkv_seg_state(e) == HKV_SEG_SHARED && hkv_seg_class(e) == m.c1);
+	CHECK_RC(hkv_get(m.c, "k-0", 3, got, sizeof(got), &n, NULL), 0);
+	CHECK(n == STAGE_VLEN && got[0] == 'k' && got[n - 1] == 'k');
+	hkv_close(m.c);
+	hkvserver_stop(&m.s);
 }
 
 /* ---- test_vanished_client ------------------------------------------------------------- */
@@ -4705,6 +4977,8 @@ int main(int argc, char **argv)
 	RUN_TEST(test_socket_squatter);
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
+	RUN_TEST(test_move_takes_leftovers);
+	RUN_TEST(test_move_spares_live_writer);
 	RUN_TEST(test_vanished_client);
 	if (!use_verbs)
 		RUN_TEST(test_netdev_down);

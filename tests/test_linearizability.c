@@ -106,9 +106,11 @@ static struct hkvserver server;
 static int server_up;
 
 static int flow_mode; /* "flow" rounds (cache mode, class shifts, a process killed) */
-/* store-mode flow rounds: nobody killed (a dead writer's unpublished block
- * keeps its segment from being emptied: docs/design.md, known gaps) */
-static int flow_no_victim;
+/* flow rounds in a store: the victim only in every other round (its churn
+ * makes many times the moves, and rounds last longer), and its keys are
+ * deleted once it is killed (a cache evicts them; a store would keep up to
+ * 1.8 MB of them and refuse the hot keys' writes as full) */
+static int flow_store;
 
 static int64_t now_ns(void)
 {
@@ -195,6 +197,7 @@ struct wthread {
 	struct rec *recs;  /* mixed workload */
 	uint64_t *results; /* exact count: what each incr returned */
 	size_t n;
+	struct hkv_client_stats st; /* as of its close (mixed workload) */
 	int have[NKEYS];      /* a get of the key succeeded: */
 	uint64_t ver[NKEYS];  /* its version */
 	uint64_t seen[NKEYS]; /* and value */
@@ -263,8 +266,8 @@ static int blk_fd = -1;
 
 /* The block handle c's last write published, as (offset, generation): the
  * handle's allocator remembers the block it handed out last (a test may
- * look inside). No API names a block's offset; hkv_item_info.version holds
- * it with 28 bits of the generation, but only a get of the key returns it. */
+ * look inside). No API names a block's offset (hkv_item_info.version is the
+ * write id). */
 static void log_block(struct hkv_client *c)
 {
 	char line[64];
@@ -383,6 +386,15 @@ static void *mix_thread(void *arg)
 		if (key == COUNTER_KEY ? counter_op(t) : register_op(t, key))
 			break;
 	}
+	/* Done: the handle goes now, not when the process ends. A connected
+	 * handle gives back the blocks it kept (replaced, for its next write)
+	 * only from its own operations: an idle one's would stop a store's
+	 * move of their segment until it is undone, 3 s later - while a
+	 * sibling thread waits on that move (docs/design.md, "A store moves
+	 * live items instead"). */
+	hkv_client_stats(t->c, &t->st);
+	hkv_close(t->c);
+	t->c = NULL;
 	return NULL;
 }
 
@@ -548,7 +560,10 @@ static void write_history(FILE *f, const struct wthread *t)
 	}
 	for (size_t i = 0; t->results && i < t->n; i++)
 		fprintf(f, "res %llu\n", (unsigned long long)t->results[i]);
-	hkv_client_stats(t->c, &st);
+	if (t->c)
+		hkv_client_stats(t->c, &st);
+	else /* (closed when done) */
+		st = t->st;
 	fprintf(f, "stats %llu %llu %llu %d %llu %llu\n", (unsigned long long)st.blocks_freed,
 		(unsigned long long)st.claims, (unsigned long long)st.op[HKV_OP_INCR].retries,
 		t->errors, (unsigned long long)st.carves, (unsigned long long)st.blocks_claimed);
@@ -581,6 +596,28 @@ static struct wthread *worker_setup(const struct hkvserver *s, int round, int pr
 	while (read(0, &c, 1) > 0)
 		;
 	return ts;
+}
+
+/* A store: the killed victim's keys go (its churners' "v<proc>.<k>"). 0 or -1. */
+static int victim_keys_delete(void)
+{
+	struct hkv_client *c = hkvserver_client(&server);
+	int ret = 0;
+
+	for (int i = 0; i < prm.procs; i++) /* (victim_main's nthreads) */
+		for (int k = 0; k < CHURN_KEYS; k++) {
+			char key[32];
+			int rc = hkv_delete(c, key, (size_t)snprintf(key, sizeof(key), "v%d.%d",
+								     10 + i, k));
+
+			if (rc && rc != HKV_ENOTFOUND) {
+				fprintf(stderr, "flow: deleting the victim's %s: %s\n", key,
+					hkv_strerror(rc));
+				ret = -1;
+			}
+		}
+	hkv_close(c);
+	return ret;
 }
 
 /*
@@ -776,7 +813,7 @@ static int crew_spawn(struct crew *w, const char *mode, int round, int nops)
 			break;
 		w->n++;
 	}
-	if (!strcmp(mode, "flow") && w->n == prm.procs && !flow_no_victim) {
+	if (!strcmp(mode, "flow") && w->n == prm.procs && (!flow_store || round % 2 == 0)) {
 		snprintf(w->victim_hist, sizeof(w->victim_hist), "%s/victim.hist", server.dir);
 		w->victim = spawn_worker("victim", round, prm.procs, nops, w->victim_hist, go[0],
 					 ready[1]);
@@ -1029,6 +1066,8 @@ static int run_crew(const char *mode, int round, int nops, int (*init)(struct hk
 		}
 		w.victim = 0;
 		ret |= load_blocks(w.victim_hist, 1);
+		if (flow_store)
+			ret |= victim_keys_delete();
 	}
 	ret |= crew_reap(&w, 0); /* closing go starts them */
 	for (int p = 0; p < w.n; p++) {
@@ -1373,8 +1412,9 @@ static void print_tally(int key, const struct tally *t)
 	       (unsigned long long)t->steps, t->seconds);
 }
 
-/* Segments the flow rounds' server logged it moved between classes. */
-static int server_moves, server_relocations;
+/* Segments the flow rounds' server logged it moved between classes, moves
+ * it undid, and blocks its moves took back from dead writers and inserts. */
+static int server_moves, server_relocations, server_undone, server_taken;
 
 static void check_key(int key, struct lc_op *ops, size_t n)
 {
@@ -1467,8 +1507,8 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 {
 	static const char *const tiny[] = {"--index-slots", "512", NULL};
 	/* (cache mode: an index that never runs out, so no insert evicts a hot key) */
-	static const char *const tiny_cache[] = {"--cache", NULL};
-	static const char *const plain[] = {NULL};
+	static const char *const tiny_cache[] = {"--cache", "-v", NULL};
+	static const char *const store[] = {"-v", NULL}; /* (-v: a move's take-backs) */
 	struct hkvserver main_server = server;
 	uint64_t freed = 0;
 	int up;
@@ -1476,7 +1516,7 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 	memset(tallies, 0, sizeof(tallies));
 	rounds_carves = rounds_min_claims = rounds_refused = 0;
 	up = hkvserver_start(&server, race_verbs, "4M", "64K",
-			     cache == 1 ? tiny_cache : cache == 2 ? plain : tiny) == 0;
+			     cache == 1 ? tiny_cache : cache == 2 ? store : tiny) == 0;
 	if (!up) {
 		fprintf(stderr, "%s:%d: the %s rounds' server did not start\n", __FILE__, __LINE__,
 			mode);
@@ -1515,6 +1555,8 @@ static uint64_t own_server_rounds(const char *mode, int rounds, int cache)
 		print_tally(k, &tallies[k]);
 	server_moves = hkvserver_log_count(&server, "moved from class");
 	server_relocations = hkvserver_log_count(&server, "live items moved");
+	server_undone = hkvserver_log_count(&server, "; undone");
+	server_taken = hkvserver_log_count(&server, " taken back"); /* (debug lines: -v) */
 	hkvserver_stop(&server);
 	server = main_server;
 	return freed;
@@ -1551,10 +1593,13 @@ static void flow_rounds(int store)
 	printf("# memory that flows: %d rounds of %d processes x (%d threads x %d ops + a "
 	       "churner of 0.2-1.5 KiB and 6-28 KiB values by turns; hot values < 200 B) + a victim of %d churners killed "
 	       "mid-round, %s\n", prm.flow_rounds, prm.procs, prm.threads, prm.mix_ops,
-	       prm.threads, store ? "store mode (the server moves live items; no victim)" : "cache mode");
-	flow_no_victim = store;
+	       prm.threads,
+	       store ? "store mode (the server moves live items; the victim in every other round)"
+		     : "cache mode");
+	flow_store = store;
 	freed = own_server_rounds("flow", prm.flow_rounds, store ? 2 : 1);
-	flow_mode = flow_no_victim = 0;
+	flow_mode = 0;
+	flow_store = 0;
 	qsort(blks, nblks, sizeof(*blks), cmp_u64);
 	for (size_t i = 1; i < nblks; i++)
 		if (blks[i] == blks[i - 1] && dups++ < 5)
@@ -1576,11 +1621,11 @@ static void flow_rounds(int store)
 	CHECK(dups == 0);
 	CHECK(rounds_min_claims > 0);      /* every process claimed blocks */
 	CHECK(rounds_carves + victim_carves > 0); /* classes shifted: CARVE requests */
-	if (!store) {
-		CHECK(victims_holding > 0); /* killed while holding claims */
-		CHECK(victim_claims > 0);
-	}
-	printf("# flow: segments emptied by moving their live items: %d\n", server_relocations);
+	CHECK(victims_holding > 0); /* killed while holding claims */
+	CHECK(victim_claims > 0);
+	printf("# flow: segments emptied by moving their live items: %d; moves undone: %d; "
+	       "blocks a dead writer left or an insert past its lease taken back by moves: %d\n",
+	       server_relocations, server_undone, server_taken);
 	if (store) /* segments emptied by moving live items while the checker watched */
 		CHECK(server_relocations > 0);
 }
