@@ -181,6 +181,7 @@ struct hkv_client {
 	struct hkv_cur_alloc cur;
 	uint64_t rng;
 	uint64_t wid_next; /* the next write id (hkv_next_wid) */
+	uint64_t last_version; /* the write id the last successful write stored */
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint32_t stuck_gen;
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */

@@ -5,6 +5,11 @@
 #include "client/client_int.h"
 #include "common/hkv_alloc.h"
 
+HKV_EXPORT uint64_t hkv_last_version(const struct hkv_client *c)
+{
+	return c->last_version;
+}
+
 HKV_EXPORT const char *hkv_version(void)
 {
 	return "0.1.0";

@@ -481,6 +481,7 @@ int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_c
 {
 	uint64_t now;
 
+	rc->last_version = h->last_version; /* (hkv_last_version on the cluster handle) */
 	if (ret != HKV_EDISCONNECTED)
 		return 0; /* (the common case: no clock read) */
 	now = hkv_coarse_ns();

@@ -181,6 +181,7 @@ static void stored(struct hkv_client *c, const struct key *k, uint64_t slot, uin
 
 	hkv_item_from_block(&it, c->wblk, slot_off, slot, -1, c->pub_ns);
 	hkv_remember_loc(c, k, &it);
+	c->last_version = ((const struct hkv_block_hdr *)c->wblk)->wid;
 }
 
 /* One attempt of the cold path; sets *slot_off on success. */

@@ -134,6 +134,11 @@ HKV_EXPORT int hkv_add(struct hkv_client *c, const void *key, size_t klen, const
 /* Store only if present (else HKV_ENOTFOUND). */
 HKV_EXPORT int hkv_replace(struct hkv_client *c, const void *key, size_t klen, const void *val,
 			   size_t vlen, const struct hkv_write_opts *opts);
+/* The version (hkv_item_info.version) of the value this handle's last
+ * successful set, add, replace, cas, append, prepend, incr, decr or touch
+ * stored - what a get right after it would say, without the round trip
+ * (memcached's meta "c" flag). Undefined after any other operation. */
+HKV_EXPORT uint64_t hkv_last_version(const struct hkv_client *c);
 /* Store only if the item's version is still `version` (else HKV_EVERSION). */
 HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		       size_t vlen, uint64_t version, const struct hkv_write_opts *opts);

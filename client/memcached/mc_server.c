@@ -947,15 +947,14 @@ static void process_ms(struct ctx *x)
 	const struct mc_req *r = x->r;
 	struct hkv_client *h = handle(x);
 	struct hkv_item_info info = {0};
-	size_t vlen;
 	int rc;
 
 	if (!h)
 		return;
 	count(&x->w->ctr.cmd_set, 1);
 	rc = checked(x, ms_store(x, h));
-	if (rc == 0 && has(r, 'c') && get_one(x, h, r->key, r->klen, &vlen, &info))
-		info.version = 0;
+	if (rc == 0) /* c: the version this write stored (a get could see a later one) */
+		info.version = hkv_last_version(h);
 	switch (rc) {
 	case 0: meta_status(x, "HD", &info, has(r, 'q')); break;
 	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;
@@ -1017,8 +1016,9 @@ static void ma_reply(struct ctx *x, struct hkv_client *h, struct arith *a, int c
 	 * response); a vivified item is still reported. */
 	if (has(r, 'q') && !created)
 		return;
-	if (has(r, 'c') || has(r, 't'))
+	if (has(r, 't'))
 		get_one(x, h, r->key, r->klen, &vlen, &a->info);
+	a->info.version = hkv_last_version(h); /* c: this write's, not a later one's */
 	if (has(r, 'v'))
 		evbuffer_add_printf(x->out, "VA %d", n);
 	else

@@ -111,6 +111,30 @@ def main():
             check(counters == want, "depth %d: shared counters %s = incrs acknowledged %s" %
                   (depth, counters, want))
             if depth > 1:
+                # ms with the c flag returns the version of its own write, even with
+                # another connection writing the key at the same time on another lane
+                # (it used to be read back by a get: another write's version)
+                got = {}
+
+                def ms_loop(tag):
+                    sk = socket.create_connection(("127.0.0.1", d.port), timeout=20)
+                    req = b"".join(b"ms mk 3 c\r\n%s\r\n" % (tag * 3) for _ in range(300))
+                    sk.sendall(req)
+                    buf = b""
+                    while buf.count(b"\r\n") < 300:
+                        chunk = sk.recv(65536)
+                        if not chunk:
+                            break
+                        buf += chunk
+                    sk.close()
+                    got[tag] = [ln.split(b" c")[1] for ln in buf.split(b"\r\n") if ln.startswith(b"HD c")]
+                ta = threading.Thread(target=ms_loop, args=(b"a",))
+                tb = threading.Thread(target=ms_loop, args=(b"b",))
+                ta.start(), tb.start(), ta.join(), tb.join()
+                sa, sb = set(got.get(b"a", [])), set(got.get(b"b", []))
+                check(len(sa) == 300 and len(sb) == 300 and not sa & sb,
+                      "ms c from two connections at once: 300 + 300 distinct versions, "
+                      "none reported to both (%d shared)" % len(sa & sb))
                 # a connection that goes away with its requests in flight: the others go on
                 s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
                 s.sendall(b"".join(b"set gone:%d 0 0 5\r\nvalue\r\n" % i for i in range(200)))
