@@ -1,9 +1,10 @@
 /*
  * api.c - the public operations (include/hatchkv.h): each checks its key
  * and the connection, counts its round trips and bytes, and runs the
- * protocol of its room; multi-get (32 keys a chain: cached ones' blocks and
- * cold ones' buckets, then the cold ones' candidates; in two halves for a
- * cluster handle), flush_all and count_items (index walks).
+ * protocol of its room; multi-get (rounds of one chain each: cached keys'
+ * blocks and cold keys' buckets, with the candidates of the cold keys of
+ * the round before; in two halves for a cluster handle), flush_all and
+ * count_items (index walks).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include "client/client_int.h"
 #include "client/copy.h"
 #include "client/ops_int.h"
+#include "common/hkv_alloc.h"
 #include "common/transport_int.h"
 
 #define REL_EXPTIME_MAX (60 * 60 * 24 * 30) /* memcached: up to 30 days is relative */
@@ -384,6 +386,8 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 	return op_end(c, &sc, ret);
 }
 
+/* ---- multi-get ------------------------------------------------------------------ */
+
 /* A multi-get item found: copy its value out (or say why not), as hkv_get
  * does: an expired item is a miss (and its cache entry goes; its memory is
  * left to the next single-key read or eviction), a live one is touched
@@ -409,28 +413,34 @@ static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const stru
 	fill_info(it, &m->info);
 }
 
-/* A block read for a multi-get item: keep it if it is still the key's. */
-static void mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
-		      uint8_t *blk, uint64_t seen_ns)
+/* A block read through a multi-get item's cached location: taken (1) if it
+ * is still the key's current value, else 0 (replaced, reused or torn). */
+static int mget_take(struct hkv_client *c, struct hkv_mget_item *m, const struct hkv_loc *loc,
+		     uint8_t *blk, uint64_t seen_ns)
 {
 	struct item it;
 
 	if (!hkv_loc_block_current(c, loc, blk, m->key, (uint16_t)m->klen))
-		return; /* stale: the single-key path will find it */
+		return 0;
 	c->stats.cache_hits++;
 	hkv_item_from_block(&it, blk, loc->slot_addr, loc->slot, -1, seen_ns);
 	mget_found(c, m, &it, blk);
+	return 1;
+}
+
+/* May a cached location be read through (as hkv_find_warm asks)? */
+static int mget_loc_ok(const struct hkv_client *c, const struct hkv_loc *loc)
+{
+	return hkv_slot_sane(c, loc->slot) && loc->blen <= c->read_cap &&
+	       loc->blen <= c->g.class_size[hkv_slot_class(loc->slot)];
 }
 
 /*
- * Multi-get, a chain of up to 32 keys at a time: a key with a usable cached
- * location has its block read; any other has its two buckets read in the
- * same chain, and then the candidate blocks of all of them in one more
- * chain. Warm keys: one round trip; cold ones: two, however many. A key
- * whose read turns out stale, torn or too large takes the single-key path.
+ * The first chain of a multi-get in two halves (hkv_mget_start, for a
+ * cluster handle): up to 32 keys, a cached key's block READ or an uncached
+ * key's two buckets' (statuses set: CONFLICT = being read). The rest of the
+ * batch, and these keys' candidates, go in the rounds below.
  */
-/* Build the chain for the items from *i on (statuses set: CONFLICT = to
- * read, by this chain or, if not in it, by a single get afterwards). */
 static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t *i,
 		       struct mget_chain *ch)
 {
@@ -446,8 +456,7 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
 		if (items[*i].status)
 			continue;
 		items[*i].status = CONFLICT; /* not read yet */
-		if (!hkv_cached_loc(c, &k, loc, 0) || !hkv_slot_sane(c, loc->slot) ||
-		    loc->blen > c->read_cap) { /* cold: its buckets */
+		if (!hkv_cached_loc(c, &k, loc, 0) || !mget_loc_ok(c, loc)) { /* cold: buckets */
 			if (ch->nwr && used + CANON_SLOTS * 8 > c->read_cap)
 				break;
 			c->stats.cache_misses++;
@@ -470,117 +479,374 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
 }
 
 /*
- * The cold keys of a chain whose bucket READs completed: READ every
- * candidate block of all of them in one chain and check each as the
- * single-key path does (hkv_candidate_check, the view still fresh). A key
- * with no candidate is absent; one whose candidates do not fit, or read
- * torn, stays CONFLICT (the single-key path looks again).
+ * Multi-get in rounds, each one chain and one round trip. A round READs
+ * first the candidate blocks of the cold keys whose buckets the round
+ * before read, then, in the room left, looks at keys not seen yet: a key
+ * with a usable cached location has its block read, any other its two
+ * buckets. So warm keys take one round trip and cold ones two, however
+ * many there are, as long as a round's READs fit: the room of a round is
+ * the send queue's (the connection's sq_depth, 256 work requests: one
+ * warm key takes 1, a cold key 2 and then 1 per candidate, usually 1) and
+ * the read buffer's (read_cap: a bucket pair is 256 B, a block its class).
+ * A larger batch takes one more round trip per round it overflows into
+ * (the candidates of one round ride with the buckets of the next).
+ *
+ * A cold key's view (its buckets, and when their READs were posted) is
+ * checked as the single-key path checks it: its candidates' READs must
+ * complete while it is fresh (hkv_view_fresh); a view too old is read
+ * again in a later round. A cached block found stale sends its key to its
+ * buckets. After MG_TRIES looks at one key, or a candidate read torn, or
+ * candidates that never fit a round, the key takes the single-key path.
  */
-static void mget_cold(struct hkv_client *c, struct hkv_mget_item *items,
-		      const struct mget_chain *ch)
+#define MG_TRIES 3
+#define MG_STACK_WORDS 1536 /* a small batch's state on the stack (12 KiB: ~12 keys) */
+
+enum { MG_WARM, MG_BUCKETS, MG_CAND };
+
+/* A cold key between its buckets' READs and its candidates' (item SIZE_MAX:
+ * nothing left to check). */
+struct mg_cold {
+	size_t item;
+	struct key k;
+	struct view v; /* v.seen_ns: when the round with its buckets' READs was posted */
+};
+
+/* What one READ of a round brings (a bucket pair: one entry), and where in rblk. */
+struct mg_read {
+	uint8_t kind;
+	int8_t pos;  /* MG_CAND: the candidate's canonical position */
+	size_t ref;  /* MG_WARM: the item; else its place in the cold ring */
+	size_t off;
+};
+
+struct mget_run {
+	struct hkv_mget_item *items;
+	size_t n, next;       /* items [next, n) not looked at yet */
+	uint8_t *tries;       /* per item: looks so far */
+	size_t *again;        /* ring of n: items to look at again, by their buckets */
+	size_t again_head, again_n;
+	struct mg_cold *cold; /* ring: [cold_head, cold_tail) wait for their candidates */
+	size_t cold_cap, cold_head, cold_tail;
+	struct hkv_wr *wrs;   /* one round: up to max_wr work requests */
+	struct mg_read *rd;   /* ... and nrd reads */
+	struct hkv_loc *locs; /* MG_WARM reads: the location read through */
+	int max_wr, nrd;
+	void *mem;
+};
+
+/* A multi-get's state, in buf (buf_len bytes, 8-aligned) if it fits, else
+ * allocated (r->mem, freed by mget_run_fini). */
+static int mget_run_init(struct hkv_client *c, struct mget_run *r, struct hkv_mget_item *items,
+			 size_t n, void *buf, size_t buf_len)
 {
-	struct view v[32];
-	struct hkv_wr wrs[64];
-	int nwr = 0, first[33], pos[64];
-	size_t off[64], used = 0;
+	size_t max_wr = (size_t)c->conn->sq_depth, len;
+	uint8_t *p;
 
-	for (int q = 0; q < ch->ncold; q++) {
-		memcpy(v[q].slot, c->rblk + ch->coff[q], sizeof(v[q].slot));
-		v[q].seen_ns = ch->seen_ns;
+	memset(r, 0, sizeof(*r));
+	r->items = items;
+	r->n = n;
+	if (!n)
+		return 0;
+	if (n > SIZE_MAX / 1024)
+		return -ENOMEM;
+	/* a round holds at most every key's first READs, or one key's candidates */
+	if (max_wr > 2 * n + CANON_SLOTS)
+		max_wr = 2 * n + CANON_SLOTS;
+	r->max_wr = (int)max_wr;
+	r->cold_cap = n < max_wr + 32 ? n : max_wr + 32;
+	len = max_wr * (sizeof(*r->wrs) + sizeof(*r->rd) + sizeof(*r->locs)) +
+	      r->cold_cap * sizeof(*r->cold) + n * (sizeof(*r->again) + 1);
+	p = buf;
+	if (len > buf_len && !(r->mem = p = hkv_malloc(len)))
+		return -ENOMEM;
+	r->wrs = (struct hkv_wr *)p;
+	p += max_wr * sizeof(*r->wrs);
+	r->rd = (struct mg_read *)p;
+	p += max_wr * sizeof(*r->rd);
+	r->locs = (struct hkv_loc *)p;
+	p += max_wr * sizeof(*r->locs);
+	r->cold = (struct mg_cold *)p;
+	p += r->cold_cap * sizeof(*r->cold);
+	r->again = (size_t *)p;
+	p += n * sizeof(*r->again);
+	r->tries = p;
+	memset(r->tries, 0, n);
+	return 0;
+}
+
+static void mget_run_fini(struct mget_run *r)
+{
+	hkv_free(r->mem);
+}
+
+/* Look at item i again, by its buckets; after MG_TRIES looks it stays
+ * CONFLICT: the single-key path. */
+static void mget_again(struct mget_run *r, size_t i)
+{
+	if (r->tries[i] < MG_TRIES)
+		r->again[(r->again_head + r->again_n++) % r->n] = i;
+}
+
+/* A key's cached block turned out stale: forget the entry, ask the index
+ * (as hkv_find_warm does). */
+static void mget_stale_block(struct hkv_client *c, struct mget_run *r, size_t i)
+{
+	struct key k;
+
+	if (!hkv_key_init(c, &k, r->items[i].key, r->items[i].klen))
+		hkv_cache_drop(c->cache, k.h);
+	c->stats.cache_misses++;
+	mget_again(r, i);
+}
+
+/* Item i (key k) waits for its candidates in the cold ring (a place is free). */
+static struct mg_cold *mget_cold_add(struct mget_run *r, size_t i, const struct key *k)
+{
+	struct mg_cold *e = &r->cold[r->cold_tail++ % r->cold_cap];
+
+	e->item = i;
+	e->k = *k;
+	return e;
+}
+
+/* Is a view seen at seen_ns still fresh? One clock read for the keys of one
+ * round (they share seen_ns); a stale one is counted once. */
+static int mget_fresh(struct hkv_client *c, uint64_t seen_ns, uint64_t *last_seen, int *last)
+{
+	if (seen_ns != *last_seen) {
+		*last_seen = seen_ns;
+		*last = hkv_view_fresh(c, seen_ns);
 	}
-	for (int q = 0; q < ch->ncold; q++) {
-		struct key k;
-		int before = nwr, fits = 1;
-		size_t used_before = used;
+	return *last;
+}
 
-		first[q] = nwr;
-		hkv_key_init(c, &k, items[ch->cidx[q]].key, items[ch->cidx[q]].klen);
-		for (int p = 0; p < CANON_SLOTS && fits; p++) {
-			uint64_t s = v[q].slot[p];
-			uint32_t sz;
+/* Candidates of the waiting cold keys, into the round (r->wrs from *nwr,
+ * rblk from *used). Returns the end of the cold keys it is done with this
+ * round; *deferred if some wait for the next. */
+static size_t mget_round_cands(struct hkv_client *c, struct mget_run *r, int room, int *nwr,
+			       size_t *used, int *deferred, int *progress)
+{
+	uint64_t last_seen = 0;
+	int fresh = 0;
+	size_t q;
 
-			if (!s || hkv_slot_fp(s) != k.fp || !hkv_slot_sane(c, s))
+	for (q = r->cold_head; q != r->cold_tail; q++) {
+		struct mg_cold *e = &r->cold[q % r->cold_cap];
+		int cand[CANON_SLOTS], nc = 0;
+		size_t need = 0;
+
+		for (int p = 0; p < CANON_SLOTS; p++) {
+			uint64_t s = e->v.slot[p];
+
+			if (!s || hkv_slot_fp(s) != e->k.fp || !hkv_slot_sane(c, s))
 				continue;
-			sz = c->g.class_size[hkv_slot_class(s)];
-			fits = nwr < 64 && used + sz <= c->read_cap;
-			if (!fits)
-				break;
-			pos[nwr] = p;
-			off[nwr] = used;
-			wrs[nwr++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(s), sz);
-			used += (sz + 63) & ~(size_t)63;
+			cand[nc++] = p;
+			need += (c->g.class_size[hkv_slot_class(s)] + 63) & ~(size_t)63;
 		}
-		if (!fits) /* the single-key path reads them */
-			nwr = before, first[q] = -1, used = used_before;
-		else if (nwr == before)
-			items[ch->cidx[q]].status = HKV_ENOTFOUND; /* no candidate: absent */
-	}
-	first[ch->ncold] = nwr;
-	if (!nwr || hkv_exec(c, wrs, nwr) || !hkv_view_fresh(c, ch->seen_ns))
-		return; /* (an error: the single-key path meets it too) */
-	for (int q = 0; q < ch->ncold; q++) {
-		struct hkv_mget_item *m = &items[ch->cidx[q]];
-		int end = q + 1, torn = 0;
-		struct key k;
-
-		if (first[q] < 0 || m->status != CONFLICT)
+		if (!nc || !mget_fresh(c, e->v.seen_ns, &last_seen, &fresh)) {
+			if (!nc) /* no candidate when the buckets were read: absent */
+				r->items[e->item].status = HKV_ENOTFOUND;
+			else /* too old to pair with a block: the buckets again */
+				mget_again(r, e->item);
+			e->item = SIZE_MAX;
+			*progress = 1;
 			continue;
-		while (first[end] < 0)
-			end++;
-		hkv_key_init(c, &k, m->key, m->klen);
-		for (int w = first[q]; w < first[end]; w++) {
-			struct item it;
-			int chk = hkv_candidate_check(c, &k, &it, &v[q], pos[w], c->rblk + off[w]);
-
-			torn |= chk == TORN;
-			if (!chk) {
-				mget_found(c, m, &it, c->rblk + off[w]);
+		}
+		if (*nwr + nc > room || *used + need > c->read_cap) {
+			if (*nwr) { /* the next round has room for them */
+				*deferred = 1;
 				break;
 			}
+			e->item = SIZE_MAX; /* never fits a round: the single-key path */
+			*progress = 1;
+			continue;
 		}
-		if (m->status == CONFLICT && !torn)
-			m->status = HKV_ENOTFOUND;
+		for (int j = 0; j < nc; j++) {
+			uint64_t s = e->v.slot[cand[j]];
+			uint32_t sz = c->g.class_size[hkv_slot_class(s)];
+
+			r->rd[r->nrd++] = (struct mg_read){.kind = MG_CAND, .pos = (int8_t)cand[j],
+							   .ref = q, .off = *used};
+			r->wrs[(*nwr)++] = hkv_wr_read(c, c->rblk + *used, hkv_slot_off(s), sz);
+			*used += (sz + 63) & ~(size_t)63;
+		}
 	}
+	return q;
 }
 
-/* The chain's READs have completed: take what they read, look for the cold
- * keys; the rest one by one. */
-static void mget_take_chain(struct hkv_client *c, struct hkv_mget_item *items,
-			    const struct mget_chain *ch)
+/* Build one round: the waiting candidates, then first looks at more keys
+ * in the room left (none while candidates wait for room). Returns its
+ * length; *cand_end as mget_round_cands. */
+static int mget_round(struct hkv_client *c, struct mget_run *r, size_t *cand_end, int *progress)
 {
-	for (int w = 0; w < ch->nw; w++)
-		mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w], ch->seen_ns);
-	if (ch->ncold)
-		mget_cold(c, items, ch);
-	for (size_t j = ch->first; j < ch->end; j++)
-		if (items[j].status == CONFLICT)
-			items[j].status = hkv_get(c, items[j].key, items[j].klen, items[j].buf,
-						  items[j].cap, &items[j].vlen, &items[j].info);
+	const struct hkv_conn *cn = c->conn;
+	/* the send queue's places: nothing of ours is in flight, so all but the
+	 * unsignaled WRs not yet covered by a signaled one (a GET's atime CAS)
+	 * come back as the post reaps the transport's quiet completions */
+	int room = cn->sq_depth - (cn->quiet_out ? cn->carry : cn->sq_used), nwr = 0, deferred = 0;
+	size_t used = 0;
+
+	if (room > r->max_wr)
+		room = r->max_wr;
+	r->nrd = 0;
+	*cand_end = mget_round_cands(c, r, room, &nwr, &used, &deferred, progress);
+	while (!deferred && nwr < room && (r->again_n || r->next < r->n)) {
+		int again = r->again_n > 0;
+		size_t i = again ? r->again[r->again_head % r->n] : r->next;
+		struct hkv_mget_item *m = &r->items[i];
+		struct hkv_loc *loc = &r->locs[r->nrd]; /* (nrd <= nwr < room) */
+		struct key k;
+
+		if (!again) {
+			m->status = hkv_key_init(c, &k, m->key, m->klen);
+			if (m->status) { /* a bad key: its answer */
+				r->next++;
+				*progress = 1;
+				continue;
+			}
+			m->status = CONFLICT; /* being read */
+		} else {
+			(void)hkv_key_init(c, &k, m->key, m->klen); /* (it was fine before) */
+		}
+		if (!again && hkv_cached_loc(c, &k, loc, 0) && mget_loc_ok(c, loc)) { /* a block */
+			size_t sz = (loc->blen + 63) & ~(size_t)63; /* keep headers aligned */
+			uint64_t off = hkv_slot_off(loc->slot);
+
+			if (nwr + 1 > room || used + sz > c->read_cap)
+				break;
+			r->rd[r->nrd++] = (struct mg_read){.kind = MG_WARM, .ref = i, .off = used};
+			r->wrs[nwr++] = hkv_wr_read(c, c->rblk + used, off, loc->blen);
+			used += sz;
+		} else { /* its buckets */
+			if (nwr + 2 > room || used + CANON_SLOTS * 8 > c->read_cap ||
+			    r->cold_tail - r->cold_head == r->cold_cap)
+				break;
+			if (!again)
+				c->stats.cache_misses++;
+			r->rd[r->nrd++] = (struct mg_read){.kind = MG_BUCKETS, .ref = r->cold_tail,
+							   .off = used};
+			mget_cold_add(r, i, &k);
+			nwr = hkv_append_bucket_reads(c, r->wrs, nwr, &k, c->rblk + used);
+			used += CANON_SLOTS * 8;
+		}
+		r->tries[i]++;
+		if (again) {
+			r->again_head++;
+			r->again_n--;
+		} else {
+			r->next++;
+		}
+	}
+	return nwr;
 }
 
-/* The chains after the first, one round trip each, then the counters. */
-static int mget_rest(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t i,
-		     struct op_scope *sc)
+/* One key's candidates read (r->rd[x, end)): the first that is the key's
+ * is the answer (the view still fresh); none: absent, unless one read torn
+ * (the single-key path looks again). */
+static void mget_settle_cands(struct hkv_client *c, struct mget_run *r, int x, int end,
+			      uint64_t *last_seen, int *fresh)
 {
-	while (i < n) {
-		struct mget_chain ch;
-		int ret;
+	struct mg_cold *e = &r->cold[r->rd[x].ref % r->cold_cap];
+	struct hkv_mget_item *m = &r->items[e->item];
+	int torn = 0;
 
-		mget_build(c, items, n, &i, &ch);
-		ret = ch.nwr ? hkv_exec(c, ch.wrs, ch.nwr) : 0;
-		if (ret)
-			return op_end(c, sc, ret);
-		mget_take_chain(c, items, &ch);
+	if (!mget_fresh(c, e->v.seen_ns, last_seen, fresh)) { /* its buckets, read again */
+		mget_again(r, e->item);
+		return;
 	}
-	return op_end(c, sc, 0);
+	for (; x < end; x++) {
+		struct item it;
+		uint8_t *blk = c->rblk + r->rd[x].off;
+		int chk = hkv_candidate_check(c, &e->k, &it, &e->v, r->rd[x].pos, blk);
+
+		torn |= chk == TORN;
+		if (!chk) {
+			mget_found(c, m, &it, blk);
+			return;
+		}
+	}
+	if (!torn)
+		m->status = HKV_ENOTFOUND;
+}
+
+/* A round's READs have completed (posted at seen_ns): take what they read. */
+static void mget_settle(struct hkv_client *c, struct mget_run *r, uint64_t seen_ns,
+			size_t cand_end)
+{
+	uint64_t last_seen = 0;
+	int fresh = 0;
+
+	for (int x = 0; x < r->nrd;) {
+		const struct mg_read *d = &r->rd[x];
+		uint8_t *blk = c->rblk + d->off;
+		int end = x + 1;
+
+		if (d->kind == MG_WARM) {
+			if (!mget_take(c, &r->items[d->ref], &r->locs[x], blk, seen_ns))
+				mget_stale_block(c, r, d->ref);
+		} else if (d->kind == MG_BUCKETS) {
+			struct mg_cold *e = &r->cold[d->ref % r->cold_cap];
+
+			memcpy(e->v.slot, blk, sizeof(e->v.slot));
+			e->v.seen_ns = seen_ns;
+		} else { /* a key's candidates, in a row */
+			while (end < r->nrd && r->rd[end].kind == MG_CAND &&
+			       r->rd[end].ref == d->ref)
+				end++;
+			mget_settle_cands(c, r, x, end, &last_seen, &fresh);
+		}
+		x = end;
+	}
+	r->cold_head = cand_end;
+}
+
+/* Every key not answered yet gets ret (an error: nothing more is read). */
+static void mget_fail(struct mget_run *r, int ret)
+{
+	for (size_t i = 0; i < r->n; i++)
+		if (i >= r->next || r->items[i].status == CONFLICT)
+			r->items[i].status = ret;
+}
+
+/* The rounds, then the single-key path for the keys still unanswered. 0
+ * (see the statuses) or an error. */
+static int mget_run(struct hkv_client *c, struct mget_run *r)
+{
+	for (;;) {
+		size_t cand_end;
+		int progress = 0, nwr = mget_round(c, r, &cand_end, &progress), ret;
+		uint64_t seen = hkv_coarse_ns(); /* <= when the READs run: the views' age */
+
+		if (!nwr) {
+			r->cold_head = cand_end;
+			if (progress)
+				continue;
+			break; /* nothing left, or nothing fits (the single-key path) */
+		}
+		ret = hkv_exec(c, r->wrs, nwr);
+		if (ret) {
+			mget_fail(r, ret);
+			return ret;
+		}
+		mget_settle(c, r, seen, cand_end);
+	}
+	for (; r->next < r->n; r->next++)
+		r->items[r->next].status = CONFLICT;
+	for (size_t i = 0; i < r->n; i++)
+		if (r->items[i].status == CONFLICT)
+			r->items[i].status = hkv_get(c, r->items[i].key, r->items[i].klen,
+						     r->items[i].buf, r->items[i].cap,
+						     &r->items[i].vlen, &r->items[i].info);
+	return 0;
 }
 
 /*
  * A multi-get in two halves, so that a cluster handle posts every server's
  * first chain before it waits for any (client/router.c): start builds and
  * posts the first chain (up to 32 keys), finish waits for it and does
- * the rest. n must be the same for both; between them the handle does
- * nothing else.
+ * the rest in rounds (the first chain's cold keys' candidates ride in the
+ * first of them). n must be the same for both; between them the handle
+ * does nothing else.
  */
 int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		   struct hkv_mget_pending *pd)
@@ -609,6 +875,8 @@ int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		    struct hkv_mget_pending *pd)
 {
 	struct mget_chain *ch = &pd->chain;
+	uint64_t mem[MG_STACK_WORDS];
+	struct mget_run r;
 	int ret;
 
 	if (pd->posted) {
@@ -616,22 +884,56 @@ int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		if (ret)
 			return op_end(c, &pd->sc, ret);
 	}
-	mget_take_chain(c, items, ch);
-	return mget_rest(c, items, n, ch->end, &pd->sc);
+	ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
+	if (ret) {
+		for (size_t j = 0; j < n; j++)
+			if (j >= ch->end || items[j].status == CONFLICT)
+				items[j].status = ret;
+		return op_end(c, &pd->sc, ret);
+	}
+	r.next = ch->end;
+	for (size_t j = ch->first; j < ch->end; j++)
+		r.tries[j] = 1;
+	for (int w = 0; w < ch->nw; w++)
+		if (!mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w],
+			       ch->seen_ns))
+			mget_stale_block(c, &r, ch->idx[w]);
+	for (int q = 0; q < ch->ncold; q++) { /* their candidates: in the first round */
+		struct key k;
+		struct mg_cold *e;
+
+		hkv_key_init(c, &k, items[ch->cidx[q]].key, items[ch->cidx[q]].klen);
+		e = mget_cold_add(&r, ch->cidx[q], &k);
+		memcpy(e->v.slot, c->rblk + ch->coff[q], sizeof(e->v.slot));
+		e->v.seen_ns = ch->seen_ns;
+	}
+	ret = mget_run(c, &r);
+	mget_run_fini(&r);
+	return op_end(c, &pd->sc, ret);
 }
 
 HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 {
+	uint64_t mem[MG_STACK_WORDS];
 	struct op_scope sc;
-	int rv;
+	struct mget_run r;
+	int ret;
 
 	if (c->router)
 		return hkv_router_mget(c, items, n);
-	rv = hkv_revive(c);
-	if (rv)
-		return rv;
+	ret = hkv_revive(c);
+	if (ret)
+		return ret;
 	op_begin(c, &sc, HKV_OP_MGET);
-	return mget_rest(c, items, n, 0, &sc);
+	ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
+	if (ret) {
+		for (size_t j = 0; j < n; j++)
+			items[j].status = ret;
+		return op_end(c, &sc, ret);
+	}
+	ret = mget_run(c, &r);
+	mget_run_fini(&r);
+	return op_end(c, &sc, ret);
 }
 
 /*

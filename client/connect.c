@@ -224,7 +224,7 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 		.hello = &hello,
 		.hello_len = sizeof(hello),
 		.timeout_ms = c->timeout_ms,
-		.sq_depth = 256,
+		.sq_depth = 1024, /* a multi-get round: 2 READs a cold key (~500 keys) */
 		.trust_uid = ep->trust_uid,
 	};
 

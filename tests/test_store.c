@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,12 +213,17 @@ static uint64_t rt_of(struct hkv_client *c, enum hkv_op op, uint64_t *bytes_read
 	return st.op[op].round_trips;
 }
 
-/* Multi-get of keys no location cache knows: their buckets go out in one
- * chain, then every candidate block in one more: 2 round trips for 32 cold
- * keys (one at a time they take 2 each); then warm, 1. Values of many
- * sizes, some keys absent, each checked. And with a writer replacing and
- * deleting the keys meanwhile, every value a cold multi-get returns is one
- * its key had (its own name, a generation, the pad that generation wrote). */
+/* Multi-get of keys no location cache knows: the first READs of a batch
+ * (buckets of the cold keys, blocks of the cached ones) go out in one
+ * chain, then every candidate block in one more: 2 round trips for as many
+ * cold keys as one chain holds (one at a time they take 2 each); then
+ * warm, 1. A larger batch: the candidates of one chain ride with the
+ * buckets of the next. Values of many sizes, some keys absent, some larger
+ * than the caller's buffer, each checked; candidates that overflow a small
+ * handle's read buffer; views that went stale. And with a writer replacing
+ * and deleting the keys meanwhile, every value a cold multi-get returns is
+ * one its key had (its own name, a generation, the pad that generation
+ * wrote). */
 #define MG_KEYS 200
 
 static int mg_fmt(char *out, size_t cap, int key, unsigned gen)
@@ -245,7 +251,7 @@ static int mg_valid(const char *v, size_t len, int key)
 
 struct mg_writer {
 	struct hkv_client *c;
-	volatile int stop;
+	atomic_int stop;
 	unsigned gens;
 };
 
@@ -254,7 +260,7 @@ static void *mg_write(void *arg)
 	struct mg_writer *w = arg;
 	char k[32], v[3200];
 
-	for (unsigned gen = 1; !w->stop; gen++, w->gens++) {
+	for (unsigned gen = 1; !atomic_load(&w->stop); gen++, w->gens++) {
 		int key = (int)((gen * 7919u) % 64u);
 		int n = mg_fmt(v, sizeof(v), key, gen);
 
@@ -267,18 +273,53 @@ static void *mg_write(void *arg)
 	return NULL;
 }
 
+/* Did a multi-get answer key i (as first set: generation 0) right? Every
+ * fifth key is absent; a buffer too small gives -ENOSPC and the length. */
+static int mg_right(const struct hkv_mget_item *m, int i)
+{
+	char v[3200];
+	int n = mg_fmt(v, sizeof(v), i, 0);
+
+	if (i % 5 == 4)
+		return m->status == HKV_ENOTFOUND;
+	if ((size_t)n > m->cap)
+		return m->status == -ENOSPC && m->vlen == (size_t)n;
+	return m->status == 0 && m->vlen == (size_t)n && !memcmp(m->buf, v, (size_t)n);
+}
+
+/* How many of it[0, n) (keys first .. first + n - 1) were answered wrong. */
+static int mg_wrong(const struct hkv_mget_item *it, int first, int n)
+{
+	int wrong = 0;
+
+	for (int i = 0; i < n; i++)
+		if (!mg_right(&it[i], first + i) && wrong++ < 5)
+			fprintf(stderr, "mg:%d: status %d, %zu bytes\n", first + i, it[i].status,
+				it[i].vlen);
+	return wrong;
+}
+
+static uint64_t ops_of(struct hkv_client *c, enum hkv_op op)
+{
+	struct hkv_client_stats st;
+
+	hkv_client_stats(c, &st);
+	return st.op[op].count;
+}
+
 static void test_mget_cold(void)
 {
-	static char bufs[MG_KEYS][3200];
-	struct hkv_mget_item it[MG_KEYS];
+	static char bufs[MG_KEYS][3200], big[100000];
+	static struct hkv_mget_item it[MG_KEYS], it2[MG_KEYS];
 	struct hkvserver s;
-	struct hkv_client *c, *cold, *nocache;
+	struct hkv_client *c, *cold, *mix, *small, *nocache;
+	struct hkv_client_stats st;
 	struct hkv_config *cfg;
 	struct mg_writer w = {0};
 	pthread_t thr;
 	char k[MG_KEYS][32], v[3200];
-	uint64_t rt0, rt1;
-	int bad = 0, rounds = 0, found = 0;
+	uint64_t rt0, rt1, g0, stale0;
+	int bad = 0, rounds = 0, found = 0, enospc = 0, expect, n2;
 
 	CHECK(hkvserver_start(&s, use_verbs, "64M", "256K", NULL) == 0);
 	c = hkvserver_client(&s);
@@ -297,34 +338,95 @@ static void test_mget_cold(void)
 	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
 	printf("# multi-get of 32 cold keys: %llu round trips\n", (unsigned long long)(rt1 - rt0));
 	CHECK(rt1 - rt0 == 2);
-	for (int i = 0; i < 32; i++) {
-		int n = mg_fmt(v, sizeof(v), i, 0);
-
-		if (i % 5 == 4)
-			CHECK(it[i].status == HKV_ENOTFOUND);
-		else
-			CHECK(it[i].status == 0 && it[i].vlen == (size_t)n && !memcmp(bufs[i], v, (size_t)n));
-	}
+	CHECK(mg_wrong(it, 0, 32) == 0);
 	rt0 = rt1;
 	CHECK_RC(hkv_mget(cold, it, 32), 0); /* now warm (the absent keys: their buckets) */
 	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
 	printf("# the same 32 keys again: %llu round trip(s)\n", (unsigned long long)(rt1 - rt0));
 	CHECK(rt1 - rt0 == 1);
+	/* 168 cold keys: their 336 bucket READs fit one chain if the send queue
+	 * holds them; with 256 places, 128 keys' go in the first chain, the
+	 * rest with those keys' candidates in the second, theirs in a third */
 	rt0 = rt1;
-	CHECK_RC(hkv_mget(cold, it + 32, MG_KEYS - 32), 0); /* 168 cold keys: 6 chains */
+	g0 = ops_of(cold, HKV_OP_GET);
+	CHECK_RC(hkv_mget(cold, it + 32, MG_KEYS - 32), 0);
 	rt1 = rt_of(cold, HKV_OP_MGET, NULL);
-	printf("# multi-get of %d cold keys: %llu round trips\n", MG_KEYS - 32,
-	       (unsigned long long)(rt1 - rt0));
-	CHECK(rt1 - rt0 == 2 * ((MG_KEYS - 32 + 31) / 32));
-	for (int i = 32; i < MG_KEYS; i++) {
-		int n = mg_fmt(v, sizeof(v), i, 0);
+	expect = 2 * (MG_KEYS - 32) <= cold->conn->sq_depth ? 2 : 3;
+	printf("# multi-get of %d cold keys: %llu round trips (send queue %d)\n", MG_KEYS - 32,
+	       (unsigned long long)(rt1 - rt0), cold->conn->sq_depth);
+	CHECK(rt1 - rt0 == (uint64_t)expect);
+	CHECK(mg_wrong(it + 32, 32, MG_KEYS - 32) == 0);
+	CHECK(ops_of(cold, HKV_OP_GET) == g0); /* none took the single-key path */
 
-		if (i % 5 == 4)
-			CHECK(it[i].status == HKV_ENOTFOUND);
-		else
-			CHECK(it[i].status == 0 && it[i].vlen == (size_t)n && !memcmp(bufs[i], v, (size_t)n));
-	}
-	/* under a writer: a handle without a location cache (every key cold) */
+	/* warm and cold keys in one batch, some buffers too small: 48 cached
+	 * blocks and 72 bucket pairs in one chain, the candidates in one more */
+	mix = hkvserver_client(&s);
+	CHECK_RC(hkv_mget(mix, it, 60), 0); /* caches the 48 present keys of 0..59 */
+	for (int i = 0; i < 120; i++)
+		if (i % 7 == 3)
+			it[i].cap = 8;
+	rt0 = rt_of(mix, HKV_OP_MGET, NULL);
+	CHECK_RC(hkv_mget(mix, it, 120), 0);
+	rt1 = rt_of(mix, HKV_OP_MGET, NULL);
+	for (int i = 0; i < 120; i++)
+		enospc += it[i].status == -ENOSPC;
+	printf("# multi-get of 48 warm and 72 cold keys (%d buffers too small): %llu round trips\n",
+	       enospc, (unsigned long long)(rt1 - rt0));
+	CHECK(rt1 - rt0 == 2);
+	CHECK(mg_wrong(it, 0, 120) == 0);
+	CHECK(enospc > 10);
+	for (int i = 0; i < MG_KEYS; i++)
+		it[i].cap = sizeof(bufs[i]);
+
+	/* candidates that overflow the read buffer (a handle with 4 KB values:
+	 * 64 KiB) wait for the next chains; a value larger than the handle
+	 * takes the single-key path (HKV_ETOOBIG), no other key does */
+	cfg = hkvserver_config(&s);
+	hkv_config_set_max_value(cfg, 4096);
+	CHECK_RC(hkv_open(cfg, &small), 0);
+	hkv_config_free(cfg);
+	memset(big, 'b', sizeof(big));
+	CHECK_RC(hkv_set(c, "mg:big", 6, big, sizeof(big), NULL), 0);
+	n2 = MG_KEYS - 32;
+	memcpy(it2, it + 32, (size_t)n2 * sizeof(it2[0]));
+	it2[n2++] = (struct hkv_mget_item){.key = "mg:big", .klen = 6, .buf = v, .cap = sizeof(v)};
+	g0 = ops_of(small, HKV_OP_GET);
+	rt0 = rt_of(small, HKV_OP_MGET, NULL);
+	CHECK_RC(hkv_mget(small, it2, (size_t)n2), 0);
+	rt1 = rt_of(small, HKV_OP_MGET, NULL);
+	printf("# multi-get of %d cold keys through a %zu KiB read buffer: %llu round trips "
+	       "(%llu of them the single-key path's)\n", n2, small->read_cap >> 10,
+	       (unsigned long long)(rt1 - rt0), (unsigned long long)rt_of(small, HKV_OP_GET, NULL));
+	CHECK(small->read_cap < 128 * 1024);
+	CHECK(rt1 - rt0 > 3 && rt1 - rt0 <= 12);
+	CHECK(mg_wrong(it2, 32, MG_KEYS - 32) == 0);
+	CHECK(it2[n2 - 1].status == HKV_ETOOBIG);
+	CHECK(ops_of(small, HKV_OP_GET) == g0 + 1);
+
+	/* every view stale (the bound made 1 ns): no key is answered from one;
+	 * each key's buckets are read again a few times, then the single-key
+	 * path gives up (HKV_EAGAIN; an absent key: no candidate, a miss) */
+	cfg = hkvserver_config(&s);
+	hkv_config_set_cache_entries(cfg, 0);
+	hkv_config_set_timeout_ms(cfg, 300);
+	CHECK_RC(hkv_open(cfg, &nocache), 0);
+	hkv_config_free(cfg);
+	hkv_client_stats(nocache, &st);
+	stale0 = st.stale_views;
+	hkv_test_view_max_ns = 1;
+	CHECK_RC(hkv_mget(nocache, it + 3, 2), 0); /* mg:3 is there, mg:4 is not */
+	hkv_test_view_max_ns = 0;
+	hkv_client_stats(nocache, &st);
+	printf("# multi-get of 2 keys with every view stale: %llu stale views, %llu round trips, "
+	       "answers %s, %s\n", (unsigned long long)(st.stale_views - stale0),
+	       (unsigned long long)st.op[HKV_OP_MGET].round_trips, hkv_strerror(it[3].status),
+	       hkv_strerror(it[4].status));
+	CHECK(it[3].status == HKV_EAGAIN);
+	CHECK(it[4].status == HKV_ENOTFOUND || it[4].status == HKV_EAGAIN);
+	CHECK(st.stale_views > stale0);
+	hkv_close(nocache);
+
+/* under a writer: a handle without a location cache (every key cold) */
 	cfg = hkvserver_config(&s);
 	hkv_config_set_cache_entries(cfg, 0);
 	CHECK_RC(hkv_open(cfg, &nocache), 0);
@@ -332,8 +434,8 @@ static void test_mget_cold(void)
 	w.c = c;
 	pthread_create(&thr, NULL, mg_write, &w);
 	for (uint64_t t0 = now_ms_mono(); now_ms_mono() - t0 < 2000; rounds++) {
-		CHECK_RC(hkv_mget(nocache, it, 64), 0);
-		for (int i = 0; i < 64; i++) {
+		CHECK_RC(hkv_mget(nocache, it, MG_KEYS), 0);
+		for (int i = 0; i < MG_KEYS; i++) {
 			if (it[i].status == HKV_ENOTFOUND)
 				continue;
 			found++;
@@ -344,12 +446,14 @@ static void test_mget_cold(void)
 			}
 		}
 	}
-	w.stop = 1;
+	atomic_store(&w.stop, 1);
 	pthread_join(thr, NULL);
-	printf("# %d cold multi-gets of 64 keys beside %u writes: %d values read, %d wrong\n",
-	       rounds, w.gens, found, bad);
+	printf("# %d cold multi-gets of %d keys beside %u writes: %d values read, %d wrong\n",
+	       rounds, MG_KEYS, w.gens, found, bad);
 	CHECK(bad == 0 && found > 0 && w.gens > 0);
 	hkv_close(nocache);
+	hkv_close(small);
+	hkv_close(mix);
 	hkv_close(cold);
 	hkv_close(c);
 	hkvserver_stop(&s);
