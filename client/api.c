@@ -1004,9 +1004,23 @@ static int flush_all(struct hkv_client *c)
 						  .blk_off = hkv_slot_off(s), .cls = hkv_slot_class(s),
 						  .gen = hkv_meta_gen(m), .seen_ns = seen};
 
-				if (s != slots[idx[j]] || hkv_meta_state(m) != HKV_BLK_LIVE ||
-				    hkv_meta_class(m) != it.cls || (it.gen & 0x7ff) != hkv_slot_ver(s))
-					continue; /* not a live entry (changed, being replaced, or garbage) */
+				if (s != slots[idx[j]] || hkv_meta_class(m) != it.cls ||
+				    (it.gen & 0x7ff) != hkv_slot_ver(s))
+					continue; /* changed since, or garbage */
+				if (hkv_meta_state(m) == HKV_BLK_OBSOLETE && !(m & HKV_META_ABORTED)) {
+					/* a write between its mark and its slot CAS, or one that
+					 * died there: every find takes the entry as present (its
+					 * value), so it goes too. Only the slot: the block is its
+					 * retirer's (whose own slot CAS now fails), or the
+					 * sweep's once that client is gone. */
+					struct hkv_wr wr = hkv_wr_cas(c, &c->atom[3], it.slot_off, s, 0);
+
+					if ((ret = hkv_exec(c, &wr, 1)))
+						return op_end(c, &sc, ret);
+					continue;
+				}
+				if (hkv_meta_state(m) != HKV_BLK_LIVE)
+					continue; /* an insert not committed, or aborted: no value */
 				ret = hkv_publish_remove(c, &it, NULL);
 				if (ret < 0)
 					return op_end(c, &sc, ret);

@@ -17,6 +17,7 @@
  *
  *   test_stuck_obsolete: an insert never clears a slot naming an OBSOLETE
  *   entry of its key, even one it saw under the same slot value before.
+ *   test_flush_obsolete: flush_all removes such an entry (a dead writer's).
  *
  * Values are 18 KB (a digit string padded with spaces, which incr accepts
  * as memcached does): blocks of the 18560-byte class, so a 64 KiB segment
@@ -702,6 +703,43 @@ static void test_stuck_obsolete(void)
 	hkvserver_stop(&s);
 }
 
+/*
+ * flush_all removes an entry whose writer marked it OBSOLETE and died before
+ * swinging the slot: every find takes it as present (a cold get returns its
+ * value), so after a flush it must be gone too (it was skipped: the key
+ * survived the flush).
+ */
+static void test_flush_obsolete(void)
+{
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct item x;
+	char buf[16];
+	size_t vlen;
+	uint64_t live, dead;
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &H), 0);
+	CHECK_RC(hkv_open(cfg, &F), 0);
+	CHECK_RC(hkv_set(F, RK, strlen(RK), "v1", 2, NULL), 0);
+	rival_item(F, &x);
+	live = hkv_meta_make(HKV_BLK_LIVE, x.cls, x.gen);
+	dead = hkv_meta_make(HKV_BLK_OBSOLETE, x.cls, x.gen) | hkv_meta_retirer(777);
+	CHECK(raw_cas(F, x.blk_off, live, dead) == live); /* client 777 marked it, then died */
+	CHECK_RC(hkv_get(H, RK, strlen(RK), buf, sizeof(buf), &vlen, NULL), 0);
+	CHECK(vlen == 2 && !memcmp(buf, "v1", 2));
+	CHECK_RC(hkv_flush_all(H), 0);
+	CHECK_RC(hkv_get(H, RK, strlen(RK), buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_get(F, RK, strlen(RK), buf, sizeof(buf), &vlen, NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_add(F, RK, strlen(RK), "v2", 2, NULL), 0);
+	printf("# an entry marked by a dead writer: present before flush_all, gone after it\n");
+	hkv_close(H);
+	hkv_close(F);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -712,5 +750,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_stale_undo);
 	RUN_TEST(test_stale_undo_raced);
 	RUN_TEST(test_stuck_obsolete);
+	RUN_TEST(test_flush_obsolete);
 	return hkv_test_finish();
 }
