@@ -80,6 +80,7 @@ struct append_arg {
 	const void *data;
 	size_t len;
 	int prepend;
+	const uint64_t *version; /* only if the item's version is this (hkv_append_if) */
 };
 
 static int append_fn(struct hkv_client *c, const struct item *old, struct value *v, void *arg)
@@ -88,6 +89,8 @@ static int append_fn(struct hkv_client *c, const struct item *old, struct value 
 	const struct hkv_block_hdr *h = hkv_item_hdr(old);
 	const uint8_t *oldv = old->blk + HKV_BLOCK_HDR + h->klen;
 
+	if (a->version && h->wid != *a->version)
+		return HKV_EVERSION; /* (the publish CASes exactly this item: no gap) */
 	*v = (struct value){.flags = h->flags, .exptime = h->exptime};
 	v->p1 = a->prepend ? a->data : oldv;
 	v->l1 = a->prepend ? a->len : h->vlen;
@@ -304,6 +307,16 @@ HKV_EXPORT int hkv_append(struct hkv_client *c, const void *key, size_t klen, co
 	return modify_op(c, key, klen, append_fn, &a, HKV_OP_APPEND);
 }
 
+HKV_EXPORT int hkv_append_if(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			     size_t vlen, int prepend, uint64_t version)
+{
+	struct append_arg a = {.data = val, .len = vlen, .prepend = prepend, .version = &version};
+
+	if (vlen && !val)
+		return -EINVAL;
+	return modify_op(c, key, klen, append_fn, &a, HKV_OP_APPEND);
+}
+
 static int incr_op(struct hkv_client *c, const void *key, size_t klen, uint64_t delta,
 		   uint64_t *result, int decr)
 {
@@ -334,9 +347,12 @@ HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int
 	return modify_op(c, key, klen, touch_fn, &e, HKV_OP_TOUCH);
 }
 
-static int delete_once(struct hkv_client *c, const struct key *k, int warm)
+static int delete_once(struct hkv_client *c, const struct key *k, int warm,
+		       const uint64_t *version)
 {
-	struct hkv_loc lc, *loc = warm ? hkv_cached_loc(c, k, &lc, 1) : NULL;
+	/* (versioned: never blind - the version is checked in the block READ
+	 * the find makes, and the mark CASes exactly that item) */
+	struct hkv_loc lc, *loc = warm && !version ? hkv_cached_loc(c, k, &lc, 1) : NULL;
 	struct item it;
 	struct view view;
 	int ret, expired;
@@ -359,14 +375,16 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm)
 	if (ret)
 		return ret;
 	expired = hkv_item_expired(&it);
+	if (version && !expired && hkv_item_version(&it) != *version)
+		return HKV_EVERSION;
 	hkv_cache_drop(c->cache, k->h);
 	ret = hkv_publish_remove(c, &it, NULL);
 	return ret == 0 && expired ? HKV_ENOTFOUND : ret;
 }
 
-HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
+static int delete_op(struct hkv_client *c, const void *key, size_t klen, const uint64_t *version)
 {
-	HKV_ROUTE(c, key, klen, hkv_delete(c, key, klen));
+	HKV_ROUTE(c, key, klen, delete_op(c, key, klen, version));
 	struct retry rt;
 	struct op_scope sc;
 	struct key k;
@@ -376,14 +394,24 @@ HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 		return ret;
 	op_begin(c, &sc, HKV_OP_DELETE);
 	hkv_retry_begin(&rt);
-	ret = delete_once(c, &k, 1);
+	ret = delete_once(c, &k, 1, version);
 	while (ret == CONFLICT || ret == STALE) {
 		c->stats.op[HKV_OP_DELETE].retries++;
 		if ((ret = ret == STALE ? hkv_retry_stale(c, &rt) : hkv_retry_wait(c, &rt)))
 			break;
-		ret = delete_once(c, &k, 0);
+		ret = delete_once(c, &k, 0, version);
 	}
 	return op_end(c, &sc, ret);
+}
+
+HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
+{
+	return delete_op(c, key, klen, NULL);
+}
+
+HKV_EXPORT int hkv_delete_if(struct hkv_client *c, const void *key, size_t klen, uint64_t version)
+{
+	return delete_op(c, key, klen, &version);
 }
 
 /* ---- multi-get ------------------------------------------------------------------ */

@@ -145,8 +145,17 @@ HKV_EXPORT int hkv_cas(struct hkv_client *c, const void *key, size_t klen, const
 /* Append / prepend to an existing value (HKV_ENOTFOUND if absent). */
 HKV_EXPORT int hkv_append(struct hkv_client *c, const void *key, size_t klen, const void *val,
 			  size_t vlen, int prepend);
+/* hkv_append only if the item's version is still `version`, atomically:
+ * HKV_EVERSION otherwise. */
+HKV_EXPORT int hkv_append_if(struct hkv_client *c, const void *key, size_t klen, const void *val,
+			     size_t vlen, int prepend, uint64_t version);
 /* Remove (HKV_ENOTFOUND if absent). */
 HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen);
+/* Only if the item's version is still `version`, as one atomic step (the
+ * remove CASes exactly the item whose version was checked): 0,
+ * HKV_EVERSION, HKV_ENOTFOUND. */
+HKV_EXPORT int hkv_delete_if(struct hkv_client *c, const void *key, size_t klen,
+			     uint64_t version);
 /*
  * Add delta to a value that is a decimal unsigned 64-bit number (memcached
  * rules: incr wraps at 2^64, decr stops at 0). *result gets the new value.

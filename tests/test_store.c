@@ -460,6 +460,44 @@ static void test_mget_cold(void)
 }
 
 /* The round-trip budget of each operation, from the transport counters. */
+/* hkv_delete_if / hkv_append_if act only on the item of the version given;
+ * hkv_last_version says what a write stored. */
+static void test_versioned(void)
+{
+	struct hkvserver s;
+	struct hkv_client *c, *c2;
+	struct hkv_item_info info;
+	char buf[64];
+	uint64_t v1;
+
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", NULL) == 0);
+	c = hkvserver_client(&s);
+	c2 = hkvserver_client(&s);
+	CHECK_RC(set_str(c, "vk", "one"), 0);
+	v1 = hkv_last_version(c);
+	CHECK_RC(get_str(c2, "vk", buf, sizeof(buf), &info), 0);
+	CHECK(info.version == v1);
+	CHECK_RC(hkv_append_if(c2, "vk", 2, "+", 1, 0, v1 + 1), HKV_EVERSION);
+	CHECK_RC(hkv_delete_if(c2, "vk", 2, v1 + 1), HKV_EVERSION);
+	CHECK_RC(get_str(c, "vk", buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "one"));
+	CHECK_RC(hkv_append_if(c2, "vk", 2, "+", 1, 0, v1), 0);
+	CHECK(hkv_last_version(c2) != v1);
+	CHECK_RC(hkv_append_if(c, "vk", 2, "-", 1, 1, v1), HKV_EVERSION); /* v1 is gone */
+	CHECK_RC(get_str(c, "vk", buf, sizeof(buf), &info), 0);
+	CHECK(!strcmp(buf, "one+") && info.version == hkv_last_version(c2));
+	CHECK_RC(hkv_append_if(c, "vk", 2, "-", 1, 1, info.version), 0); /* prepend */
+	CHECK_RC(set_str(c2, "vk", "-one+"), 0); /* the same bytes, a new write */
+	CHECK_RC(hkv_delete_if(c, "vk", 2, hkv_last_version(c)), HKV_EVERSION);
+	CHECK_RC(hkv_delete_if(c, "vk", 2, hkv_last_version(c2)), 0);
+	CHECK_RC(get_str(c, "vk", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
+	CHECK_RC(hkv_delete_if(c, "vk", 2, v1), HKV_ENOTFOUND);
+	CHECK_RC(hkv_append_if(c, "vk", 2, "x", 1, 0, v1), HKV_ENOTFOUND);
+	hkv_close(c);
+	hkv_close(c2);
+	hkvserver_stop(&s);
+}
+
 static void test_round_trips(void)
 {
 	struct hkvserver s;
@@ -1197,5 +1235,6 @@ int main(int argc, char **argv)
 	RUN_TEST(test_warm_restart);
 	RUN_TEST(test_readonly_client);
 	RUN_TEST(test_small_handle);
+	RUN_TEST(test_versioned);
 	return hkv_test_finish();
 }

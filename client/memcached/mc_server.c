@@ -901,19 +901,13 @@ static void process_mg(struct ctx *x)
 	}
 }
 
-/* ms C with append/prepend: the library has no versioned append; check, then act. */
+/* ms C with append/prepend: append only to the item of that version. */
 static int ms_versioned_append(struct ctx *x, struct hkv_client *h, int prepend)
 {
 	const struct mc_req *r = x->r;
-	struct hkv_item_info info;
-	size_t vlen;
-	int rc = get_one(x, h, r->key, r->klen, &vlen, &info);
 
-	if (rc)
-		return rc;
-	if (info.version != r->meta.cas)
-		return HKV_EVERSION;
-	return checked(x, hkv_append(h, r->key, r->klen, r->data, r->dlen, prepend));
+	return checked(x, hkv_append_if(h, r->key, r->klen, r->data, r->dlen, prepend,
+					r->meta.cas));
 }
 
 static int ms_store(struct ctx *x, struct hkv_client *h)
@@ -966,24 +960,17 @@ static void process_ms(struct ctx *x)
 	}
 }
 
-/* md C: the library has no versioned delete; check, then delete. */
+/* md [C]: with C, delete only the item of that version (one atomic step). */
 static void process_md(struct ctx *x)
 {
 	const struct mc_req *r = x->r;
 	struct hkv_client *h = handle(x);
-	struct hkv_item_info info;
-	size_t vlen;
-	int rc = 0;
+	int rc;
 
 	if (!h)
 		return;
-	if (has(r, 'C')) {
-		rc = get_one(x, h, r->key, r->klen, &vlen, &info);
-		if (!rc && info.version != r->meta.cas)
-			rc = HKV_EVERSION;
-	}
-	if (!rc)
-		rc = checked(x, hkv_delete(h, r->key, r->klen));
+	rc = checked(x, has(r, 'C') ? hkv_delete_if(h, r->key, r->klen, r->meta.cas)
+				    : hkv_delete(h, r->key, r->klen));
 	switch (rc) {
 	case 0: meta_status(x, "HD", NULL, has(r, 'q')); break;
 	case HKV_ENOTFOUND: meta_status(x, "NF", NULL, 0); break;
