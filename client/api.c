@@ -513,7 +513,7 @@ static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t
  * with a usable cached location has its block read, any other its two
  * buckets. So warm keys take one round trip and cold ones two, however
  * many there are, as long as a round's READs fit: the room of a round is
- * the send queue's (the connection's sq_depth, 256 work requests: one
+ * the send queue's (the connection's sq_depth, 1024 work requests: one
  * warm key takes 1, a cold key 2 and then 1 per candidate, usually 1) and
  * the read buffer's (read_cap: a bucket pair is 256 B, a block its class).
  * A larger batch takes one more round trip per round it overflows into

@@ -579,7 +579,7 @@ static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, voi
 	if (first)
 		return first;
 	for (uint32_t i = 0; i < r->nm; i++) {
-		struct hkv_client *h;
+		struct hkv_client *h = NULL; /* (set when member_handle succeeds) */
 		int ret = member_handle(r, i, &h);
 
 		if (!ret)
