@@ -909,8 +909,12 @@ int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 
 	if (pd->posted) {
 		ret = hkv_conn_wait(c->conn, NULL, 1); /* (a chain of READs: one completion) */
-		if (ret)
+		if (ret) {
+			for (size_t j = 0; j < n; j++)
+				if (j >= ch->end || items[j].status == CONFLICT)
+					items[j].status = ret;
 			return op_end(c, &pd->sc, ret);
+		}
 	}
 	ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
 	if (ret) {
@@ -950,8 +954,11 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 	if (c->router)
 		return hkv_router_mget(c, items, n);
 	ret = hkv_revive(c);
-	if (ret)
+	if (ret) { /* every item says why, as after a failed chain */
+		for (size_t j = 0; j < n; j++)
+			items[j].status = ret;
 		return ret;
+	}
 	op_begin(c, &sc, HKV_OP_MGET);
 	ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
 	if (ret) {
