@@ -127,6 +127,7 @@ struct hkv_pipe {
 	struct hkv_pipe_op **fin;
 	unsigned nfin;
 	unsigned pending; /* submitted and not handed back */
+	int peak;         /* most lanes busy at once (hkv_pipe_peak) */
 };
 
 /* ---- switching ------------------------------------------------------------ */
@@ -264,6 +265,8 @@ static void dequeue(struct hkv_pipe *p, unsigned i)
 /* Give free lanes the first queued operations that may start. */
 static void start_ops(struct hkv_pipe *p)
 {
+	int busy = 0;
+
 	for (int j = 0; j < p->depth && p->qlen; j++) {
 		struct lane *l = &p->lanes[j];
 
@@ -277,6 +280,15 @@ static void start_ops(struct hkv_pipe *p)
 			break;
 		}
 	}
+	for (int j = 0; j < p->depth; j++)
+		busy += p->lanes[j].op != NULL;
+	if (busy > p->peak)
+		p->peak = busy;
+}
+
+HKV_EXPORT int hkv_pipe_peak(const struct hkv_pipe *p)
+{
+	return p->peak;
 }
 
 /* Resume every busy lane once; collect what finished. */

@@ -327,6 +327,9 @@ HKV_EXPORT int hkv_pipe_submit(struct hkv_pipe *p, struct hkv_pipe_op *op);
 HKV_EXPORT int hkv_pipe_poll(struct hkv_pipe *p, struct hkv_pipe_op **done, int max);
 /* Submitted and not yet returned by hkv_pipe_poll(). */
 HKV_EXPORT int hkv_pipe_pending(const struct hkv_pipe *p);
+/* The most operations that were running on lanes at once since open
+ * (how deep the pipe really got: operations on one key run one by one). */
+HKV_EXPORT int hkv_pipe_peak(const struct hkv_pipe *p);
 /* The lanes' counters, added up. */
 HKV_EXPORT void hkv_pipe_stats(const struct hkv_pipe *p, struct hkv_client_stats *out);
 

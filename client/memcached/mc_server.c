@@ -71,6 +71,7 @@ struct worker {
 	struct bufs *lane_bufs;
 	struct event *pump;
 	struct conn *wait_head, *wait_tail; /* passes the pipe had no room for */
+	int pipe_peak;              /* published hkv_pipe_peak() (stats: relaxed) */
 	struct event *flush_ev;     /* this worker's delayed flush_all (see process_flush) */
 	uint64_t flush_gen;         /* the pending flush it was armed for */
 	struct mc_counters ctr;
@@ -117,6 +118,7 @@ struct conn {
 	struct conn *wait_next;
 	int lane;                   /* the lane running its pass (-1: none) */
 	struct hkv_client *lane_h;  /* and its handle */
+	struct conn *self;          /* its own address: the bytes of its pipe key */
 };
 
 /* What a process_* function works with. */
@@ -192,6 +194,7 @@ static void publish_stats(struct worker *w)
 	if (w->pipe) {
 		hkv_pipe_stats(w->pipe, &lanes);
 		stats_add(&st, &lanes);
+		__atomic_store_n(&w->pipe_peak, hkv_pipe_peak(w->pipe), __ATOMIC_RELAXED);
 	}
 	pthread_mutex_lock(&w->lock);
 	w->snap = st;
@@ -767,6 +770,16 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	STAT_U("hkv_cache_misses", h.cache_misses);
 	STAT_U("hkv_corrupt_reads", h.corrupt_reads);
 	STAT_U("hkv_lost_server", c.hkv_errors);
+	{
+		int peak = 1; /* requests in flight at once on one worker, at most */
+
+		for (int i = 0; i < s->nworkers; i++) {
+			int p = __atomic_load_n(&s->workers[i].pipe_peak, __ATOMIC_RELAXED);
+
+			peak = p > peak ? p : peak;
+		}
+		STAT_U("hkv_in_flight_peak", peak);
+	}
 	for (int i = 0; i < HKV_OP_NTYPES; i++) {
 		const struct hkv_op_stats *o = &h.op[i];
 
@@ -1252,7 +1265,8 @@ static void pump_arm(struct worker *w)
 /* Submit c's pass; 0, or -EAGAIN when the pipe is full (it waits its turn). */
 static int conn_submit(struct conn *c)
 {
-	c->op = (struct hkv_pipe_op){.kind = HKV_PIPE_CALL, .key = &c->op, .klen = sizeof(void *),
+	c->self = c; /* the pipe's key: these bytes, the connection's address */
+	c->op = (struct hkv_pipe_op){.kind = HKV_PIPE_CALL, .key = &c->self, .klen = sizeof(c->self),
 				     .call = conn_call, .user = c};
 	if (hkv_pipe_submit(c->w->pipe, &c->op))
 		return -EAGAIN;

@@ -110,6 +110,10 @@ def main():
                   "order, no connection failed" % depth)
             check(counters == want, "depth %d: shared counters %s = incrs acknowledged %s" %
                   (depth, counters, want))
+            peak = int(stats[b"hkv_in_flight_peak"])
+            print("# depth %d: at most %d requests in flight at once on the worker" % (depth, peak))
+            check(peak > 1 if depth > 1 else peak == 1,
+                  "depth %d: connections' requests ran on %d lanes at once" % (depth, peak))
             if depth > 1:
                 # ms with the c flag returns the version of its own write, even with
                 # another connection writing the key at the same time on another lane
