@@ -65,7 +65,6 @@
 #include <rdma/rdma_cma.h>
 
 #include "client/client_int.h"
-#include "client/ops_int.h"
 #include "common/ctl_proto.h"
 #include "common/layout.h"
 #include "common/token.h"
@@ -3045,18 +3044,6 @@ static void test_unpublished_reclaimed(void)
 
 /* ---- test_move_takes_leftovers ------------------------------------------------------ */
 
-/* The segment of key's block as handle c finds it now (-1: not found). */
-static int64_t seg_of(struct hkv_client *c, const char *key)
-{
-	struct key k;
-	struct item it;
-	struct view v;
-
-	if (hkv_key_init(c, &k, key, strlen(key)) || hkv_find(c, &k, &it, &v))
-		return -1;
-	return (int64_t)((it.blk_off - c->g.data_off) / c->g.seg_size);
-}
-
 /*
  * A full store set up for a move of one segment (as test_flow
  * test_cas_across_move): S1 holds one item k-0 of class c1, S2 four items
@@ -3095,13 +3082,13 @@ static void move_stage(struct move_stage *m)
 	CHECK(v != NULL);
 	memset(v, 'k', STAGE_VLEN);
 	CHECK_RC(hkv_set(a, "k-0", 3, v, STAGE_VLEN, NULL), 0);
-	m->s1 = seg_of(a, "k-0");
+	m->s1 = hkvserver_seg_of(a, "k-0");
 	for (nkeys = 1; nkeys < 256 && ins2 < 4 && !ret; nkeys++) {
 		int64_t sg;
 
 		snprintf(key, sizeof(key), "k-%d", nkeys);
 		ret = hkv_set(a, key, strlen(key), v, STAGE_VLEN, NULL);
-		sg = seg_of(a, key);
+		sg = hkvserver_seg_of(a, key);
 		if (sg == m->s1) {
 			ins1++;
 		} else {
@@ -3237,7 +3224,7 @@ static void test_move_takes_leftovers(void)
 	CHECK(freed2[0] == 0 && freed2[1] == 0 && hkv_meta_state(meta) == HKV_BLK_PENDING);
 	CHECK_RC(hkv_get(m.c, "k-0", 3, got, sizeof(got), &n, NULL), 0);
 	CHECK(n == STAGE_VLEN && got[0] == 'k' && got[n - 1] == 'k');
-	CHECK(seg_of(m.c, "k-0") == m.s2);
+	CHECK(hkvserver_seg_of(m.c, "k-0") == m.s2);
 	CHECK_RC(hkv_get(m.c, "dead-pend", 9, got, sizeof(got), &n, NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_get(m.c, "dead-live", 9, got, sizeof(got), &n, NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_add(m.c, "dead-pend", 9, "new", 3, NULL), 0);

@@ -46,7 +46,6 @@
 #include <time.h>
 
 #include "client/client_int.h"
-#include "client/ops_int.h"
 #include "hatchkv.h"
 #include "tests/hkv_test.h"
 #include "tests/support/hkvserver.h"
@@ -518,18 +517,6 @@ static void test_sizes_over_time(void)
 	free(v);
 }
 
-/* The segment holding key's block as handle c finds it now (-1: not found). */
-static int64_t seg_of(struct hkv_client *c, const char *key)
-{
-	struct key k;
-	struct item it;
-	struct view v;
-
-	if (hkv_key_init(c, &k, key, strlen(key)) || hkv_find(c, &k, &it, &v))
-		return -1;
-	return (int64_t)((it.blk_off - c->g.data_off) / c->g.seg_size);
-}
-
 /*
  * A store: segment S1 holds one item K of class c1 and nothing else, S2 two
  * items of c1 and free blocks, every other segment one full largest-class
@@ -564,13 +551,13 @@ static void test_cas_across_move(void)
 	/* class c1 items until two land in a second segment */
 	memset(v, 'k', vlen);
 	CHECK_RC(hkv_set(a, "k-0", 3, v, vlen, NULL), 0);
-	s1 = seg_of(a, "k-0");
+	s1 = hkvserver_seg_of(a, "k-0");
 	for (nkeys = 1; nkeys < 64 && ins2 < 2; nkeys++) {
 		int64_t sg;
 
 		snprintf(key, sizeof(key), "k-%d", nkeys);
 		CHECK_RC(hkv_set(a, key, strlen(key), v, vlen, NULL), 0);
-		sg = seg_of(a, key);
+		sg = hkvserver_seg_of(a, key);
 		if (sg == s1) {
 			ins1++;
 		} else {
@@ -603,7 +590,7 @@ static void test_cas_across_move(void)
 	/* a class with no segment, in a full store: the server empties S1 */
 	memset(v, 'x', 1000);
 	CHECK_RC(hkv_set(c, "x", 1, v, 1000, NULL), 0);
-	s1_after = seg_of(c, "k-0");
+	s1_after = hkvserver_seg_of(c, "k-0");
 	printf("# a 1000 B set into the full store: k-0 now in segment %lld (was %lld); the server "
 	       "logged %d segment(s) emptied by moving items\n", (long long)s1_after,
 	       (long long)s1, hkvserver_log_count(&s, "live items moved") - moved0);

@@ -48,20 +48,6 @@ HKV_TEST_MAIN_DEFS;
 #define KEY       "stale-view"
 
 
-/* Where key's block is and its generation, as handle c finds it now (the
- * item's version is its write id: it does not say). */
-static void item_loc(struct hkv_client *c, const char *key, uint64_t *off, uint64_t *gen)
-{
-	struct key k;
-	struct item it;
-	struct view v;
-
-	*off = *gen = UINT64_MAX;
-	if (!hkv_key_init(c, &k, key, strlen(key)) && !hkv_find(c, &k, &it, &v)) {
-		*off = it.blk_off;
-		*gen = it.gen;
-	}
-}
 static int use_verbs;
 
 static int64_t now_ns(void)
@@ -127,7 +113,7 @@ static void churn_hook(struct hkv_client *c, enum hkv_test_point point)
 			fprintf(stderr, "churner: get: %s\n", hkv_strerror(ret));
 			return;
 		}
-		item_loc(st.churner, KEY, &off, &gen);
+		hkvserver_block_of(st.churner, KEY, &off, &gen);
 		if (off == st.off0 && gen != st.gen0 && (gen & 0x7ff) == (st.gen0 & 0x7ff)) {
 			st.aba = 1;
 			return;
@@ -182,7 +168,7 @@ static void setup(struct hkvserver *s, struct hkv_config **cfg)
 	CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1000), VLEN, NULL), 0);
 	st.next = 2000;
 	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
-	item_loc(st.writer, KEY, &st.off0, &st.gen0);
+	hkvserver_block_of(st.writer, KEY, &st.off0, &st.gen0);
 }
 
 static void teardown(struct hkvserver *s, struct hkv_config **cfg)
@@ -309,7 +295,7 @@ static void flush_hook(struct hkv_client *c, enum hkv_test_point point)
 		    hkv_get(st.churner, "flush-k2", 8, buf, sizeof(buf), &vlen, &info) != -ENOSPC)
 			return;
 		st.churned++;
-		item_loc(st.churner, "flush-k2", &off, &gen);
+		hkvserver_block_of(st.churner, "flush-k2", &off, &gen);
 		if (off == st.off0 && gen != st.gen0 && (gen & 0x7ff) == (st.gen0 & 0x7ff)) {
 			st.aba = 1;
 			return;
@@ -365,7 +351,7 @@ static void test_stale_flush(void)
 	tighten(st.churner, 4);
 	CHECK_RC(hkv_set(st.churner, "flush-k1", 8, number_value(0), VLEN, NULL), 0);
 	CHECK_RC(hkv_get(st.churner, "flush-k1", 8, buf, sizeof(buf), &vlen, &info), -ENOSPC);
-	item_loc(st.churner, "flush-k1", &st.off0, &st.gen0);
+	hkvserver_block_of(st.churner, "flush-k1", &st.off0, &st.gen0);
 	st.next = 5000;
 	hkv_test_hook = flush_hook;
 	ret = hkv_flush_all(st.writer);
@@ -377,7 +363,7 @@ static void test_stale_flush(void)
 	if (!found) {
 		uint64_t off, gen;
 
-		item_loc(st.churner, "flush-k2", &off, &gen);
+		hkvserver_block_of(st.churner, "flush-k2", &off, &gen);
 		freed = off == UINT64_MAX ? -1 : block_freed(off);
 	}
 	printf("# flush held after its index READ while k2 was set %d times (its block back at "

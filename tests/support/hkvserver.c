@@ -1,5 +1,7 @@
 /* hkvserver.c - see hkvserver.h. */
 #include "tests/support/hkvserver.h"
+#include "client/client_int.h"
+#include "client/ops_int.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -342,4 +344,27 @@ int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
 int set_str(struct hkv_client *c, const char *key, const char *val)
 {
 	return hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+}
+
+int hkvserver_block_of(struct hkv_client *c, const char *key, uint64_t *off, uint64_t *gen)
+{
+	struct key k;
+	struct item it;
+	struct view v;
+
+	*off = *gen = UINT64_MAX;
+	if (hkv_key_init(c, &k, key, strlen(key)) || hkv_find(c, &k, &it, &v))
+		return -1;
+	*off = it.blk_off;
+	*gen = it.gen;
+	return 0;
+}
+
+int64_t hkvserver_seg_of(struct hkv_client *c, const char *key)
+{
+	uint64_t off, gen;
+
+	if (hkvserver_block_of(c, key, &off, &gen))
+		return -1;
+	return (int64_t)((off - c->g.data_off) / c->g.seg_size);
 }

@@ -54,6 +54,12 @@ int hkvserver_log_count(const struct hkvserver *s, const char *what);
 int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,
 	    struct hkv_item_info *info);
 int set_str(struct hkv_client *c, const char *key, const char *val);
+/* Where key's block is (region offset) and its generation, as handle c
+ * finds it now (one lookup; no API names a block: tests only). 0, or -1 if
+ * not found (*off and *gen then UINT64_MAX). */
+int hkvserver_block_of(struct hkv_client *c, const char *key, uint64_t *off, uint64_t *gen);
+/* The segment holding key's block, as c finds it now (-1: not found). */
+int64_t hkvserver_seg_of(struct hkv_client *c, const char *key);
 /* Does the environment ask for / offer the verbs transport? */
 int hkvserver_want_verbs(int argc, char **argv);
 
