@@ -217,26 +217,34 @@ static int write_key(struct hkv_client *c, struct key *k, const void *key, size_
 	return ret ? ret : c->readonly ? -EPERM : 0;
 }
 
-static int store_op(struct hkv_client *c, const void *key, size_t klen, const void *val,
-		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
-		    uint64_t version, enum hkv_op op)
+/* A write of value v to key, counted as op (after routing). */
+static int store_value_op(struct hkv_client *c, const void *key, size_t klen, struct value *v,
+			  enum store_mode mode, uint64_t version, enum hkv_op op)
 {
-	HKV_ROUTE(c, key, klen, store_op(c, key, klen, val, vlen, opts, mode, version, op));
-	struct value v = {.p1 = val, .l1 = vlen};
 	struct op_scope sc;
 	struct key k;
 	int ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
-	if (vlen && !val)
+	if (v->l1 && !v->p1)
 		return -EINVAL;
+	op_begin(c, &sc, op);
+	return op_end(c, &sc, hkv_store_value(c, &k, mode, v, version));
+}
+
+static int store_op(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		    size_t vlen, const struct hkv_write_opts *opts, enum store_mode mode,
+		    uint64_t version, enum hkv_op op)
+{
+	HKV_ROUTE(c, key, klen, store_op(c, key, klen, val, vlen, opts, mode, version, op));
+	struct value v = {.p1 = val, .l1 = vlen};
+
 	if (opts) {
 		v.flags = opts->flags;
 		v.exptime = abs_exptime(opts->exptime);
 	}
-	op_begin(c, &sc, op);
-	return op_end(c, &sc, hkv_store_value(c, &k, mode, &v, version));
+	return store_value_op(c, key, klen, &v, mode, version, op);
 }
 
 /*
@@ -249,14 +257,8 @@ int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void 
 		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid)
 {
 	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid};
-	struct op_scope sc;
-	struct key k;
-	int ret = write_key(c, &k, key, klen);
 
-	if (ret)
-		return ret;
-	op_begin(c, &sc, HKV_OP_SET);
-	return op_end(c, &sc, hkv_store_value(c, &k, STORE_SET, &v, 0));
+	return store_value_op(c, key, klen, &v, STORE_SET, 0, HKV_OP_SET);
 }
 
 HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
@@ -905,19 +907,12 @@ int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 	struct mget_chain *ch = &pd->chain;
 	uint64_t mem[MG_STACK_WORDS];
 	struct mget_run r;
-	int ret;
+	/* (a chain of READs: one completion) */
+	int ret = pd->posted ? hkv_conn_wait(c->conn, NULL, 1) : 0;
 
-	if (pd->posted) {
-		ret = hkv_conn_wait(c->conn, NULL, 1); /* (a chain of READs: one completion) */
-		if (ret) {
-			for (size_t j = 0; j < n; j++)
-				if (j >= ch->end || items[j].status == CONFLICT)
-					items[j].status = ret;
-			return op_end(c, &pd->sc, ret);
-		}
-	}
-	ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
-	if (ret) {
+	if (!ret)
+		ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
+	if (ret) { /* every item not answered yet says why */
 		for (size_t j = 0; j < n; j++)
 			if (j >= ch->end || items[j].status == CONFLICT)
 				items[j].status = ret;
