@@ -1042,9 +1042,13 @@ static int flush_all(struct hkv_client *c)
 					 * died there: every find takes the entry as present (its
 					 * value), so it goes too. Only the slot: the block is its
 					 * retirer's (whose own slot CAS now fails), or the
-					 * sweep's once that client is gone. */
+					 * sweep's once that client is gone. No mark goes with
+					 * this CAS, so only from a young view (as the LIVE path's
+					 * remove: a stale one is passed over). */
 					struct hkv_wr wr = hkv_wr_cas(c, &c->atom[3], it.slot_off, s, 0);
 
+					if (!hkv_view_fresh(c, seen))
+						continue;
 					if ((ret = hkv_exec(c, &wr, 1)))
 						return op_end(c, &sc, ret);
 					continue;
