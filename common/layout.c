@@ -378,7 +378,7 @@ uint32_t hkv_block_crc(const struct hkv_block_hdr *h, const void *kv)
 	uint32_t crc = hkv_crc32c(0, &gen, 4);
 
 	crc = hkv_crc32c(crc, &h->vlen, 16); /* vlen, flags, klen, owner, exptime */
-	crc = hkv_crc32c(crc, &h->wid, 8);
+	crc = hkv_crc32c(crc, &h->wid, 16); /* wid, pred */
 	return hkv_crc32c(crc, kv, (size_t)h->klen + h->vlen);
 }
 

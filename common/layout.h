@@ -39,9 +39,14 @@
  *   24 u32 exptime  absolute Unix seconds, 0 = never
  *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
  *                   (readers refresh it; not in crc)
- *   32 u64 wid      write id: fresh (never 0) for each logical write, kept
- *                   when the item is copied or moved; the item's cas version
- *   40 key bytes, then value bytes
+ *   32 u64 wid      write id: fresh (never 0, below 2^63) for each logical
+ *                   write, kept when the item is copied or moved; the item's
+ *                   cas version
+ *   40 u64 pred     replicated writes (client/replica.c): bits 0..62 the wid
+ *                   of the write this one replaced (0: the key was absent);
+ *                   bit 63 (HKV_PRED_TOMB) set: a tombstone, the key deleted
+ *                   (readers see a miss). 0 in an unreplicated store.
+ *   48 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
  *   about to be by the writer that marked it), 3 pending (an insert not yet
  *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the
@@ -61,12 +66,12 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 4 /* 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
+#define HKV_LAYOUT_VERSION 5 /* 5: pred (replication) in blocks; 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
 #define HKV_BLOCK_ALIGN    64
-#define HKV_BLOCK_HDR      40
+#define HKV_BLOCK_HDR      48
 #define HKV_MAX_KEY        250
 #define HKV_NCLASSES_MAX   128
 #define HKV_MAX_CLIENTS    65535
@@ -186,8 +191,17 @@ struct hkv_block_hdr {
 	uint32_t exptime;
 	uint32_t atime;
 	uint64_t wid;
+	uint64_t pred;
 };
 _Static_assert(sizeof(struct hkv_block_hdr) == HKV_BLOCK_HDR, "block header size");
+
+#define HKV_PRED_TOMB (1ull << 63) /* in pred: this block is a tombstone */
+#define HKV_WID_MASK  (HKV_PRED_TOMB - 1)
+
+static inline int hkv_block_tomb(const struct hkv_block_hdr *h)
+{
+	return !!(h->pred & HKV_PRED_TOMB);
+}
 
 static inline uint64_t hkv_meta_make(enum hkv_block_state st, uint32_t cls, uint32_t gen)
 {
