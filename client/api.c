@@ -14,6 +14,7 @@
 #include "client/client_int.h"
 #include "client/copy.h"
 #include "client/ops_int.h"
+#include "client/replica.h"
 #include "common/hkv_alloc.h"
 #include "common/transport_int.h"
 
@@ -159,9 +160,12 @@ static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
 	struct view view;
 	int ret = hkv_find(c, k, it, &view);
 
-	if (!ret && hkv_item_expired(it)) {
-		/* a miss; reclaim its memory now (one round trip, expired hits only) */
-		if (!c->readonly && it->state == HKV_BLK_LIVE &&
+	if (!ret && hkv_block_tomb(hkv_item_hdr(it))) {
+		ret = HKV_ENOTFOUND; /* a replicated delete */
+	} else if (!ret && hkv_item_expired(it)) {
+		/* a miss; reclaim its memory now (one round trip, expired hits only;
+		 * never on a replica, which only replicated writes change) */
+		if (!c->readonly && !c->repl_member && it->state == HKV_BLK_LIVE &&
 		    hkv_publish_remove(c, it, NULL) == 0)
 			c->stats.expired_reclaimed++;
 		hkv_cache_drop(c->cache, k->h);
@@ -176,6 +180,8 @@ HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, 
 			    size_t *vlen, struct hkv_item_info *info)
 {
 	HKV_ROUTE_READ(c, key, klen, hkv_get_view(c, key, klen, val, vlen, info));
+	if (c->repl)
+		c = hkv_repl_primary(c); /* the one replica read */
 	struct op_scope sc;
 	struct item it;
 	struct key k;
@@ -244,6 +250,12 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 		v.flags = opts->flags;
 		v.exptime = abs_exptime(opts->exptime);
 	}
+	if (c->repl) {
+		struct repl_op rop = {.kind = REPL_STORE, .op = op, .mode = mode,
+				      .version = version, .v = &v};
+
+		return vlen && !val ? -EINVAL : hkv_repl_write(c, key, klen, &rop);
+	}
 	return store_value_op(c, key, klen, &v, mode, version, op);
 }
 
@@ -291,7 +303,14 @@ static int modify_op(struct hkv_client *c, const void *key, size_t klen, rmw_fn 
 	HKV_ROUTE(c, key, klen, modify_op(c, key, klen, fn, arg, op));
 	struct op_scope sc;
 	struct key k;
-	int ret = write_key(c, &k, key, klen);
+	int ret;
+
+	if (c->repl) {
+		struct repl_op rop = {.kind = REPL_MODIFY, .op = op, .fn = fn, .arg = arg};
+
+		return hkv_repl_write(c, key, klen, &rop);
+	}
+	ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
@@ -390,7 +409,15 @@ static int delete_op(struct hkv_client *c, const void *key, size_t klen, const u
 	struct retry rt;
 	struct op_scope sc;
 	struct key k;
-	int ret = write_key(c, &k, key, klen);
+	int ret;
+
+	if (c->repl) {
+		struct repl_op rop = {.kind = REPL_DELETE, .op = HKV_OP_DELETE,
+				      .version = version ? *version : 0, .has_version = !!version};
+
+		return hkv_repl_write(c, key, klen, &rop);
+	}
+	ret = write_key(c, &k, key, klen);
 
 	if (ret)
 		return ret;
@@ -427,7 +454,7 @@ static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const stru
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 
-	if (hkv_item_expired(it)) {
+	if (hkv_item_expired(it) || hkv_block_tomb(h)) {
 		struct key k;
 
 		if (!hkv_key_init(c, &k, m->key, m->klen))
@@ -948,6 +975,8 @@ HKV_EXPORT int hkv_mget(struct hkv_client *c, struct hkv_mget_item *items, size_
 
 	if (c->router)
 		return hkv_router_mget(c, items, n);
+	if (c->repl)
+		return hkv_mget(hkv_repl_primary(c), items, n);
 	ret = hkv_revive(c);
 	if (ret) { /* every item says why, as after a failed chain */
 		for (size_t j = 0; j < n; j++)
@@ -1070,6 +1099,8 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 
 	if (c->router)
 		return hkv_router_flush_all(c);
+	if (c->repl)
+		return -ENOTSUP; /* (a flush must be replicated deletes, key by key: not yet) */
 	ret = hkv_revive(c);
 	if (ret)
 		return ret;
@@ -1083,6 +1114,8 @@ HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *
 
 	if (c->router)
 		return hkv_router_count_items(c, items, bytes);
+	if (c->repl)
+		return hkv_count_items(hkv_repl_primary(c), items, bytes);
 	ret = hkv_revive(c);
 
 	*items = *bytes = 0;

@@ -51,6 +51,8 @@ struct hkv_config {
 	int timeout_ms;
 	size_t max_value;
 	size_t cache_entries;
+	int replicas; /* hkv_config_set_replicas (0, 1: none) */
+	struct hkv_config *repl_sub[HKV_MAX_SERVERS]; /* each server's own (replica.c) */
 };
 
 /* ---- location cache (cache.c), shared by the handles of one config ---- */
@@ -195,6 +197,10 @@ struct hkv_client {
 
 	struct hkv_client_stats stats;
 	struct hkv_router *router; /* a cluster handle (router.c): the rest is unused */
+	struct hkv_repl *repl;     /* a replicated handle (replica.c): the rest, but for the
+				    * op counters and the write ids, is unused */
+	int repl_member;           /* one replica's handle: never removes an expired item
+				    * on a read (replicas change only by replicated writes) */
 	/* set by the router for the operation it hands this handle: key's hash
 	 * under the cluster's secret, which is this region's too (one SipHash) */
 	const void *pre_key;
@@ -367,6 +373,9 @@ enum hkv_test_point {
 	HKV_TP_FLUSH_METAS,        /* flush_all: a chunk of the index read, its metas not yet */
 	HKV_TP_UNDO_STALE,         /* a stale swing found: the slot is ours, not yet undone */
 	HKV_TP_RETRY,              /* an operation lost a race and is about to try again */
+	HKV_TP_REPL_DECIDED,       /* a replicated write won on the deciding replica (the
+				    * last), not yet on the others (c: the replicated handle) */
+	HKV_TP_REPL_STEP,          /* ... and holds on one more replica, not yet the primary */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a

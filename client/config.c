@@ -38,6 +38,8 @@ HKV_EXPORT void hkv_config_free(struct hkv_config *cfg)
 		hkv_free(cfg->servers[i]);
 	hkv_free(cfg->token);
 	hkv_free(cfg->token_file);
+	for (int i = 0; i < HKV_MAX_SERVERS; i++)
+		hkv_config_free(cfg->repl_sub[i]);
 	hkv_cache_unref(cfg->cache);
 	hkv_caches_unref(cfg->cluster_caches);
 	pthread_mutex_destroy(&cfg->lock);
@@ -68,6 +70,14 @@ HKV_EXPORT int hkv_config_add_server(struct hkv_config *cfg, const char *uri)
 	if (set_string(&cfg->servers[cfg->nservers], uri))
 		return -ENOMEM;
 	cfg->nservers++;
+	return 0;
+}
+
+HKV_EXPORT int hkv_config_set_replicas(struct hkv_config *cfg, int r)
+{
+	if (r < 1 || r > 3)
+		return -EINVAL;
+	cfg->replicas = r;
 	return 0;
 }
 

@@ -22,6 +22,7 @@
 #include <sodium.h>
 
 #include "client/client_int.h"
+#include "client/replica.h"
 #include "common/ctl_proto.h"
 #include "common/hkv_alloc.h"
 #include "common/log.h"
@@ -452,6 +453,8 @@ HKV_EXPORT int hkv_open(const struct hkv_config *cfg, struct hkv_client **out)
 		return -ENOMEM;
 	if (cfg->nservers == 0)
 		return -EINVAL;
+	if (cfg->replicas > 1)
+		return hkv_repl_open(cfg, out);
 	if (cfg->nservers > 1)
 		return -ENOTSUP; /* a list of servers: use a cluster (etcd://) instead */
 	if (!strncmp(cfg->servers[0], "etcd://", 7))
@@ -532,6 +535,10 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 		hkv_free(c);
 		return;
 	}
+	if (c->repl) {
+		hkv_repl_close(c);
+		return;
+	}
 	if (c->conn && !c->conn->error && c->classes)
 		hkv_alloc_release(c);
 	hkv_alloc_fini(c);
@@ -551,6 +558,10 @@ HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_s
 		hkv_router_stats(c, out);
 		return;
 	}
+	if (c->repl) {
+		hkv_repl_stats(c, out);
+		return;
+	}
 	*out = c->stats;
 }
 
@@ -559,6 +570,10 @@ HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_tr
 {
 	if (c->router) {
 		hkv_router_totals(c, round_trips, bytes_read, bytes_written);
+		return;
+	}
+	if (c->repl) {
+		hkv_repl_totals(c, round_trips, bytes_read, bytes_written);
 		return;
 	}
 	*round_trips = c->conn->stats.round_trips;
@@ -572,6 +587,8 @@ HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_in
 		hkv_router_server_info(c, out);
 		return;
 	}
+	if (c->repl)
+		c = hkv_repl_primary(c);
 	*out = (struct hkv_server_info){
 		.region_bytes = c->g.total_size,
 		.index_slots = c->g.nbuckets * HKV_BUCKET_SLOTS,

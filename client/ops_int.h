@@ -88,6 +88,7 @@ struct value {
 	size_t l1, l2;
 	uint32_t flags, exptime;
 	uint64_t wid; /* 0: a new write (a fresh id); else the write this value keeps */
+	uint64_t pred; /* the block's pred word (replicated writes; else 0) */
 };
 
 static inline uint64_t hkv_slot_off_of(const struct hkv_client *c, const struct key *k, int pos)
@@ -237,11 +238,20 @@ int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct
 
 /* ---- stores and read-modify-write (write.c) ----------------------------------- */
 
-enum store_mode { STORE_SET, STORE_ADD, STORE_REPLACE, STORE_CAS };
+/* STORE_EXACT (one replica's step of a replicated write, client/replica.c):
+ * only if the key's entry - expired or not, a tombstone or not - has write
+ * id `version`, or with version 0 only if the key has no entry at all; else
+ * HKV_EVERSION. */
+enum store_mode { STORE_SET, STORE_ADD, STORE_REPLACE, STORE_CAS, STORE_EXACT };
 
-/* Store v under k (mode; version for STORE_CAS), retrying on races. 0 or <0. */
+/* Store v under k (mode; version for STORE_CAS and STORE_EXACT), retrying on
+ * races. 0 or <0. */
 int hkv_store_value(struct hkv_client *c, const struct key *k, enum store_mode mode,
 		    const struct value *v, uint64_t version);
+/* The same, STORE_EXACT first trying to replace the item `at` (a view of the
+ * key's entry the caller read; NULL: none). */
+int hkv_store_value_at(struct hkv_client *c, const struct key *k, enum store_mode mode,
+		       const struct value *v, uint64_t version, const struct item *at);
 
 /* Builds the new value of an item from the old one into *v (may use scratch). */
 typedef int (*rmw_fn)(struct hkv_client *c, const struct item *old, struct value *v, void *arg);

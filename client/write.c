@@ -38,6 +38,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	h->exptime = v->exptime;
 	h->owner = (uint16_t)c->client_id;
 	h->wid = v->wid ? v->wid : hkv_next_wid(c);
+	h->pred = v->pred;
 	memcpy(c->wblk + HKV_BLOCK_HDR, k->p, k->len);
 	if (v->l1)
 		memmove(c->wblk + HKV_BLOCK_HDR + k->len, v->p1, v->l1);
@@ -200,7 +201,9 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 	*written = 1; /* the new block went out with the bucket reads */
 	if (ret && ret != HKV_ENOTFOUND)
 		return ret;
-	if (!ret && !hkv_item_expired(&it)) {
+	if (mode == STORE_EXACT && (ret ? version != 0 : hkv_item_version(&it) != version))
+		return HKV_EVERSION;
+	if (!ret && (mode == STORE_EXACT || !hkv_item_expired(&it))) {
 		/* there again: a later absence is someone's delete, not our eviction */
 		c->op_key_evicted = 0;
 		if (mode == STORE_ADD)
@@ -236,21 +239,37 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 int hkv_store_value(struct hkv_client *c, const struct key *k, enum store_mode mode,
 		    const struct value *v, uint64_t version)
 {
+	return hkv_store_value_at(c, k, mode, v, version, NULL);
+}
+
+int hkv_store_value_at(struct hkv_client *c, const struct key *k, enum store_mode mode,
+		       const struct value *v, uint64_t version, const struct item *at)
+{
 	uint64_t slot, slot_off = 0, keep = 0;
 	struct hkv_loc lc;
 	struct retry rt;
 	uint32_t blen;
 	int ret, written = 0;
 
-	if ((mode == STORE_CAS || mode == STORE_REPLACE) && hkv_cached_loc(c, k, &lc, 0) &&
+	if ((mode == STORE_CAS || mode == STORE_REPLACE || mode == STORE_EXACT) &&
+	    hkv_cached_loc(c, k, &lc, 0) &&
 	    lc.key_ok == 1)
 		keep = hkv_slot_off(lc.slot); /* keep the item it acts on */
 	c->op_key_evicted = 0;
 	ret = build_block(c, k, v, keep, &slot, &blen);
 	if (ret)
 		return ret;
-	ret = mode == STORE_SET ? store_warm(c, k, slot, blen, &slot_off) : NO_CACHE;
-	if (ret == NO_CACHE && mode == STORE_SET) {
+	ret = NO_CACHE;
+	if (at && mode == STORE_EXACT && version && hkv_item_version(at) == version) {
+		/* the caller's own view of the entry (checked fresh in the post) */
+		slot_off = at->slot_off;
+		ret = hkv_publish_replace(c, at, slot, blen, 1);
+		if (ret > 0)
+			hkv_cache_drop(c->cache, k->h);
+	} else if (mode == STORE_SET) {
+		ret = store_warm(c, k, slot, blen, &slot_off);
+	}
+	if (ret == NO_CACHE && (mode == STORE_SET || (mode == STORE_EXACT && version))) {
 		struct item it;
 
 		/* An old cache entry, or one whose key is too long to keep in it, is
@@ -259,7 +278,9 @@ int hkv_store_value(struct hkv_client *c, const struct key *k, enum store_mode m
 		 * than a cold find. */
 		if (hkv_find_warm(c, k, &it) == 0) {
 			slot_off = it.slot_off;
-			ret = hkv_publish_replace(c, &it, slot, blen, 1);
+			ret = mode == STORE_EXACT && hkv_item_version(&it) != version
+				      ? HKV_EVERSION
+				      : hkv_publish_replace(c, &it, slot, blen, 1);
 			if (ret > 0)
 				hkv_cache_drop(c->cache, k->h);
 		}

@@ -22,6 +22,7 @@ static const char *const hkv_messages[] = {
 	[16] = "value is not a number",
 	[17] = "no RDMA device or transport unavailable",
 	[18] = "the key's server is out of service; nothing was done",
+	[19] = "replicated write cut off: it may have taken effect (outcome unknown)",
 };
 
 HKV_EXPORT const char *hkv_strerror(int err)

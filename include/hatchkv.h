@@ -65,9 +65,22 @@ HKV_EXPORT void hkv_config_free(struct hkv_config *cfg);
  * follows its changes, and opens a connection per server when a key first
  * needs it; every per-key operation is the single-server protocol on the
  * key's server). One entry per config (hkv_open fails with -ENOTSUP for
- * more). The string is copied.
+ * more), except with hkv_config_set_replicas(). The string is copied.
  */
 HKV_EXPORT int hkv_config_add_server(struct hkv_config *cfg, const char *uri);
+/*
+ * Replicate every write on the servers added, r of them (2 or 3; 1, the
+ * default, is no replication), in the order added: the first is the
+ * primary, the only one read; the others are backups, the last the one
+ * that decides between racing writes. A write returns once it holds on
+ * every server, so losing any r - 1 of them loses no acknowledged write. A
+ * GET is still one RDMA READ of the primary. Membership is fixed: while a
+ * server is unreachable, writes fail - HKV_EUNKNOWN once one may have taken
+ * effect (it is finished by the next write of its key) - and, if it is the
+ * primary, reads too. Store-mode servers only. hkv_flush_all is not
+ * supported (-ENOTSUP). docs/design.md, "Replicas".
+ */
+HKV_EXPORT int hkv_config_set_replicas(struct hkv_config *cfg, int r);
 /* The shared secret, directly or from a file (read at hkv_open). Copied. */
 HKV_EXPORT int hkv_config_set_token(struct hkv_config *cfg, const char *token);
 HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *path);
@@ -252,6 +265,9 @@ struct hkv_client_stats {
 	 * (docs/design.md): detected after the fact, undone, retried; never a success */
 	uint64_t stale_undone;
 	uint64_t stale_views; /* writes that re-read the key: view older than the bound */
+	/* replicas (hkv_config_set_replicas): decided writes of others this
+	 * handle finished, and its own writes that returned HKV_EUNKNOWN */
+	uint64_t repl_helps, repl_unknown;
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -41,6 +41,9 @@ enum hkv_error {
 	HKV_ENODEV = -1017,         /* no RDMA device / transport unavailable */
 	HKV_EUNAVAILABLE = -1018,   /* cluster: the key's server is out of service
 				     * (gone, or refusing); nothing was done */
+	HKV_EUNKNOWN = -1019,       /* replicated write cut off after it may have
+				     * taken effect: it did, or will (the next
+				     * write of the key finishes it), or not */
 };
 
 /* Human-readable text for 0, -errno or HKV_E*; never NULL, static storage. */

@@ -1,0 +1,409 @@
+/*
+ * replica.c - replicated writes over a fixed list of servers
+ * (hkv_config_set_replicas): R0, the primary, is the only one read; the
+ * last, Rk, decides between racing writes. docs/design.md, "Replicas", has
+ * the argument; in short:
+ *
+ * Each replica keeps its own index, allocator and blocks; a write is the
+ * same logical write everywhere - one write id (wid), one pred (the wid it
+ * replaced, 0 for none; a delete leaves a tombstone, never an empty slot) -
+ * and moves every replica's entry of the key from pred to wid with a
+ * single-server STORE_EXACT step (write.c), which holds only while the
+ * entry is still exactly pred. The steps run Rk first, R0 last:
+ *
+ *   read R0 (its entry: wid a)  ->  Rk: a -> w (the decision)
+ *                               ->  R(k-1): a -> w ... R0: a -> w (takes effect)
+ *
+ * So on every replica a key's history is a sequence of distinct write ids,
+ * R0's a prefix of R1's ... a prefix of Rk's, Rk at most one write ahead:
+ * a write is decided only from the wid R0 holds, and R0 only ever takes a
+ * decided write. A writer that lost on Rk and finds there a write whose
+ * pred is R0's entry finishes it (copies it, same wid and pred, onto
+ * R(k-1) .. R0) after it stood HKV_HELP_MS, then tries again. A step that
+ * finds its replica already past a (EVERSION) needs nothing: someone
+ * finished this write there.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "client/client_int.h"
+#include "client/ops_int.h"
+#include "client/replica.h"
+#include "common/hkv_alloc.h"
+#include "common/log.h"
+#include "common/transport_int.h"
+
+struct hkv_repl {
+	int r;
+	struct hkv_client *h[HKV_MAX_REPLICAS]; /* [0] primary .. [r - 1] decider */
+	struct hkv_config *sub[HKV_MAX_REPLICAS]; /* one server each: its own location cache */
+	uint8_t *cur, *dec; /* block copies: R0's entry, the decider's */
+	size_t cap;
+	uint64_t pend_wid, pend_ns; /* a write seen pending on the decider, since when */
+};
+
+/* What a replica holds for a key: nothing, or an entry (its block in buf). */
+struct rstate {
+	int present;
+	uint64_t wid, pred; /* pred with HKV_PRED_TOMB */
+	struct item it;
+};
+
+static int is_transport_err(int ret)
+{
+	return ret == HKV_EDISCONNECTED || ret == HKV_ETIMEDOUT || ret == HKV_EREMOTE_ACCESS ||
+	       ret == HKV_EREMOTE_INVAL || ret == HKV_EFLUSHED || ret == HKV_ETRANSPORT;
+}
+
+/* The key on replica h, the connection up (re-hashed after a reconnect). */
+static int key_on(struct hkv_client *h, struct key *k, const void *key, size_t klen)
+{
+	uint64_t was = h->stats.reconnects;
+	int ret = hkv_key_init(h, k, key, klen);
+
+	if (!ret)
+		ret = hkv_revive(h);
+	if (!ret && h->stats.reconnects != was)
+		ret = hkv_key_init(h, k, key, klen);
+	return ret;
+}
+
+/* Read the key's entry on h (any state: live, expired, a tombstone) into st,
+ * its block copied to buf. cold: ask the index, not the location cache. */
+static int read_state(struct hkv_repl *rp, struct hkv_client *h, const void *key, size_t klen,
+		      uint8_t *buf, struct rstate *st, int cold)
+{
+	const struct hkv_block_hdr *hd;
+	struct view v;
+	struct key k;
+	size_t len;
+	int ret = key_on(h, &k, key, klen);
+
+	memset(st, 0, sizeof(*st));
+	if (ret)
+		return ret;
+	ret = cold ? hkv_find_cold(h, &k, &st->it, &v, NULL, 0) : hkv_find(h, &k, &st->it, &v);
+	if (ret == HKV_ENOTFOUND)
+		return 0;
+	if (ret)
+		return ret;
+	hd = hkv_item_hdr(&st->it);
+	len = HKV_BLOCK_HDR + (size_t)hd->klen + hd->vlen;
+	if (len > rp->cap)
+		return HKV_ETOOBIG; /* (every replica's blocks fit every handle: see open) */
+	memcpy(buf, st->it.blk, len);
+	st->it.blk = buf;
+	st->present = 1;
+	st->wid = hd->wid;
+	st->pred = hd->pred;
+	return 0;
+}
+
+/* One replica's step: the key's entry on h from write id `from` (0: none)
+ * to the write nv. 0, HKV_EVERSION (the entry is not `from`) or <0. */
+static int apply(struct hkv_client *h, const void *key, size_t klen, uint64_t from,
+		 const struct value *nv, const struct item *at)
+{
+	uint64_t was = h->stats.reconnects;
+	struct key k;
+	int ret = key_on(h, &k, key, klen);
+
+	if (!ret && h->readonly)
+		ret = -EPERM;
+	if (!ret) /* (at: the caller's view of the entry, if of this connection) */
+		ret = hkv_store_value_at(h, &k, STORE_EXACT, nv, from,
+					 h->stats.reconnects == was ? at : NULL);
+	return ret;
+}
+
+/* The write held in st (a block copy) as a value to copy: same wid and pred. */
+static struct value value_of(const struct rstate *st)
+{
+	const struct hkv_block_hdr *h = hkv_item_hdr(&st->it);
+
+	return (struct value){.p1 = st->it.blk + HKV_BLOCK_HDR + h->klen, .l1 = h->vlen,
+			      .flags = h->flags, .exptime = h->exptime, .wid = h->wid,
+			      .pred = h->pred};
+}
+
+/* Finish the write d found decided on the decider: copy it onto every
+ * other replica still at its pred, the primary last. 0 or <0. */
+static int help(struct hkv_client *c, const void *key, size_t klen, const struct rstate *d)
+{
+	struct hkv_repl *rp = c->repl;
+	struct value v = value_of(d);
+
+	for (int i = rp->r - 2; i >= 0; i--) {
+		int ret = apply(rp->h[i], key, klen, d->pred & HKV_WID_MASK, &v, NULL);
+
+		if (ret && ret != HKV_EVERSION)
+			return ret;
+	}
+	c->stats.repl_helps++;
+	return 0;
+}
+
+/* The op's new value from the primary's entry cur, or its answer (<0). */
+static int next_value(struct hkv_client *c, const struct repl_op *op, const struct rstate *cur,
+		      struct value *nv, int *tomb)
+{
+	int live = cur->present && !(cur->pred & HKV_PRED_TOMB) && !hkv_item_expired(&cur->it);
+
+	*tomb = 0;
+	switch (op->kind) {
+	case REPL_STORE:
+		if (op->mode == STORE_ADD && live)
+			return HKV_EEXISTS;
+		if ((op->mode == STORE_REPLACE || op->mode == STORE_CAS) && !live)
+			return HKV_ENOTFOUND;
+		if (op->mode == STORE_CAS && cur->wid != op->version)
+			return HKV_EVERSION;
+		*nv = *op->v;
+		return 0;
+	case REPL_MODIFY:
+		if (!live)
+			return HKV_ENOTFOUND;
+		return op->fn(c->repl->h[0], &cur->it, nv, op->arg);
+	case REPL_DELETE:
+		if (!live)
+			return HKV_ENOTFOUND;
+		if (op->has_version && cur->wid != op->version)
+			return HKV_EVERSION;
+		*nv = (struct value){0};
+		*tomb = 1;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static uint64_t conn_posts(const struct hkv_client *h)
+{
+	return h->conn->stats.posts;
+}
+
+static int write_once(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);
+
+/* A replicated write, counted as op: its round trips over every replica. */
+int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op)
+{
+	struct hkv_op_stats *o = &c->stats.op[op->op];
+	uint64_t rt0, rd0, wr0, rt1, rd1, wr1;
+	int ret;
+
+	hkv_repl_totals(c, &rt0, &rd0, &wr0);
+	ret = write_once(c, key, klen, op);
+	hkv_repl_totals(c, &rt1, &rd1, &wr1);
+	o->count++;
+	if (rt1 >= rt0 && rd1 >= rd0 && wr1 >= wr0) { /* (not across a reconnect) */
+		o->round_trips += rt1 - rt0;
+		o->bytes_read += rd1 - rd0;
+		o->bytes_written += wr1 - wr0;
+	}
+	return ret;
+}
+
+static int write_once(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op)
+{
+	struct hkv_repl *rp = c->repl;
+	struct hkv_client *hk = rp->h[rp->r - 1];
+	struct rstate cur, dec;
+	struct retry rt;
+	struct value nv;
+	uint64_t posts;
+	int ret, tomb;
+
+	hkv_retry_begin(&rt);
+	for (int attempt = 0;; attempt++) {
+		ret = read_state(rp, rp->h[0], key, klen, rp->cur, &cur, attempt > 0);
+		if (!ret)
+			ret = next_value(c, op, &cur, &nv, &tomb);
+		if (ret)
+			return ret;
+		nv.wid = hkv_next_wid(c); /* (a touch too: every write its own id) */
+		nv.pred = cur.wid | (tomb ? HKV_PRED_TOMB : 0);
+		posts = conn_posts(hk);
+		ret = apply(hk, key, klen, cur.wid, &nv, NULL);
+		if (!ret)
+			break;
+		if (ret != HKV_EVERSION)
+			/* a CAS may have gone out and been applied: then the write
+			 * is decided, and the next writer finishes it */
+			return is_transport_err(ret) && conn_posts(hk) != posts ? HKV_EUNKNOWN : ret;
+		/* Lost on the decider: to a write decided from what the primary
+		 * holds (not there yet: finish it once it stood HKV_HELP_MS), or
+		 * the primary moved on since we read it (look again). */
+		ret = read_state(rp, hk, key, klen, rp->dec, &dec, 1);
+		if (ret)
+			return ret;
+		if (dec.present && dec.wid != cur.wid && (dec.pred & HKV_WID_MASK) == cur.wid) {
+			uint64_t now = hkv_now_ns();
+
+			if (rp->pend_wid != dec.wid) {
+				rp->pend_wid = dec.wid;
+				rp->pend_ns = now;
+			} else if (now - rp->pend_ns >= HKV_HELP_MS * 1000000ull) {
+				if ((ret = help(c, key, klen, &dec)))
+					return ret;
+				rp->pend_wid = 0;
+			}
+		}
+		c->stats.op[op->op].retries++;
+		hkv_test_at(c, HKV_TP_RETRY);
+		if (hkv_retry_wait(rp->h[0], &rt))
+			return HKV_EAGAIN;
+	}
+	hkv_test_at(c, HKV_TP_REPL_DECIDED);
+	for (int i = rp->r - 2; i >= 0; i--) {
+		ret = apply(rp->h[i], key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
+		if (ret && ret != HKV_EVERSION) {
+			c->stats.repl_unknown++;
+			return HKV_EUNKNOWN; /* decided: the next write of the key finishes it */
+		}
+		if (i)
+			hkv_test_at(c, HKV_TP_REPL_STEP);
+	}
+	c->last_version = nv.wid;
+	return 0;
+}
+
+struct hkv_client *hkv_repl_primary(const struct hkv_client *c)
+{
+	return c->repl->h[0];
+}
+
+/* A config for one of cfg's servers, with cfg's settings (made once, kept
+ * by cfg: its location cache is that server's for every handle of cfg). */
+static struct hkv_config *sub_config(const struct hkv_config *cfg_in, int i, int *ret)
+{
+	struct hkv_config *cfg = (struct hkv_config *)cfg_in, *s;
+
+	pthread_mutex_lock(&cfg->lock);
+	s = cfg->repl_sub[i];
+	if (!s && (s = hkv_config_new())) {
+		*ret = hkv_config_add_server(s, cfg->servers[i]);
+		if (!*ret && cfg->token)
+			*ret = hkv_config_set_token(s, cfg->token);
+		if (!*ret && cfg->token_file)
+			*ret = hkv_config_set_token_file(s, cfg->token_file);
+		s->timeout_ms = cfg->timeout_ms;
+		s->max_value = cfg->max_value;
+		s->cache_entries = cfg->cache_entries;
+		if (*ret) {
+			hkv_config_free(s);
+			s = NULL;
+		} else {
+			cfg->repl_sub[i] = s;
+		}
+	} else if (!s) {
+		*ret = -ENOMEM;
+	}
+	pthread_mutex_unlock(&cfg->lock);
+	return s;
+}
+
+int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out)
+{
+	struct hkv_client *c;
+	struct hkv_repl *rp;
+	int ret = 0;
+
+	*out = NULL;
+	if (cfg->replicas != cfg->nservers || cfg->replicas > HKV_MAX_REPLICAS)
+		return -EINVAL;
+	for (int i = 0; i < cfg->nservers; i++)
+		if (!strncmp(cfg->servers[i], "etcd://", 7))
+			return -ENOTSUP; /* (a cluster's replicas come from its map: not yet) */
+	c = hkv_calloc(1, sizeof(*c));
+	rp = hkv_calloc(1, sizeof(*rp));
+	if (!c || !rp) {
+		hkv_free(c);
+		hkv_free(rp);
+		return -ENOMEM;
+	}
+	c->repl = rp;
+	c->timeout_ms = cfg->timeout_ms;
+	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
+	randombytes_buf(&c->wid_next, sizeof(c->wid_next));
+	rp->r = cfg->replicas;
+	for (int i = 0; i < rp->r && !ret; i++) {
+		struct hkv_config *s = sub_config(cfg, i, &ret);
+
+		if (s)
+			ret = hkv_open(s, &rp->h[i]);
+		if (ret)
+			break;
+		rp->h[i]->repl_member = 1;
+		if (hkv_cache_mode(rp->h[i])) {
+			hkv_warn("replicas: %s is a cache; replicas need store-mode servers",
+				 cfg->servers[i]);
+			ret = -ENOTSUP; /* a cache evicts on its own: replicas would differ */
+		}
+		if (rp->h[i]->max_block > rp->cap)
+			rp->cap = rp->h[i]->max_block;
+	}
+	if (!ret) {
+		c->max_value = rp->h[0]->max_value;
+		for (int i = 1; i < rp->r; i++)
+			if (rp->h[i]->max_value < c->max_value)
+				c->max_value = rp->h[i]->max_value;
+		rp->cur = hkv_malloc(rp->cap);
+		rp->dec = hkv_malloc(rp->cap);
+		if (!rp->cur || !rp->dec)
+			ret = -ENOMEM;
+	}
+	if (ret) {
+		hkv_repl_close(c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+}
+
+void hkv_repl_close(struct hkv_client *c)
+{
+	struct hkv_repl *rp = c->repl;
+
+	for (int i = 0; i < rp->r; i++)
+		hkv_close(rp->h[i]);
+	hkv_free(rp->cur);
+	hkv_free(rp->dec);
+	hkv_free(rp);
+	c->repl = NULL;
+	hkv_free(c);
+}
+
+/* Writes are counted by the replicated handle, reads by the primary's;
+ * the location cache and reconnects, summed over the replicas' handles. */
+void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out)
+{
+	const struct hkv_repl *rp = c->repl;
+
+	*out = c->stats;
+	for (int i = 0; i < rp->r; i++) {
+		const struct hkv_client_stats *s = &rp->h[i]->stats;
+
+		if (i == 0) { /* reads: the primary's own */
+			out->op[HKV_OP_GET] = s->op[HKV_OP_GET];
+			out->op[HKV_OP_MGET] = s->op[HKV_OP_MGET];
+		}
+		out->cache_hits += s->cache_hits;
+		out->cache_misses += s->cache_misses;
+		out->reconnects += s->reconnects;
+	}
+}
+
+void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr)
+{
+	const struct hkv_repl *rp = c->repl;
+
+	*rt = *rd = *wr = 0;
+	for (int i = 0; i < rp->r; i++) {
+		const struct hkv_conn_stats *s = &rp->h[i]->conn->stats;
+
+		*rt += s->round_trips;
+		*rd += s->bytes_read;
+		*wr += s->bytes_written;
+	}
+}

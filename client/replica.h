@@ -1,0 +1,43 @@
+/*
+ * replica.h - replicated writes over a fixed list of servers
+ * (hkv_config_set_replicas; client/replica.c). Not installed.
+ */
+#ifndef HKV_REPLICA_H
+#define HKV_REPLICA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/ops_int.h"
+
+#define HKV_MAX_REPLICAS 3
+/* A write found decided on the decider but not yet on the primary is
+ * finished by the next writer once it has stood this long (its own writer
+ * normally gets there in microseconds). */
+#define HKV_HELP_MS 50
+
+/* One replicated write: what it does to the primary's current entry. */
+enum repl_kind { REPL_STORE, REPL_MODIFY, REPL_DELETE };
+
+struct repl_op {
+	enum repl_kind kind;
+	enum hkv_op op;             /* counted as */
+	enum store_mode mode;       /* REPL_STORE: SET, ADD, REPLACE or CAS */
+	uint64_t version;           /* STORE_CAS; REPL_DELETE with has_version */
+	int has_version;
+	const struct value *v;      /* REPL_STORE: the new value (wid, pred: ours to set) */
+	rmw_fn fn;                  /* REPL_MODIFY: the new value from the old */
+	void *arg;
+};
+
+int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out);
+void hkv_repl_close(struct hkv_client *c);
+/* The replicated write op of key on the replicated handle c. 0 or <0, as the
+ * unreplicated operation returns; also HKV_EUNKNOWN (hatchkv_err.h). */
+int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);
+/* The primary's handle (reads go there). */
+struct hkv_client *hkv_repl_primary(const struct hkv_client *c);
+void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
+
+#endif /* HKV_REPLICA_H */
