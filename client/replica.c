@@ -37,6 +37,7 @@
 
 struct hkv_repl {
 	int r;
+	int owned; /* the replicas' handles are ours to close (not a router's) */
 	struct hkv_client *h[HKV_MAX_REPLICAS]; /* [0] primary .. [r - 1] decider */
 	struct hkv_config *sub[HKV_MAX_REPLICAS]; /* one server each: its own location cache */
 	uint8_t *cur, *dec; /* block copies: R0's entry, the decider's */
@@ -303,6 +304,51 @@ static struct hkv_config *sub_config(const struct hkv_config *cfg_in, int i, int
 	return s;
 }
 
+/* A replicated handle: its buffers hold any block of max_value. */
+static struct hkv_client *repl_new(int r, int timeout_ms, size_t max_value)
+{
+	struct hkv_client *c = hkv_calloc(1, sizeof(*c));
+	struct hkv_repl *rp = hkv_calloc(1, sizeof(*rp));
+
+	if (!c || !rp) {
+		hkv_free(c);
+		hkv_free(rp);
+		return NULL;
+	}
+	c->repl = rp;
+	c->timeout_ms = timeout_ms;
+	c->max_value = max_value;
+	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
+	randombytes_buf(&c->wid_next, sizeof(c->wid_next));
+	rp->r = r;
+	rp->cap = HKV_BLOCK_HDR + HKV_MAX_KEY + max_value;
+	rp->cur = hkv_malloc(rp->cap);
+	rp->dec = hkv_malloc(rp->cap);
+	if (!rp->cur || !rp->dec) {
+		hkv_repl_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+int hkv_repl_wrap(struct hkv_client *const *hs, int n, int timeout_ms, size_t max_value,
+		  struct hkv_client **out)
+{
+	struct hkv_client *c = repl_new(n, timeout_ms, max_value);
+
+	if (!c)
+		return -ENOMEM;
+	hkv_repl_members(c, hs);
+	*out = c;
+	return 0;
+}
+
+void hkv_repl_members(struct hkv_client *c, struct hkv_client *const *hs)
+{
+	for (int i = 0; i < c->repl->r; i++)
+		c->repl->h[i] = hs[i];
+}
+
 int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out)
 {
 	struct hkv_client *c;
@@ -315,18 +361,11 @@ int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out)
 	for (int i = 0; i < cfg->nservers; i++)
 		if (!strncmp(cfg->servers[i], "etcd://", 7))
 			return -ENOTSUP; /* (a cluster's replicas come from its map: not yet) */
-	c = hkv_calloc(1, sizeof(*c));
-	rp = hkv_calloc(1, sizeof(*rp));
-	if (!c || !rp) {
-		hkv_free(c);
-		hkv_free(rp);
+	c = repl_new(cfg->replicas, cfg->timeout_ms, cfg->max_value);
+	if (!c)
 		return -ENOMEM;
-	}
-	c->repl = rp;
-	c->timeout_ms = cfg->timeout_ms;
-	c->rng = hkv_now_ns() ^ (uint64_t)(uintptr_t)c;
-	randombytes_buf(&c->wid_next, sizeof(c->wid_next));
-	rp->r = cfg->replicas;
+	rp = c->repl;
+	rp->owned = 1;
 	for (int i = 0; i < rp->r && !ret; i++) {
 		struct hkv_config *s = sub_config(cfg, i, &ret);
 
@@ -340,18 +379,6 @@ int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out)
 				 cfg->servers[i]);
 			ret = -ENOTSUP; /* a cache evicts on its own: replicas would differ */
 		}
-		if (rp->h[i]->max_block > rp->cap)
-			rp->cap = rp->h[i]->max_block;
-	}
-	if (!ret) {
-		c->max_value = rp->h[0]->max_value;
-		for (int i = 1; i < rp->r; i++)
-			if (rp->h[i]->max_value < c->max_value)
-				c->max_value = rp->h[i]->max_value;
-		rp->cur = hkv_malloc(rp->cap);
-		rp->dec = hkv_malloc(rp->cap);
-		if (!rp->cur || !rp->dec)
-			ret = -ENOMEM;
 	}
 	if (ret) {
 		hkv_repl_close(c);
@@ -365,7 +392,7 @@ void hkv_repl_close(struct hkv_client *c)
 {
 	struct hkv_repl *rp = c->repl;
 
-	for (int i = 0; i < rp->r; i++)
+	for (int i = 0; rp->owned && i < rp->r; i++)
 		hkv_close(rp->h[i]);
 	hkv_free(rp->cur);
 	hkv_free(rp->dec);
@@ -400,7 +427,11 @@ void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uin
 
 	*rt = *rd = *wr = 0;
 	for (int i = 0; i < rp->r; i++) {
-		const struct hkv_conn_stats *s = &rp->h[i]->conn->stats;
+		const struct hkv_conn_stats *s;
+
+		if (!rp->h[i] || !rp->h[i]->conn)
+			continue;
+		s = &rp->h[i]->conn->stats;
 
 		*rt += s->round_trips;
 		*rd += s->bytes_read;

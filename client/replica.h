@@ -31,7 +31,13 @@ struct repl_op {
 };
 
 int hkv_repl_open(const struct hkv_config *cfg, struct hkv_client **out);
+/* Close it (and, if hkv_repl_open made them, the replicas' handles). */
 void hkv_repl_close(struct hkv_client *c);
+/* A replicated handle over n handles someone else owns (a router's), in
+ * list order; hkv_repl_members points it at them again (reopened). */
+int hkv_repl_wrap(struct hkv_client *const *hs, int n, int timeout_ms, size_t max_value,
+		  struct hkv_client **out);
+void hkv_repl_members(struct hkv_client *c, struct hkv_client *const *hs);
 /* The replicated write op of key on the replicated handle c. 0 or <0, as the
  * unreplicated operation returns; also HKV_EUNKNOWN (hatchkv_err.h). */
 int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);

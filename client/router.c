@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "client/client_int.h"
+#include "client/replica.h"
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
@@ -124,6 +125,14 @@ struct hkv_router {
 	struct rmember *m;
 	uint32_t nm;
 	uint32_t *part; /* partition -> member index */
+	/* a replicated store (map replicas > 1): one replicated handle per
+	 * replica list in use, over the members' handles (replica.c) */
+	struct rset {
+		uint16_t idx[HKV_MAX_REPLICAS];
+		uint32_t n;
+		struct hkv_client *h;
+	} *sets;
+	uint32_t nsets;
 	uint64_t reload_ns; /* last reload after a failed member */
 	const struct hkv_config *tmpl; /* a private copy of the user's config */
 
@@ -157,6 +166,15 @@ static void member_close(struct rmember *m)
 	hkv_config_free(m->cfg);
 	m->h = NULL;
 	m->cfg = NULL;
+}
+
+static void sets_free(struct hkv_router *r)
+{
+	for (uint32_t i = 0; i < r->nsets; i++)
+		hkv_repl_close(r->sets[i].h);
+	hkv_free(r->sets);
+	r->sets = NULL;
+	r->nsets = 0;
 }
 
 /* Read the members and point each server the map names at its endpoint. */
@@ -247,6 +265,7 @@ static int reload(struct hkv_router *r)
 		part[p] = map.repl[(size_t)p * map.replicas]; /* primaries; names == members */
 	hkv_free(r->part);
 	r->part = part;
+	sets_free(r); /* (member indexes changed) */
 	hkv_cmap_free(&r->map);
 	r->map = map;
 	hkv_debug("client: map epoch %lld, %u partitions on %u servers", (long long)map.epoch,
@@ -407,6 +426,73 @@ static int view_fresh(struct hkv_router *r, uint64_t now)
 	return now - atomic_load(&r->valid_ns) > lease ? HKV_EDISCONNECTED : 0;
 }
 
+/* Member i's handle, connected: 0 and *h, 1 (connected just now: read the
+ * view again before using it), or why not. */
+static int member_ready(struct hkv_router *r, uint32_t i, uint64_t now, struct hkv_client **h)
+{
+	int fresh = !r->m[i].h, ret = member_handle(r, i, h);
+
+	/* idle a while: ask whether its server closed us (a move's fence)
+	 * before posting; a busy handle finds out from its completions */
+	if (!ret && !(*h)->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
+		hkv_conn_check((*h)->conn);
+	r->m[i].used_ns = now;
+	if (!ret && (*h)->conn->error) {
+		fresh = 1;
+		ret = hkv_revive(*h);
+		if (ret) { /* open it anew next time: its error says more */
+			hkv_close(*h);
+			r->m[i].h = NULL;
+		}
+	}
+	return ret ? ret : fresh;
+}
+
+/* The replicated handle over partition p's replica list, its members'
+ * handles connected (*bad: the member that is not, on an error). */
+static int set_ready(struct hkv_router *r, uint32_t p, uint64_t now, struct hkv_client **out,
+		     uint32_t *bad)
+{
+	const uint16_t *list = r->map.repl + (size_t)p * r->map.replicas;
+	struct hkv_client *hs[HKV_MAX_REPLICAS];
+	uint32_t n = hkv_cmap_len(&r->map, p), k;
+	int fresh = 0;
+
+	for (uint32_t j = 0; j < n; j++) {
+		int ret = member_ready(r, list[j], now, &hs[j]);
+
+		if (ret < 0) {
+			*bad = list[j];
+			return ret;
+		}
+		fresh |= ret;
+		hs[j]->repl_member = 1;
+	}
+	if (fresh)
+		return 1;
+	for (k = 0; k < r->nsets; k++)
+		if (r->sets[k].n == n && !memcmp(r->sets[k].idx, list, n * sizeof(*list)))
+			break;
+	if (k == r->nsets) {
+		struct rset *v = hkv_realloc(r->sets, (r->nsets + 1) * sizeof(*v));
+		int ret;
+
+		if (!v)
+			return -ENOMEM;
+		r->sets = v;
+		ret = hkv_repl_wrap(hs, (int)n, r->tmpl->timeout_ms, r->tmpl->max_value,
+				    &v[k].h);
+		if (ret)
+			return ret;
+		memcpy(v[k].idx, list, n * sizeof(*list));
+		v[k].n = n;
+		r->nsets++;
+	}
+	hkv_repl_members(r->sets[k].h, hs);
+	*out = r->sets[k].h;
+	return 0;
+}
+
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out)
 {
@@ -418,8 +504,7 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 	for (;;) {
 		struct hkv_client *h = NULL;
 		uint64_t now = hkv_coarse_ns(), kh; /* the one clock read of a routed op */
-		uint32_t i;
-		int fresh;
+		uint32_t i, p;
 
 		if (!t->t0_ns)
 			t->t0_ns = now;
@@ -427,23 +512,16 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		if (ret)
 			return ret; /* no view of the cluster we can trust */
 		kh = hkv_cmap_hash(&r->map, key, klen);
-		i = r->part[hkv_cmap_partition_of(&r->map, kh)];
-		fresh = !r->m[i].h;
-		ret = member_handle(r, i, &h);
-		/* idle a while: ask whether its server closed us (a move's fence)
-		 * before posting; a busy handle finds out from its completions */
-		if (!ret && !h->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
-			hkv_conn_check(h->conn);
-		r->m[i].used_ns = now;
-		if (!ret && h->conn->error) {
-			fresh = 1;
-			ret = hkv_revive(h);
-			if (ret) { /* open it anew next time: its error says more */
-				hkv_close(h);
-				r->m[i].h = NULL;
-			}
+		p = hkv_cmap_partition_of(&r->map, kh);
+		i = r->part[p];
+		if (r->map.replicas > 1 && !t->read_only) {
+			ret = set_ready(r, p, now, &h, &i);
+		} else {
+			ret = member_ready(r, i, now, &h); /* (a read: the primary alone) */
+			if (!ret && r->map.replicas > 1)
+				h->repl_member = 1;
 		}
-		if (!ret && fresh) {
+		if (ret > 0) {
 			/* read the view again after connecting, then route on it (the
 			 * handle may be another one by then, or closed) */
 			ret = reload(r);
@@ -452,9 +530,9 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 			continue;
 		}
 		if (!ret) {
-			t->conn = h->conn;
-			t->posts = h->conn->stats.posts;
-			if (r->m[i].same_hash) { /* the operation hashes no more */
+			t->conn = h->conn; /* (NULL: a replicated handle) */
+			t->posts = h->conn ? h->conn->stats.posts : 0;
+			if (r->m[i].same_hash && !h->repl) { /* the operation hashes no more */
 				h->pre_key = key;
 				h->pre_hash = kh;
 			}
@@ -488,7 +566,15 @@ int hkv_route_again(struct hkv_client *rc, struct hkv_route_try *t, struct hkv_c
 
 	/* A read is tried again whatever it posted; any other operation only
 	 * if it posted nothing (its connection found gone at its first post):
-	 * then its outcome is known. */
+	 * then its outcome is known. A replicated write that returns
+	 * HKV_EDISCONNECTED decided nothing (else: HKV_EUNKNOWN). */
+	if (h->repl) {
+		if (now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
+			return 0;
+		atomic_store(&rc->router->dirty, 1);
+		nap_10ms();
+		return 1;
+	}
 	if (ret != HKV_EDISCONNECTED || h->conn != t->conn ||
 	    (!t->read_only && h->conn->stats.posts != t->posts) ||
 	    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
@@ -556,6 +642,7 @@ void hkv_router_close(struct hkv_client *c)
 		atomic_store(&r->stop, 1);
 		pthread_join(r->watcher, NULL); /* within one watch timeout */
 	}
+	sets_free(r);
 	for (uint32_t i = 0; i < r->nm; i++)
 		member_close(&r->m[i]);
 	hkv_free(r->m);
@@ -597,6 +684,8 @@ static int flush_one(struct hkv_client *h, void *arg)
 
 int hkv_router_flush_all(struct hkv_client *c)
 {
+	if (c->router->map.replicas > 1)
+		return -ENOTSUP; /* (as on any replicated handle) */
 	return each_member(c, flush_one, NULL);
 }
 

@@ -134,8 +134,10 @@ void hkv_cmap_free(struct hkv_cmap *map)
 {
 	hkv_free(map->names);
 	hkv_free(map->repl);
+	hkv_free(map->len);
 	map->names = NULL;
 	map->repl = NULL;
+	map->len = NULL;
 	map->nnames = 0;
 }
 
@@ -161,10 +163,10 @@ static int hex_key(const char *hex, uint8_t key[16])
 }
 
 int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
-			    uint8_t hash_key[16], int *store_mode)
+			    uint8_t hash_key[16], int *store_mode, uint32_t *replicas)
 {
 	json_object *o = parse(json, len);
-	uint64_t parts = 0;
+	uint64_t parts = 0, repl = 1; /* (identities from before replicas: 1) */
 	char hex[40], mode[8] = "cache"; /* (identities from before modes: cache) */
 	int ret = -EPROTO;
 
@@ -173,16 +175,22 @@ int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
 		mode[0] = 0;
 	if (o && !get_u64(o, "partitions", &parts) && parts && parts <= HKV_CLUSTER_MAX_PARTS &&
 	    !get_string(o, "hash_key", hex, sizeof(hex)) && !hex_key(hex, hash_key) &&
-	    (!strcmp(mode, "cache") || !strcmp(mode, "store"))) {
+	    (!strcmp(mode, "cache") || !strcmp(mode, "store")) &&
+	    (!json_object_object_get_ex(o, "replicas", NULL) ||
+	     (!get_u64(o, "replicas", &repl) && repl >= 1 && repl <= HKV_CLUSTER_MAX_REPLICAS)) &&
+	    (repl == 1 || !strcmp(mode, "store"))) {
 		*partitions = (uint32_t)parts;
 		*store_mode = !strcmp(mode, "store");
+		if (replicas)
+			*replicas = (uint32_t)repl;
 		ret = 0;
 	}
 	json_object_put(o);
 	return ret;
 }
 
-char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode)
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode,
+			       uint32_t replicas)
 {
 	json_object *o = json_object_new_object();
 	char hex[33];
@@ -193,6 +201,8 @@ char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], 
 	json_object_object_add(o, "partitions", json_object_new_int64(partitions));
 	json_object_object_add(o, "hash_key", json_object_new_string(hex));
 	json_object_object_add(o, "mode", json_object_new_string(store_mode ? "store" : "cache"));
+	if (replicas > 1)
+		json_object_object_add(o, "replicas", json_object_new_int64(replicas));
 	return dup_json(o);
 }
 
@@ -216,17 +226,22 @@ int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map)
 	map->replicas = (uint32_t)repl;
 	map->names = hkv_calloc(HKV_CLUSTER_MAX_SERVERS, sizeof(*map->names));
 	map->repl = hkv_calloc(parts * repl, sizeof(*map->repl));
-	if (!map->names || !map->repl) {
+	map->len = hkv_calloc(parts, 1);
+	if (!map->names || !map->repl || !map->len) {
 		ret = -ENOMEM;
 		goto out;
 	}
 	for (uint32_t p = 0; p < parts; p++) {
 		json_object *list = json_object_array_get_idx(arr, p);
 
+		size_t llen;
+
+		/* (shorter than `replicas` while a replica is lost: at least one) */
 		if (!json_object_is_type(list, json_type_array) ||
-		    json_object_array_length(list) != repl)
+		    (llen = json_object_array_length(list)) < 1 || llen > repl)
 			goto out;
-		for (uint32_t r = 0; r < repl; r++) {
+		map->len[p] = (uint8_t)llen;
+		for (uint32_t r = 0; r < llen; r++) {
 			json_object *s = json_object_array_get_idx(list, r);
 			int idx;
 
@@ -266,7 +281,7 @@ char *hkv_cmap_format(const struct hkv_cmap *map)
 	for (uint32_t p = 0; p < map->partitions; p++) {
 		json_object *list = json_object_new_array();
 
-		for (uint32_t r = 0; r < map->replicas; r++)
+		for (uint32_t r = 0; r < hkv_cmap_len(map, p); r++)
 			json_object_array_add(list, json_object_new_string(
 						map->names[map->repl[p * map->replicas + r]]));
 		json_object_array_add(arr, list);
@@ -292,16 +307,20 @@ int hkv_cmap_place(struct hkv_cmap *map, const char (*ids)[HKV_CLUSTER_ID_MAX], 
 	uint32_t r = map->replicas < n ? map->replicas : n;
 	char (*names)[HKV_CLUSTER_ID_MAX];
 	uint16_t *repl;
+	uint8_t *len;
 
 	if (!n || n > HKV_CLUSTER_MAX_SERVERS || !map->partitions || !r)
 		return -EINVAL;
 	names = hkv_calloc(n, sizeof(*names));
 	repl = hkv_calloc((size_t)map->partitions * r, sizeof(*repl));
-	if (!names || !repl) {
+	len = hkv_calloc(map->partitions, 1);
+	if (!names || !repl || !len) {
 		hkv_free(names);
 		hkv_free(repl);
+		hkv_free(len);
 		return -ENOMEM;
 	}
+	memset(len, (int)r, map->partitions);
 	for (uint32_t i = 0; i < n; i++)
 		memcpy(names[i], ids[i], HKV_CLUSTER_ID_MAX);
 	for (uint32_t p = 0; p < map->partitions; p++) {
@@ -331,8 +350,36 @@ int hkv_cmap_place(struct hkv_cmap *map, const char (*ids)[HKV_CLUSTER_ID_MAX], 
 	map->names = names;
 	map->nnames = n;
 	map->repl = repl;
+	map->len = len;
 	map->replicas = r;
 	return 0;
+}
+
+int hkv_cmap_holds(const struct hkv_cmap *map, uint32_t p, const char *id)
+{
+	for (uint32_t r = 0; r < hkv_cmap_len(map, p); r++)
+		if (!strcmp(hkv_cmap_server(map, p, r), id))
+			return 1;
+	return 0;
+}
+
+int hkv_cmap_drop(struct hkv_cmap *map, const char *id)
+{
+	int dropped = 0;
+
+	for (uint32_t p = 0; p < map->partitions; p++) {
+		uint16_t *list = map->repl + (size_t)p * map->replicas;
+		uint32_t n = hkv_cmap_len(map, p), k = 0;
+
+		if (n < 2 || !map->len)
+			continue; /* (a partition's last replica stays: unavailable, not lost) */
+		for (uint32_t r = 0; r < n; r++)
+			if (strcmp(map->names[list[r]], id))
+				list[k++] = list[r];
+		dropped += k != n;
+		map->len[p] = (uint8_t)k;
+	}
+	return dropped;
 }
 
 const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r)
@@ -363,7 +410,8 @@ uint32_t hkv_cmap_partition(const struct hkv_cmap *map, const void *key, size_t 
 }
 
 int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int store_if_new,
-			  uint32_t *partitions, uint8_t hash_key[16], int *store_mode)
+			  uint32_t replicas_if_new, uint32_t *partitions, uint8_t hash_key[16],
+			  int *store_mode, uint32_t *replicas)
 {
 	char key[300], *json;
 	struct hkv_etcd_kv *kvs;
@@ -377,12 +425,13 @@ int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int st
 			return ret;
 		if (n) {
 			ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, partitions, hash_key,
-						      store_mode);
+						      store_mode, replicas);
 			hkv_etcd_kvs_free(kvs, n);
 			return ret;
 		}
 		randombytes_buf(fresh, sizeof(fresh));
-		json = hkv_cmap_identity_format(partitions_if_new, fresh, store_if_new);
+		json = hkv_cmap_identity_format(partitions_if_new, fresh, store_if_new,
+						replicas_if_new);
 		if (!json)
 			return -ENOMEM;
 		ret = hkv_etcd_put_if(e, key, json, strlen(json), 0, 0, NULL);

@@ -13,8 +13,10 @@
  *   PREFIX/coordinator    NAME of the one server that recomputes the map,
  *                         under that server's lease (leadership)
  *   PREFIX/identity       {"partitions":64,"hash_key":"<32 hex>",
- *                          "mode":"cache"|"store"}, written once: every
- *                         map is made from it; every server runs the mode
+ *                          "mode":"cache"|"store","replicas":2}, written
+ *                         once: every map is made from it; every server
+ *                         runs the mode. replicas (store mode; 1 if
+ *                         absent): each partition's copies (client/replica.c)
  *   PREFIX/map            the partition map:
  *                         {"partitions":64,"replicas":1,"hash_key":"<32 hex>",
  *                          "map":[["a"],["b"],...]}
@@ -22,8 +24,9 @@
  * The map's epoch is etcd's mod_revision of PREFIX/map; it changes only
  * through a transaction that compares the revision the writer read. The
  * number of partitions is fixed when the map is first written. Each
- * partition has an ordered replica list (one server until replication;
- * the first is the primary).
+ * partition has an ordered replica list of 1..replicas distinct servers:
+ * the first is the primary (read), the last the decider (written first);
+ * shorter than replicas only after a server was lost (hkv_cmap_drop).
  *
  * Placement is rendezvous hashing (highest random weight): partition p goes
  * to the eligible servers with the highest weights h(hash_key, p, name). A
@@ -67,6 +70,7 @@ struct hkv_cmap {
 	uint32_t nnames;
 	char (*names)[HKV_CLUSTER_ID_MAX]; /* the servers the map names */
 	uint16_t *repl; /* partitions x replicas indexes into names */
+	uint8_t *len;   /* each partition's list length (NULL: all `replicas` long) */
 	int64_t epoch;  /* etcd mod_revision of PREFIX/map (0: not stored yet) */
 };
 
@@ -77,12 +81,14 @@ int hkv_cmember_parse(const char *json, size_t len, struct hkv_cmember *m);
 /* hkv_malloc'd JSON text, or NULL (errno). */
 char *hkv_cmember_format(const struct hkv_cmember *m);
 
+/* (replicas may be NULL) */
 int hkv_cmap_identity_parse(const char *json, size_t len, uint32_t *partitions,
-			    uint8_t hash_key[16], int *store_mode);
-char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode);
+			    uint8_t hash_key[16], int *store_mode, uint32_t *replicas);
+char *hkv_cmap_identity_format(uint32_t partitions, const uint8_t hash_key[16], int store_mode,
+			       uint32_t replicas);
 
 /* Parse PREFIX/map; every check a client relies on is made here (counts in
- * range, each list exactly `replicas` distinct known names). 0, -EPROTO
+ * range, each list 1..`replicas` distinct known names). 0, -EPROTO
  * (not a map), -ENOMEM. Free with hkv_cmap_free. */
 int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map);
 char *hkv_cmap_format(const struct hkv_cmap *map);
@@ -108,8 +114,18 @@ static inline uint32_t hkv_cmap_partition_of(const struct hkv_cmap *map, uint64_
  * or an error. */
 struct hkv_etcd;
 int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int store_if_new,
-			  uint32_t *partitions, uint8_t hash_key[16], int *store_mode);
-/* The name of partition p's replica r. */
+			  uint32_t replicas_if_new, uint32_t *partitions, uint8_t hash_key[16],
+			  int *store_mode, uint32_t *replicas);
+/* The name of partition p's replica r (r < hkv_cmap_len). */
 const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r);
+static inline uint32_t hkv_cmap_len(const struct hkv_cmap *map, uint32_t p)
+{
+	return map->len ? map->len[p] : map->replicas;
+}
+/* Is id on partition p's list (any position)? */
+int hkv_cmap_holds(const struct hkv_cmap *map, uint32_t p, const char *id);
+/* Take id off every list that has another server, keeping the order of the
+ * rest (a lost replica). How many lists changed. */
+int hkv_cmap_drop(struct hkv_cmap *map, const char *id);
 
 #endif /* HKV_CLUSTER_MAP_H */

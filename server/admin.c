@@ -188,7 +188,7 @@ static int store_mode(struct admin *a)
 	if (ret)
 		return ret;
 	if (n)
-		ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, &parts, hk, &store);
+		ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, &parts, hk, &store, NULL);
 	hkv_etcd_kvs_free(kvs, n);
 	return ret ? ret : store;
 }

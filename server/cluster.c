@@ -32,7 +32,9 @@ struct hkv_cluster {
 	char member_key[512], removed_key[512];
 	char *member_json;
 	int ttl_s;
-	uint32_t partitions;
+	uint32_t partitions, replicas;
+	uint32_t first_n;  /* replicated: members seen before the first map, since */
+	uint64_t first_ns;
 	pthread_t thr, kthr;
 	int kthr_started;
 	pthread_mutex_t lock;
@@ -193,11 +195,11 @@ static void etcd_trouble(uint64_t *log_ns, const char *what, int err)
 	hkv_warn("cluster: %s: %s", what, hkv_strerror(err));
 }
 
-/* Does id hold, in a, the primary of a partition that b gives to another? */
+/* Does id hold, in a, a partition that b does not place on it? */
 static int loses(const struct hkv_cmap *a, const struct hkv_cmap *b, const char *id)
 {
 	for (uint32_t p = 0; p < a->partitions && p < b->partitions; p++)
-		if (!strcmp(hkv_cmap_server(a, p, 0), id) && strcmp(hkv_cmap_server(b, p, 0), id))
+		if (hkv_cmap_holds(a, p, id) && !hkv_cmap_holds(b, p, id))
 			return 1;
 	return 0;
 }
@@ -383,10 +385,13 @@ static int same_placement(const struct hkv_cmap *a, const struct hkv_cmap *b)
 {
 	if (a->partitions != b->partitions || a->replicas != b->replicas)
 		return 0;
-	for (uint32_t p = 0; p < a->partitions; p++)
-		for (uint32_t r = 0; r < a->replicas; r++)
+	for (uint32_t p = 0; p < a->partitions; p++) {
+		if (hkv_cmap_len(a, p) != hkv_cmap_len(b, p))
+			return 0;
+		for (uint32_t r = 0; r < hkv_cmap_len(a, p); r++)
 			if (strcmp(hkv_cmap_server(a, p, r), hkv_cmap_server(b, p, r)))
 				return 0;
+	}
 	return 1;
 }
 
@@ -595,14 +600,13 @@ static int identity(struct hkv_cluster *cl, const struct snap *sn, const struct 
 		int store = 0;
 
 		ret = hkv_cmap_identity_parse(ik->value, ik->vlen, &id->partitions, id->hash_key,
-					      &store);
+					      &store, &id->replicas);
 		if (ret)
 			hkv_err("cluster: %s/identity is garbage; not touching the map", cl->prefix);
 		else if (store != cl->store_mode)
 			hkv_err("cluster: %s/identity says %s mode, we run %s; not touching the map",
 				cl->prefix, store ? "store" : "cache", cl->store_mode ? "store" : "cache"),
 				ret = -EPROTO;
-		id->replicas = 1;
 		return ret;
 	}
 	if (mk) { /* a map from before identities: adopt its hash */
@@ -617,7 +621,7 @@ static int identity(struct hkv_cluster *cl, const struct snap *sn, const struct 
 		id->partitions = cl->partitions;
 		randombytes_buf(id->hash_key, sizeof(id->hash_key));
 	}
-	json = hkv_cmap_identity_format(id->partitions, id->hash_key, cl->store_mode);
+	json = hkv_cmap_identity_format(id->partitions, id->hash_key, cl->store_mode, cl->replicas);
 	if (!json)
 		return -ENOMEM;
 	key_of(cl, key, sizeof(key), "identity", NULL);
@@ -656,6 +660,72 @@ static int store_placement(struct hkv_cluster *cl, const struct snap *sn,
 	return ret;
 }
 
+/*
+ * Leader, a replicated store (identity replicas > 1): the first map places
+ * each partition on `replicas` members, once that many have joined; after
+ * that, a member gone past GONE_WAIT (its lease expired, and no client
+ * routes to it any more) is dropped from every list that has another
+ * server, the order of the rest kept - so a backup becomes the primary
+ * with every write the old primary held (docs/design.md, "Replicas"). The
+ * drop needs no fence: the dropped member is no member (the transaction
+ * checks its key is still absent). Members that join get no partitions,
+ * and nothing is moved: filling a new replica is not built yet.
+ */
+static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
+				const struct hkv_etcd_kv *mk, struct hkv_cmap *want,
+				char (*ids)[HKV_CLUSTER_ID_MAX], uint32_t n)
+{
+	struct hkv_cmap cur = {0};
+	int ret, changed = 0;
+
+	if (!mk) {
+		/* the first map: once `replicas` servers have joined and no other
+		 * joined for a second (servers started together all get lists) */
+		if (n != cl->first_n) {
+			cl->first_n = n;
+			cl->first_ns = boot_ns();
+		}
+		if (n < want->replicas) {
+			if (boot_ns() - cl->log_ns > 5000000000ull) {
+				cl->log_ns = boot_ns();
+				hkv_info("cluster: %u of %u servers have joined; the map waits for all",
+					 n, want->replicas);
+			}
+			return 0;
+		}
+		if (boot_ns() - cl->first_ns < 1000000000ull)
+			return 0;
+		ret = hkv_cmap_place(want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
+		return ret ? ret : commit_map(cl, sn, NULL, want, 0, 0);
+	}
+	ret = hkv_cmap_parse(mk->value, mk->vlen, &cur);
+	if (!ret && (cur.partitions != want->partitions ||
+		     memcmp(cur.hash_key, want->hash_key, sizeof(want->hash_key))))
+		ret = -EPROTO;
+	if (!ret)
+		ret = hkv_cmap_parse(mk->value, mk->vlen, want);
+	if (ret) {
+		hkv_err("cluster: %s/map is not this cluster's partition map; leaving it alone",
+			cl->prefix);
+		hkv_cmap_free(&cur);
+		return ret;
+	}
+	for (uint32_t i = 0; i < cur.nnames; i++) {
+		const char *id = cur.names[i];
+
+		if (is_member(cl, sn, id) || !gone_long_enough(cl, id))
+			continue;
+		if (hkv_cmap_drop(want, id)) {
+			hkv_warn("cluster: %s is gone: dropped from its partitions' replica lists", id);
+			changed = 1;
+		}
+	}
+	if (changed)
+		ret = commit_map(cl, sn, &cur, want, mk->mod_rev, 0);
+	hkv_cmap_free(&cur);
+	return ret;
+}
+
 /* Leader: make PREFIX/map place every partition on the members. */
 static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 {
@@ -673,6 +743,10 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 	ret = read_members(cl, sn, &ids, &n);
 	if (ret || !n)
 		goto out;
+	if (want.replicas > 1) {
+		ret = recompute_replicated(cl, sn, mk, &want, ids, n);
+		goto out;
+	}
 	if (mk) {
 		ret = hkv_cmap_parse(mk->value, mk->vlen, &cur);
 		if (!ret && (cur.partitions != want.partitions ||
@@ -1162,6 +1236,7 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	key_of(cl, cl->removed_key, sizeof(cl->removed_key), "removed", o->id);
 	cl->ttl_s = o->ttl_s;
 	cl->partitions = o->partitions;
+	cl->replicas = o->replicas ? o->replicas : 1;
 	cl->store_mode = o->store_mode;
 	snprintf(m.id, sizeof(m.id), "%s", o->id);
 	snprintf(m.endpoint, sizeof(m.endpoint), "%s", o->endpoint);

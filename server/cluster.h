@@ -57,6 +57,7 @@ struct hkv_cluster_opts {
 	uint64_t region_bytes;
 	int ttl_s;            /* lease TTL (>= 2: etcd's minimum) */
 	uint32_t partitions;  /* used if this server creates the map */
+	uint32_t replicas;    /* the cluster's (its identity's) */
 	int store_mode;       /* the cluster's mode (its identity's) */
 };
 

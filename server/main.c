@@ -79,6 +79,10 @@ static void usage(FILE *f)
 		"  -L, --lease-ttl SECONDS    etcd lease; the server fences itself (drops every\n"
 		"                             client) 1 s before it could expire (default 5, >= 2)\n"
 		"  -P, --partitions N         partitions, if this server creates the map (default 64)\n"
+		"  -R, --replicas N           store mode, if this server creates the map: keep each\n"
+		"                             partition on N servers (1..3, default 1); the map is\n"
+		"                             made once N have joined, and a lost server is dropped\n"
+		"                             from its lists (docs/design.md, \"Replicas\")\n"
 		"  -h, --help\n");
 }
 
@@ -117,11 +121,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"advertise", required_argument, NULL, 'A'},
 		{"lease-ttl", required_argument, NULL, 'L'},
 		{"partitions", required_argument, NULL, 'P'},
+		{"replicas", required_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -184,6 +189,11 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			if (!o->cluster.partitions || o->cluster.partitions > HKV_CLUSTER_MAX_PARTS)
 				return fprintf(stderr, "bad --partitions '%s'\n", optarg), -1;
 			break;
+		case 'R':
+			o->cluster.replicas = (uint32_t)strtoul(optarg, NULL, 10);
+			if (o->cluster.replicas < 1 || o->cluster.replicas > HKV_CLUSTER_MAX_REPLICAS)
+				return fprintf(stderr, "bad --replicas '%s' (1..3)\n", optarg), -1;
+			break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -191,6 +201,8 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	}
 	if (optind != argc)
 		return usage(stderr), -1;
+	if (o->cluster.replicas > 1 && o->store.cache_mode)
+		return fprintf(stderr, "--replicas needs a store (a cache evicts on its own)\n"), -1;
 	if (o->cluster.uri) {
 		if (!o->cluster.id || !hkv_cluster_id_valid(o->cluster.id))
 			return fprintf(stderr, "--cluster needs --id NAME ([A-Za-z0-9._-], < 64)\n"), -1;
@@ -301,7 +313,7 @@ static int keep_key(void *arg, const void *key, size_t klen)
 {
 	const struct keep_arg *k = arg;
 
-	return !strcmp(hkv_cmap_server(k->map, hkv_cmap_partition(k->map, key, klen), 0), k->id);
+	return hkv_cmap_holds(k->map, hkv_cmap_partition(k->map, key, klen), k->id);
 }
 
 static void drop_map(struct hkv_cmap **map)
@@ -441,7 +453,7 @@ int main(int argc, char **argv)
 {
 	struct server_opts o = {
 		.keepalive_ms = HKV_PROBE_INTERVAL_MS,
-		.cluster = {.ttl_s = 5, .partitions = 64},
+		.cluster = {.ttl_s = 5, .partitions = 64, .replicas = 1},
 		.host = "0.0.0.0",
 		.port = "7700",
 		.socket_path = NULL, /* hkv_default_socket() */
@@ -486,7 +498,8 @@ int main(int argc, char **argv)
 		uint32_t parts;
 		int store_mode = 0;
 		int ret = e ? hkv_cmap_identity_get(e, o.cluster.partitions, !o.store.cache_mode,
-						    &parts, cluster_key, &store_mode)
+						    o.cluster.replicas, &parts, cluster_key, &store_mode,
+						    &o.cluster.replicas)
 			    : -errno;
 
 		hkv_etcd_close(e);

@@ -52,6 +52,19 @@
  *                        `remove` is refused; restarted on its memory file
  *                        it serves every key again; removed alive, it is
  *                        drained first and nothing is lost.
+ *
+ * Replicated store (a third cluster, --replicas 2 on 3 servers; issue 15):
+ *   test_repl_kill       a server SIGKILLed under the checker's load: it is
+ *                        the primary of some hot keys and the backup of
+ *                        others; the coordinator drops it from every list
+ *                        after its lease, the backups serve on; every
+ *                        history linearizable, every acknowledged preloaded
+ *                        write reads back; the time from the kill to the
+ *                        first acknowledged write on a new primary printed.
+ *   test_repl_freeze     a primary stopped (SIGSTOP) past its lease under the
+ *                        load, then resumed: dropped meanwhile, it finds
+ *                        itself fenced, serves none of its old keys again;
+ *                        histories linearizable, nothing acknowledged lost.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -89,7 +102,7 @@ static const char *TTL = "3";
 static int use_verbs;
 static struct hkv_test_etcd etcd;
 static char curi[300]; /* the cluster under test: etcd.uri, or its store-mode sibling */
-static int store_mode;
+static int store_mode, repl_mode;
 static char token_file[128];
 static char bindir[256];
 
@@ -112,13 +125,17 @@ static int member(struct hkvserver *s, const char *id, int again)
 {
 	const char *extra[] = {"--cluster", curi, "--id", id, "--lease-ttl", TTL,
 			       "--partitions", "1024", "--token-file", token_file,
-			       "--cache", NULL, NULL};
+			       "--cache", NULL, NULL, NULL, NULL};
 	char file[256];
 
 	if (store_mode) { /* warm restarts: the region in a file */
 		snprintf(file, sizeof(file), "%s/%s.mem", etcd.dir, id);
 		extra[10] = "--memory-file";
 		extra[11] = file;
+	}
+	if (repl_mode) { /* (only the first server's counts: it writes the identity) */
+		extra[12] = "--replicas";
+		extra[13] = "2";
 	}
 	return again ? hkvserver_restart_noclient(s, "32M", "256K", extra)
 		     : hkvserver_start_noclient(s, use_verbs, "32M", "256K", extra);
@@ -907,6 +924,7 @@ struct hist {
 static struct hist hist[HOT_KEYS];
 static atomic_int hot_stop;
 static atomic_ullong hot_ops, hot_unknown, hot_failed_gets;
+static const char *hot_prefix = "hot"; /* (a new one for each history from absent) */
 
 static int64_t mono_ns(void)
 {
@@ -946,7 +964,7 @@ static void *hot_thread(void *arg)
 		rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
 		k = (int)((rnd >> 33) % HOT_KEYS);
 		what = (int)((rnd >> 20) % 10);
-		snprintf(key, sizeof(key), "hot:%d", k);
+		snprintf(key, sizeof(key), "%s:%d", hot_prefix, k);
 		op.call = mono_ns();
 		if (what < 4) {
 			op.kind = LC_SET;
@@ -1227,6 +1245,191 @@ static void test_store_kill(void)
 	hkv_close(c);
 }
 
+/* ---- replicated store ---------------------------------------------------- */
+
+static struct hkvserver rsrv[3];
+static const char *rids[3] = {"ra", "rb", "rc"};
+
+/* Every list of the map has n servers. */
+static int lists_all(const struct hkv_cmap *m, uint32_t n)
+{
+	for (uint32_t p = 0; p < m->partitions; p++)
+		if (hkv_cmap_len(m, p) != n)
+			return 0;
+	return 1;
+}
+
+/* Wait until id is dropped: on no list but those it alone holds; 0 or -1
+ * on timeout. */
+static int wait_dropped(const char *id, int ms, struct hkv_cmap *out)
+{
+	uint64_t t0 = now_ms();
+
+	while (now_ms() - t0 < (uint64_t)ms) {
+		struct hkv_cmap m;
+		int held = 0;
+
+		if (!read_map(&m)) {
+			for (uint32_t p = 0; p < m.partitions && !held; p++)
+				held = hkv_cmap_len(&m, p) > 1 && hkv_cmap_holds(&m, p, id);
+			if (!held) {
+				*out = m;
+				return 0;
+			}
+			hkv_cmap_free(&m);
+		}
+		sleep_ms(100);
+	}
+	return -1;
+}
+
+/* A key (prefix) whose partition has id at position pos of a list of two. */
+static void key_on(const struct hkv_cmap *m, const char *prefix, const char *id, int pos,
+		   char *k, size_t cap)
+{
+	for (int i = 0; i < 100000; i++) {
+		uint32_t p;
+
+		snprintf(k, cap, "%s%d", prefix, i);
+		p = hkv_cmap_partition(m, k, strlen(k));
+		if (hkv_cmap_len(m, p) == 2 && !strcmp(hkv_cmap_server(m, p, pos), id))
+			return;
+	}
+	k[0] = 0;
+}
+
+static void repl_preload(struct hkv_client *c, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char k[32], v[32];
+
+		snprintf(k, sizeof(k), "s:%06d", i);
+		snprintf(v, sizeof(v), "v%d", i);
+		CHECK_RC(set_str(c, k, v), 0);
+	}
+}
+
+static void test_repl_start(void)
+{
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(start_member(&rsrv[i], rids[i]), 0);
+}
+
+/* One server SIGKILLed under the checker's load (see the top). */
+static void test_repl_kill(void)
+{
+	const char *three[] = {"ra", "rb", "rc", NULL};
+	struct hkv_client *c, *direct;
+	struct hkv_cmap map, after;
+	pthread_t thr[HOT_THREADS];
+	char kp[32], kb[32], buf[32];
+	uint64_t t0, t_write = 0, t_read = 0;
+	int ret;
+
+	CHECK_RC(wait_map(three, 30000, &map), 0);
+	c = cluster_client();
+	CHECK(c);
+	CHECK(map.replicas == 2 && lists_all(&map, 2));
+	/* the first server's identity: a replicated store; every write on both */
+	repl_preload(c, 2000);
+	key_on(&map, "kp:", "rb", 0, kp, sizeof(kp));
+	key_on(&map, "kb:", "rb", 1, kb, sizeof(kb));
+	CHECK(kp[0] && kb[0]);
+	CHECK_RC(set_str(c, kp, "acked-p"), 0);
+	CHECK_RC(set_str(c, kb, "acked-b"), 0);
+	/* the backup holds the same value, the same version */
+	direct = direct_client(&rsrv[2 - (strcmp(hkv_cmap_server(&map, hkv_cmap_partition(
+					     &map, kp, strlen(kp)), 1), "rc") != 0)]);
+	CHECK(direct);
+	if (direct) {
+		CHECK_RC(get_str(direct, kp, buf, sizeof(buf), NULL), 0);
+		CHECK(!strcmp(buf, "acked-p"));
+		hkv_close(direct);
+	}
+	hot_start(thr);
+	sleep_ms(1500);
+	hkvserver_kill(&rsrv[1]);
+	t0 = now_ms();
+	/* reads of keys rb backs up never stop (the primary alone serves them) */
+	while (now_ms() - t0 < 60000 && !t_read) {
+		if (!get_str(c, kb, buf, sizeof(buf), NULL))
+			t_read = now_ms();
+		else
+			sleep_ms(20);
+	}
+	CHECK(t_read && !strcmp(buf, "acked-b"));
+	/* the first acknowledged write on rb's keys, now on their backups */
+	while (now_ms() - t0 < 60000 && !t_write) {
+		ret = set_str(c, kp, "after");
+		if (!ret)
+			t_write = now_ms();
+		else
+			CHECK(ret == HKV_EUNAVAILABLE || ret == HKV_EDISCONNECTED ||
+			      ret == HKV_EUNKNOWN || ret == HKV_ETIMEDOUT);
+		if (!t_write)
+			sleep_ms(20);
+	}
+	CHECK(t_write != 0);
+	printf("# rb SIGKILLed (lease TTL %s s): keys it backed up read after %llu ms; the "
+	       "first acknowledged write on a key it was primary of after %llu ms\n", TTL,
+	       (unsigned long long)(t_read - t0), (unsigned long long)(t_write - t0));
+	CHECK_RC(set_str(c, kb, "after-b"), 0);
+	sleep_ms(1000);
+	hot_stop_and_check(thr);
+	CHECK_RC(wait_dropped("rb", 20000, &after), 0);
+	CHECK(after.epoch != map.epoch);
+	CHECK(preload_intact(c, 2000) == 0);
+	CHECK_RC(get_str(c, kp, buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "after"));
+	CHECK_RC(get_str(c, kb, buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "after-b"));
+	/* what was on rb's lists is on one server now; nothing else moved */
+	for (uint32_t p = 0; p < after.partitions; p++) {
+		uint32_t n = hkv_cmap_len(&map, p);
+
+		CHECK(hkv_cmap_len(&after, p) == n - hkv_cmap_holds(&map, p, "rb"));
+	}
+	hkv_cmap_free(&after);
+	hkv_cmap_free(&map);
+	hkv_close(c);
+}
+
+/* A primary stopped past its lease, then resumed (see the top). */
+static void test_repl_freeze(void)
+{
+	struct hkv_client *c = cluster_client();
+	struct hkv_cmap map, after = {0};
+	pthread_t thr[HOT_THREADS];
+	char kp[32], buf[32];
+	int ret;
+
+	CHECK(c);
+	CHECK_RC(read_map(&map), 0);
+	key_on(&map, "kf:", "rc", 0, kp, sizeof(kp)); /* rc primary, ra its backup */
+	CHECK(kp[0]);
+	CHECK_RC(set_str(c, kp, "before"), 0);
+	hot_prefix = "hotf";
+	hot_start(thr);
+	sleep_ms(1000);
+	kill(rsrv[2].pid, SIGSTOP);
+	sleep_ms(atoi(TTL) * 1000 + 3000);
+	/* while it is stopped, its partitions with a second server move on */
+	ret = wait_dropped("rc", 20000, &after);
+	kill(rsrv[2].pid, SIGCONT);
+	CHECK_RC(ret, 0);
+	sleep_ms(2000);
+	hot_stop_and_check(thr);
+	CHECK(preload_intact(c, 2000) == 0);
+	/* kp's partition had rc as primary: ra serves it now, with its value */
+	CHECK_RC(get_str(c, kp, buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "before"));
+	CHECK_RC(set_str(c, kp, "after"), 0);
+	CHECK(hkvserver_log_count(&rsrv[2], "lease of rc is gone") > 0);
+	hkv_cmap_free(&after);
+	hkv_cmap_free(&map);
+	hkv_close(c);
+}
+
 int main(int argc, char **argv)
 {
 	FILE *f;
@@ -1285,6 +1488,15 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 4; i++)
 		if (ssrv[i].pid)
 			hkvserver_stop(&ssrv[i]);
+	/* a replicated store: a third cluster */
+	snprintf(curi, sizeof(curi), "%s-repl", etcd.uri);
+	repl_mode = 1;
+	RUN_TEST(test_repl_start);
+	RUN_TEST(test_repl_kill);
+	RUN_TEST(test_repl_freeze);
+	for (int i = 0; i < 3; i++)
+		if (rsrv[i].pid)
+			hkvserver_stop(&rsrv[i]);
 	hkv_test_etcd_stop(&etcd);
 	return hkv_test_finish();
 }
