@@ -3,7 +3,11 @@
  * the same invocation, memcached over TCP.
  *
  *   hatchkv-bench --compare [--quick] [--json FILE]     start servers, run all
+ *   hatchkv-bench --compare --replicas 2|3 ...  also hatchkv-rN: a replicated
+ *                 handle over N more (fresh, store-mode) servers, side by side
  *   hatchkv-bench --system hatchkv --server URI --token-file F -w A ...
+ *   hatchkv-bench --server URI0,URI1[,URI2] --token-file F ...  (hatchkv-rN:
+ *                 replicated over those servers, sharing the token file F)
  *   hatchkv-bench --system memcached --memcached HOST:PORT -w B ...
  *
  * A run = load phase (records inserted, split over threads) then run phase
@@ -48,6 +52,8 @@ struct opts {
 	int batch;                 /* operations in flight per thread (reads batched) */
 	int depth;                 /* hatchkv: operations in flight per thread (hkv_pipe) */
 	int pidx;                  /* this process's index (children: >= 1) */
+	int replicas;              /* --replicas N: also run hatchkv-rN (0: not) */
+	const char *repl_uris;     /* --compare: hatchkv-rN's servers, comma-separated */
 	const char *child_result;  /* child mode: write the phase's result here */
 	pid_t server_pid;
 };
@@ -91,6 +97,27 @@ struct run {
 
 static volatile sig_atomic_t stop_requested;
 static struct hkv_config *hkv_cfg; /* the hatchkv run's shared config */
+/* --compare --replicas: hatchkv-rN's servers, whose CPU use is summed */
+static pid_t repl_pids[3];
+static int nrepl_pids;
+
+/* "hatchkv" (one server) or "hatchkv-rN" (replicated over N servers) */
+static int is_hkv(const char *system)
+{
+	return !strncmp(system, "hatchkv", 7);
+}
+
+static int is_repl(const char *system)
+{
+	return !strncmp(system, "hatchkv-r", 9);
+}
+
+/* The server URI(s) a hatchkv system runs on: hatchkv-rN's list in
+ * --compare, else --server (a child's or the user's, maybe a list). */
+static const char *system_uris(const struct opts *o, const char *system)
+{
+	return is_repl(system) && o->repl_uris ? o->repl_uris : o->uri;
+}
 
 static uint64_t now_ns(void)
 {
@@ -405,6 +432,18 @@ static uint64_t proc_cpu_ticks(pid_t pid)
 	return ut + st;
 }
 
+/* The server's CPU ticks; hatchkv-rN's: the sum over its servers. */
+static uint64_t server_ticks(const char *system, pid_t server_pid)
+{
+	uint64_t t = 0;
+
+	if (server_pid <= 0 || !is_repl(system) || !nrepl_pids)
+		return proc_cpu_ticks(server_pid);
+	for (int i = 0; i < nrepl_pids; i++)
+		t += proc_cpu_ticks(repl_pids[i]);
+	return t;
+}
+
 /* Run one phase with o->threads workers; fills res for run phases. */
 static int phase(const struct opts *o, const char *system, const struct ycsb_workload *w,
 		 struct result *res, pid_t server_pid)
@@ -442,7 +481,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		if (!wk->drv)
 			return -1;
 		wk->pipe = NULL;
-		if (w && o->depth > 1 && !strcmp(system, "hatchkv")) { /* (others: one at a time) */
+		if (w && o->depth > 1 && is_hkv(system)) { /* (others: one at a time) */
 			int ret = hkv_pipe_open(hkv_cfg, o->depth, &wk->pipe);
 
 			if (ret) {
@@ -451,7 +490,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 			}
 		}
 	}
-	cpu0 = proc_cpu_ticks(server_pid);
+	cpu0 = server_ticks(system, server_pid);
 	t0 = now_ns();
 	for (int i = 0; i < o->threads; i++)
 		pthread_create(&r.wk[i].tid, NULL, w ? run_main : load_main, &r.wk[i]);
@@ -472,10 +511,10 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		snprintf(res->system, sizeof(res->system), "%s", system);
 		res->workload = w ? w->name : 'L';
 		snprintf(res->transport, sizeof(res->transport), "%s",
-			 strcmp(system, "hatchkv") ? "tcp" : o->verbs ? "verbs" : "shm");
+			 !is_hkv(system) ? "tcp" : o->verbs ? "verbs" : "shm");
 		res->runtime_ms = secs * 1e3;
 		res->throughput = (double)atomic_load(&r.done) / secs;
-		res->server_cpu = server_pid > 0 ? 100.0 * (double)(proc_cpu_ticks(server_pid) - cpu0) /
+		res->server_cpu = server_pid > 0 ? 100.0 * (double)(server_ticks(system, server_pid) - cpu0) /
 							   (double)sysconf(_SC_CLK_TCK) / secs
 						 : -1;
 		for (int k = 0; k < YOP_N; k++)
@@ -582,10 +621,12 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 		int first = 1;
 
 		fprintf(f, "%s\n  {\"system\": \"%s\", \"workload\": \"%c\", \"transport\": \"%s\", "
+			   "\"replicas\": %d, "
 			   "\"threads\": %d, \"records\": %llu, \"record_bytes\": %zu, "
 			   "\"runtime_ms\": %.1f, \"throughput_ops_per_sec\": %.1f, "
 			   "\"server_cpu_percent\": %.3f,\n    \"ops\": {",
-			i ? "," : "", r->system, r->workload, r->transport, o->threads,
+			i ? "," : "", r->system, r->workload, r->transport,
+			is_repl(r->system) ? atoi(r->system + 9) : is_hkv(r->system) ? 1 : 0, o->threads,
 			(unsigned long long)o->records, o->fieldcount * o->fieldlength, r->runtime_ms,
 			r->throughput, r->server_cpu);
 		for (int k = 0; k < YOP_N; k++)
@@ -642,9 +683,9 @@ static pid_t spawn_child(const struct opts *o, const char *system, char workload
 	args[a++] = "--child-result";
 	args[a++] = (char *)result_file;
 	args[a] = NULL;
-	if (o->uri) {
+	if (is_hkv(system) && system_uris(o, system)) { /* (a list for hatchkv-rN) */
 		args[a++] = "--server";
-		args[a++] = (char *)o->uri;
+		args[a++] = (char *)system_uris(o, system);
 		args[a++] = "--token-file";
 		args[a++] = (char *)o->token_file;
 		args[a] = NULL;
@@ -724,7 +765,7 @@ static int child_main(const struct opts *o)
 	FILE *f;
 	int ret;
 
-	if (!strcmp(o->system, "hatchkv") &&
+	if (is_hkv(o->system) &&
 	    !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
 		return 1;
 	ret = phase(o, o->system, ycsb_workload(o->workloads[0]), &r, 0);
@@ -744,7 +785,8 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 	struct result load;
 	int ret = -1;
 
-	if (!strcmp(system, "hatchkv") && !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
+	if (is_hkv(system) &&
+	    !(hkv_cfg = driver_hatchkv_config(system_uris(o, system), o->token_file, o->records * 2)))
 		return -1;
 	printf("== %s: loading %llu records of %zu bytes with %d threads; runs with %d "
 	       "process(es) x %d threads\n", system, (unsigned long long)o->records,
@@ -868,10 +910,102 @@ static void compare_table(const struct result *rs, int n, const char *workloads,
 	}
 }
 
+/* Per-op round trips of kind k ("-": no such op). */
+static void rt_cell(const struct result *r, int k)
+{
+	if (r && r->h[k].count)
+		printf(" %10.2f", (double)r->cnt[k].round_trips / (double)r->h[k].count);
+	else
+		printf(" %10s", "-");
+}
+
+/* Median update latency ("-": no updates). */
+static void p50_cell(const struct result *r)
+{
+	if (r->h[YOP_UPDATE].count)
+		printf(" %10.2fus", us(hist_quantile(&r->h[YOP_UPDATE], 0.5)));
+	else
+		printf(" %12s", "-");
+}
+
+/* hatchkv r = 1 vs hatchkv-rN, per workload: throughput, round trips per
+ * op of each kind (the transport's counters, summed over the replicas'
+ * connections) and update latency. */
+static void replicas_table(const struct result *rs, int n, const char *workloads, int replicas)
+{
+	static const int kinds[] = {YOP_READ, YOP_UPDATE, YOP_INSERT, YOP_RMW};
+	static const char *const kname[] = {"read", "upd", "ins", "rmw"};
+	char sys[24], col[32];
+
+	snprintf(sys, sizeof(sys), "hatchkv-r%d", replicas);
+	printf("\n== hatchkv r=1 vs %s (every write on all %d replicas; same workload, keys, "
+	       "values, client threads; RT = round trips per op)\n", sys, replicas);
+	snprintf(col, sizeof(col), "r=%d ops/s", replicas);
+	printf("%-8s %12s %12s %7s", "workload", "r=1 ops/s", col, "ratio");
+	for (int i = 0; i < 4; i++) {
+		snprintf(col, sizeof(col), "RT%s r=1", kname[i]);
+		printf(" %10s", col);
+		snprintf(col, sizeof(col), "RT%s r=%d", kname[i], replicas);
+		printf(" %10s", col);
+	}
+	snprintf(col, sizeof(col), "upd p50 r=%d", replicas);
+	printf(" %12s %12s\n", "upd p50 r=1", col);
+	for (const char *p = workloads; *p; p++) {
+		const struct result *a = find_result(rs, n, "hatchkv", *p);
+		const struct result *b = find_result(rs, n, sys, *p);
+
+		if (!a || !b)
+			continue;
+		printf("%-8c %12.0f %12.0f %7.3f", *p, a->throughput, b->throughput,
+		       a->throughput > 0 ? b->throughput / a->throughput : 0);
+		for (int i = 0; i < 4; i++) {
+			rt_cell(a, kinds[i]);
+			rt_cell(b, kinds[i]);
+		}
+		p50_cell(a);
+		p50_cell(b);
+		printf("\n");
+	}
+}
+
+/*
+ * --replicas N: N more store-mode servers (same transport and memory as the
+ * first), fresh, so they hold only what hatchkv-rN writes. Every one takes
+ * the first server's token file (a replicated config has one token), so
+ * readiness is waited for without a client (hkvserver_start would wait for a
+ * token file of its own). Their URIs, comma-separated, go to uris.
+ */
+static int start_replicas(const struct opts *o, const struct hkvserver *first, const char *mem,
+			  struct hkvserver *rsrv, char *uris, size_t cap)
+{
+	const char *extra[] = {"--token-file", first->token_file, NULL};
+	size_t off = 0;
+
+	uris[0] = 0;
+	for (int i = 0; i < o->replicas; i++) {
+		int ret = hkvserver_start_noclient(&rsrv[i], o->verbs, mem, "1M", extra);
+
+		if (ret) {
+			fprintf(stderr, "hatchkv-bench: cannot start replica server %d: %s\n", i,
+				hkv_strerror(ret));
+			for (int j = 0; j < i; j++)
+				hkvserver_stop(&rsrv[j]);
+			nrepl_pids = 0;
+			return -1;
+		}
+		repl_pids[i] = rsrv[i].pid;
+		nrepl_pids = i + 1;
+		off += (size_t)snprintf(uris + off, cap - off, "%s%s", i ? "," : "", rsrv[i].uri);
+	}
+	return off < cap ? 0 : -1;
+}
+
 static int compare(struct opts *o)
 {
-	static struct result rs[16];
-	struct hkvserver srv;
+	static struct result rs[32]; /* (workloads x 4 systems) */
+	struct hkvserver srv, rsrv[3];
+	static char repl_uris[1024];
+	char repl_sys[24];
 	char port[16];
 	pid_t mc;
 	int n = 0, ret;
@@ -886,9 +1020,21 @@ static int compare(struct opts *o)
 		return 1;
 	}
 	snprintf(port, sizeof(port), "%d", 21000 + (int)(getpid() % 20000));
+	if (o->replicas) {
+		printf("== starting %d more hatchkv-servers (%s, %s, store mode) for hatchkv-r%d\n",
+		       o->replicas, o->verbs ? "verbs" : "shm", mem, o->replicas);
+		fflush(stdout);
+		if (start_replicas(o, &srv, mem, rsrv, repl_uris, sizeof(repl_uris))) {
+			hkvserver_stop(&srv);
+			return 1;
+		}
+		o->repl_uris = repl_uris;
+	}
 	mc = start_memcached(port, o->threads);
 	if (mc < 0) {
 		fprintf(stderr, "hatchkv-bench: cannot start memcached (apt-get install memcached)\n");
+		for (int i = 0; i < nrepl_pids; i++)
+			hkvserver_stop(&rsrv[i]);
 		hkvserver_stop(&srv);
 		return 1;
 	}
@@ -897,7 +1043,10 @@ static int compare(struct opts *o)
 	static char hp[32];
 	snprintf(hp, sizeof(hp), "127.0.0.1:%s", port);
 	o->memcached = hp;
+	snprintf(repl_sys, sizeof(repl_sys), "hatchkv-r%d", o->replicas);
 	ret = run_system(o, "hatchkv", srv.pid, rs, &n);
+	if (!ret && o->replicas)
+		ret = run_system(o, repl_sys, repl_pids[0], rs, &n);
 	if (!ret)
 		ret = run_system(o, "memcached", mc, rs, &n);
 	if (!ret && o->via_memcached) {
@@ -919,12 +1068,16 @@ static int compare(struct opts *o)
 	}
 	kill(mc, SIGTERM);
 	waitpid(mc, NULL, 0);
+	for (int i = 0; i < nrepl_pids; i++)
+		hkvserver_stop(&rsrv[i]);
 	hkvserver_stop(&srv);
 	if (ret)
 		return 1;
 	compare_table(rs, n, o->workloads, "hatchkv");
 	if (o->via_memcached)
 		compare_table(rs, n, o->workloads, "hkv-memcached");
+	if (o->replicas)
+		replicas_table(rs, n, o->workloads, o->replicas);
 	return o->json && report_json(o->json, rs, n, o) ? 1 : 0;
 }
 
@@ -936,11 +1089,18 @@ static void usage(FILE *f)
 		"  --via-memcached        with --compare: also run hatchkv-memcached (the memcached\n"
 		"                         text protocol in front of hatchkv) with memcached's driver\n"
 		"  --hkv-memcached HOST:PORT  a running hatchkv-memcached (system hkv-memcached)\n"
+		"  --replicas N           with --compare (N = 2 or 3): also start N more\n"
+		"                         hatchkv-servers (fresh, store mode, same transport and\n"
+		"                         memory) and run system hatchkv-rN, a replicated handle\n"
+		"                         over them (first = primary, last = decider); then a\n"
+		"                         table of r=1 vs r=N throughput and round trips per op\n"
 		"  --quick                small sizes (finishes in well under 3 minutes)\n"
 		"  -w, --workloads ABCDF  YCSB core workloads to run (E needs range scans: refused)\n"
 		"  -s, --system hatchkv|memcached|hkv-memcached\n"
 		"  --server URI           hatchkv server (shm:/path or verbs://host:port) or\n"
-		"                         cluster (etcd://HOST:PORT/PREFIX)\n"
+		"                         cluster (etcd://HOST:PORT/PREFIX); a comma-separated\n"
+		"                         list of 2 or 3 store-mode servers (all with the one\n"
+		"                         --token-file): replicated over them (hatchkv-rN)\n"
 		"  --token-file PATH      hatchkv token file\n"
 		"  --memcached HOST:PORT  memcached text protocol endpoint\n"
 		"  --transport shm|verbs  for --compare (default: verbs if an RDMA device exists)\n"
@@ -980,6 +1140,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"depth", required_argument, NULL, 'D'},
 		{"no-load", no_argument, NULL, 'N'},
 		{"via-memcached", no_argument, NULL, 'V'},
+		{"replicas", required_argument, NULL, 'e'},
 		{"hkv-memcached", required_argument, NULL, 'H'},
 		{"child-index", required_argument, NULL, 'I'},
 		{"child-result", required_argument, NULL, 'O'},
@@ -1011,6 +1172,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'D': o->depth = atoi(optarg); break;
 		case 'N': o->no_load = 1; break;
 		case 'V': o->via_memcached = 1; break;
+		case 'e': o->replicas = atoi(optarg); break;
 		case 'H': o->hkv_memcached = optarg; break;
 		case 'I': o->pidx = atoi(optarg); break;
 		case 'O': o->child_result = optarg; break;
@@ -1033,10 +1195,28 @@ static int parse(int argc, char **argv, struct opts *o)
 			return -1;
 		}
 	}
+	if (o->replicas && (o->replicas < 2 || o->replicas > 3)) {
+		fprintf(stderr, "hatchkv-bench: --replicas takes 2 or 3\n");
+		return -1;
+	}
+	/* a server list (not in a child: its --system names it already) */
+	if (!o->compare && !o->child_result && !strcmp(o->system, "hatchkv") && o->uri &&
+	    strchr(o->uri, ',')) {
+		static char name[24];
+		int nr = driver_hatchkv_replicas(o->uri);
+
+		if (nr < 2 || nr > 3 || (o->replicas && o->replicas != nr)) {
+			fprintf(stderr, "hatchkv-bench: --server lists %d servers; replication takes "
+					"2 or 3%s\n", nr, o->replicas ? " (and --replicas as many)" : "");
+			return -1;
+		}
+		snprintf(name, sizeof(name), "hatchkv-r%d", nr);
+		o->system = name;
+	}
 	if (o->batch < 0 || o->batch > MAX_BATCH || o->depth < 0 || o->depth > MAX_DEPTH ||
 	    (o->depth > 1 && o->batch > 1) || o->processes < 1 || o->processes > 16 || o->threads < 1 || o->threads > MAX_THREADS ||
 	    !o->records || !o->fieldcount ||
-	    !o->fieldlength || (!o->compare && !strcmp(o->system, "hatchkv") &&
+	    !o->fieldlength || (!o->compare && is_hkv(o->system) &&
 				(!o->uri || !o->token_file)) ||
 	    (!o->compare && !strcmp(o->system, "memcached") && !o->memcached) ||
 	    (!o->compare && !strcmp(o->system, "hkv-memcached") && !o->hkv_memcached)) {

@@ -76,14 +76,43 @@ struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 	return &d->base;
 }
 
-struct hkv_config *driver_hatchkv_config(const char *uri, const char *token_file, size_t keys)
+int driver_hatchkv_replicas(const char *uris)
+{
+	int n = 1;
+
+	for (const char *p = uris; p && *p; p++)
+		n += *p == ',';
+	return n;
+}
+
+struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys)
 {
 	struct hkv_config *cfg = hkv_config_new();
+	int n = driver_hatchkv_replicas(uris), ret = cfg ? 0 : -ENOMEM;
+	const char *p = uris;
 
-	if (cfg && !hkv_config_add_server(cfg, uri) && !hkv_config_set_token_file(cfg, token_file) &&
-	    !hkv_config_set_cache_entries(cfg, keys * 2 > 262144 ? keys * 2 : 262144))
+	/* a list: one replicated handle over them, in order (primary .. decider) */
+	if (!ret && n > 1)
+		ret = hkv_config_set_replicas(cfg, n);
+	for (int i = 0; i < n && !ret; i++) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		char uri[512];
+
+		if (len >= sizeof(uri)) {
+			ret = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(uri, p, len);
+		uri[len] = 0;
+		ret = hkv_config_add_server(cfg, uri);
+		p = comma ? comma + 1 : p + len;
+	}
+	if (!ret && !(ret = hkv_config_set_token_file(cfg, token_file)) &&
+	    !(ret = hkv_config_set_cache_entries(cfg, keys * 2 > 262144 ? keys * 2 : 262144)))
 		return cfg;
-	fprintf(stderr, "hatchkv-bench: bad server '%s' or token file '%s'\n", uri, token_file);
+	fprintf(stderr, "hatchkv-bench: bad server list '%s' (%d server(s)) or token file '%s': %s\n",
+		uris, n, token_file, hkv_strerror(ret));
 	hkv_config_free(cfg);
 	return NULL;
 }

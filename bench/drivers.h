@@ -1,6 +1,7 @@
 /*
  * drivers.h - the systems hatchkv-bench measures, behind one small interface:
- *   hatchkv    the client library (one handle per thread)
+ *   hatchkv    the client library (one handle per thread; over a list of
+ *              servers, a replicated handle: "hatchkv-rN")
  *   memcached  the memcached text protocol over TCP (Debian's memcached, or
  *              hatchkv-memcached later), one connection per thread
  * Every call is synchronous and returns 0, HKV_ENOTFOUND or another error.
@@ -41,7 +42,14 @@ struct hkv_config;
  * the location cache (the loader warms it for the readers), as threads of one
  * service would. NULL + message on failure.
  */
-struct hkv_config *driver_hatchkv_config(const char *uri, const char *token_file, size_t keys);
+struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys);
+/*
+ * uris is one server's URI or a comma-separated list of 2 or 3 store-mode
+ * servers, which the config replicates over (hkv_config_set_replicas), in
+ * the order given: the first is the primary (the only one read), the last
+ * the decider; every server takes the one token file. The number of URIs.
+ */
+int driver_hatchkv_replicas(const char *uris);
 struct driver *driver_open_hatchkv(const struct hkv_config *cfg);
 /* hostport: "127.0.0.1:11211". NULL + message on failure. */
 struct driver *driver_open_memcached(const char *hostport);

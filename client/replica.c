@@ -179,6 +179,33 @@ static int next_value(struct hkv_client *c, const struct repl_op *op, const stru
 	return -EINVAL;
 }
 
+/*
+ * A step after the decision found replica i no longer at a: 0 if our write
+ * w holds there (a helper finished it), or if it must have (a fixed list:
+ * nothing else can pass a decided write); a cluster's list may have lost
+ * the decider meanwhile, and a write decided anew from a on the rest:
+ * HKV_EDISCONNECTED if the replica's entry replaced a and is not w (w was
+ * superseded, and takes effect nowhere: nothing was done, the router tries
+ * again on the map of now), HKV_EUNKNOWN if we cannot tell.
+ */
+static int settled(struct hkv_client *c, const void *key, size_t klen, int i, uint64_t a,
+		   uint64_t w)
+{
+	struct hkv_repl *rp = c->repl;
+	struct rstate st;
+	int ret = read_state(rp, rp->h[i], key, klen, rp->dec, &st, 1);
+
+	if (ret)
+		return HKV_EUNKNOWN;
+	if (st.present && st.wid == w)
+		return 0;
+	if (st.present && (st.pred & HKV_WID_MASK) == a) {
+		c->stats.repl_superseded++;
+		return HKV_EDISCONNECTED;
+	}
+	return rp->owned ? 0 : HKV_EUNKNOWN;
+}
+
 static uint64_t conn_posts(const struct hkv_client *h)
 {
 	return h->conn->stats.posts;
@@ -258,9 +285,12 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 	hkv_test_at(c, HKV_TP_REPL_DECIDED);
 	for (int i = rp->r - 2; i >= 0; i--) {
 		ret = apply(rp->h[i], key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
-		if (ret && ret != HKV_EVERSION) {
-			c->stats.repl_unknown++;
-			return HKV_EUNKNOWN; /* decided: the next write of the key finishes it */
+		if (ret == HKV_EVERSION)
+			ret = settled(c, key, klen, i, cur.wid, nv.wid);
+		if (ret) {
+			if (ret == HKV_EUNKNOWN)
+				c->stats.repl_unknown++;
+			return ret;
 		}
 		if (i)
 			hkv_test_at(c, HKV_TP_REPL_STEP);

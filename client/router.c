@@ -133,6 +133,7 @@ struct hkv_router {
 		struct hkv_client *h;
 	} *sets;
 	uint32_t nsets;
+	struct hkv_client_stats sets_gone; /* the counters of sets closed */
 	uint64_t reload_ns; /* last reload after a failed member */
 	const struct hkv_config *tmpl; /* a private copy of the user's config */
 
@@ -168,10 +169,21 @@ static void member_close(struct rmember *m)
 	m->cfg = NULL;
 }
 
+static void stats_add(struct hkv_client_stats *dst, const struct hkv_client_stats *src)
+{
+	uint64_t *d = (uint64_t *)dst;
+	const uint64_t *s = (const uint64_t *)src;
+
+	for (size_t k = 0; k < sizeof(*dst) / sizeof(uint64_t); k++)
+		d[k] += s[k];
+}
+
 static void sets_free(struct hkv_router *r)
 {
-	for (uint32_t i = 0; i < r->nsets; i++)
+	for (uint32_t i = 0; i < r->nsets; i++) {
+		stats_add(&r->sets_gone, &r->sets[i].h->stats); /* (its writes' counters) */
 		hkv_repl_close(r->sets[i].h);
+	}
 	hkv_free(r->sets);
 	r->sets = NULL;
 	r->nsets = 0;
@@ -741,17 +753,12 @@ void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 {
 	const struct hkv_router *r = c->router;
 
-	memset(out, 0, sizeof(*out));
-	for (uint32_t i = 0; i < r->nm; i++) {
-		const uint64_t *src;
-		uint64_t *dst = (uint64_t *)out;
-
-		if (!r->m[i].h)
-			continue;
-		src = (const uint64_t *)&r->m[i].h->stats;
-		for (size_t k = 0; k < sizeof(*out) / sizeof(uint64_t); k++)
-			dst[k] += src[k];
-	}
+	*out = r->sets_gone; /* replicated writes are counted by the sets */
+	for (uint32_t i = 0; i < r->nsets; i++)
+		stats_add(out, &r->sets[i].h->stats);
+	for (uint32_t i = 0; i < r->nm; i++)
+		if (r->m[i].h)
+			stats_add(out, &r->m[i].h->stats);
 }
 
 void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr)

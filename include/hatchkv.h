@@ -265,9 +265,11 @@ struct hkv_client_stats {
 	 * (docs/design.md): detected after the fact, undone, retried; never a success */
 	uint64_t stale_undone;
 	uint64_t stale_views; /* writes that re-read the key: view older than the bound */
-	/* replicas (hkv_config_set_replicas): decided writes of others this
-	 * handle finished, and its own writes that returned HKV_EUNKNOWN */
-	uint64_t repl_helps, repl_unknown;
+	/* replicas (hkv_config_set_replicas, or a replicated cluster): decided
+	 * writes of others this handle finished, its own writes that returned
+	 * HKV_EUNKNOWN, and those a write decided after a lost replica replaced
+	 * (done again on the new map) */
+	uint64_t repl_helps, repl_unknown, repl_superseded;
 };
 
 /* Counters of this handle since hkv_open(). */
