@@ -150,7 +150,7 @@ static int cmd_map(struct admin *a)
 	printf("%-10s %s\n", "PARTITION", "REPLICAS (primary first)");
 	for (uint32_t p = 0; p < map.partitions; p++) {
 		printf("%-10u", p);
-		for (uint32_t r = 0; r < map.replicas; r++)
+		for (uint32_t r = 0; r < hkv_cmap_len(&map, p); r++)
 			printf(" %s", hkv_cmap_server(&map, p, r));
 		printf("\n");
 	}
@@ -174,8 +174,9 @@ static int del_key(struct admin *a, const char *dir, const char *id)
 	return hkv_etcd_delete(a->e, key, 0, NULL);
 }
 
-/* Is the cluster a store (its identity says so)? 1, 0, or an error. */
-static int store_mode(struct admin *a)
+/* Is the cluster a store (its identity says so)? 1, 0, or an error; and
+ * its replicas (if repl is not NULL). */
+static int store_mode_r(struct admin *a, uint32_t *repl)
 {
 	char key[512];
 	struct hkv_etcd_kv *kvs;
@@ -188,9 +189,23 @@ static int store_mode(struct admin *a)
 	if (ret)
 		return ret;
 	if (n)
-		ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, &parts, hk, &store, NULL);
+		ret = hkv_cmap_identity_parse(kvs[0].value, kvs[0].vlen, &parts, hk, &store, repl);
 	hkv_etcd_kvs_free(kvs, n);
 	return ret ? ret : store;
+}
+
+static int store_mode(struct admin *a)
+{
+	return store_mode_r(a, NULL);
+}
+
+/* A replicated store cannot move partitions yet (filling a new replica is
+ * not built): 1 if the cluster is one. */
+static int replicated(struct admin *a)
+{
+	uint32_t repl = 1;
+
+	return store_mode_r(a, &repl) > 0 && repl > 1;
 }
 
 static int wait_off(struct admin *a, const char *id, int wait_s);
@@ -206,6 +221,19 @@ static int remove_safely(struct admin *a, const char *id, int wait_s, int force)
 
 	if (ret <= 0)
 		return ret;
+	if (replicated(a)) {
+		/* its partitions' other replicas serve on; unless it is the last */
+		if (!load_map(a, &map)) {
+			for (uint32_t p = 0; p < map.partitions; p++)
+				held += hkv_cmap_len(&map, p) == 1 && hkv_cmap_holds(&map, p, id);
+			hkv_cmap_free(&map);
+		}
+		if (!held || force)
+			return 0;
+		fprintf(stderr, "hatchkv-admin: %s is the last replica of %u partitions; their "
+				"items live only there (pass --force to give them up)\n", id, held);
+		return -EBUSY;
+	}
 	if (!load_map(a, &map)) {
 		held = primaries_of(&map, id);
 		hkv_cmap_free(&map);
@@ -298,6 +326,11 @@ int main(int argc, char **argv)
 		ret = cmd_members(&a);
 	} else if (!strcmp(cmd, "map")) {
 		ret = cmd_map(&a);
+	} else if (!strcmp(cmd, "drain") && replicated(&a)) {
+		fprintf(stderr, "hatchkv-admin: a replicated store cannot drain a live server yet "
+				"(filling a new replica is not built); `remove` drops it from its "
+				"partitions' lists instead\n");
+		ret = -ENOTSUP;
 	} else if (!strcmp(cmd, "drain")) {
 		ret = put_flag(&a, "drain", id);
 		if (!ret)
