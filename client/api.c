@@ -1093,6 +1093,57 @@ static int flush_all(struct hkv_client *c)
 	return op_end(c, &sc, 0);
 }
 
+/*
+ * A replicated store's flush_all: every key h holds a live entry of (and,
+ * with a filter, that it says to) is deleted through del - a replicated
+ * write each, which leaves tombstones; an index walk of each replica would
+ * change one replica behind the others' backs. Keys written meanwhile may
+ * survive, as with any flush. One READ per entry plus the delete.
+ */
+int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,
+			 int (*mine)(void *arg, const void *key, size_t klen), void *arg)
+{
+	uint64_t nslots, *slots = hkv_malloc(INDEX_CHUNK * sizeof(*slots));
+	uint8_t key[HKV_MAX_KEY];
+	int ret = slots ? hkv_revive(h) : -ENOMEM;
+
+	nslots = h->g.nbuckets * HKV_BUCKET_SLOTS;
+	for (uint64_t first = 0; !ret && first < nslots; first += INDEX_CHUNK) {
+		int chunk;
+
+		if ((ret = read_index_chunk(h, first, (uint64_t *)h->rblk, &chunk)))
+			break;
+		memcpy(slots, h->rblk, (size_t)chunk * sizeof(*slots));
+		for (int i = 0; i < chunk && !ret; i++) {
+			const struct hkv_block_hdr *bh = (const struct hkv_block_hdr *)h->rblk;
+			uint32_t len = HKV_BLOCK_HDR + HKV_MAX_KEY, cls;
+			struct hkv_wr wr;
+			uint16_t klen;
+
+			if (!slots[i] || !hkv_slot_sane(h, slots[i]))
+				continue;
+			cls = hkv_slot_class(slots[i]);
+			if (len > h->g.class_size[cls])
+				len = h->g.class_size[cls];
+			wr = hkv_wr_read(h, h->rblk, hkv_slot_off(slots[i]), len);
+			if ((ret = hkv_exec(h, &wr, 1)))
+				break;
+			klen = bh->klen;
+			if (hkv_meta_state(bh->meta) != HKV_BLK_LIVE || hkv_block_tomb(bh) || !klen ||
+			    klen > HKV_MAX_KEY || HKV_BLOCK_HDR + (uint32_t)klen > len)
+				continue; /* (torn, or a tombstone: a bad key only misses) */
+			memcpy(key, h->rblk + HKV_BLOCK_HDR, klen);
+			if (mine && !mine(arg, key, klen))
+				continue;
+			ret = hkv_delete(del, key, klen);
+			if (ret == HKV_ENOTFOUND || ret == -EINVAL)
+				ret = 0;
+		}
+	}
+	hkv_free(slots);
+	return ret;
+}
+
 HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 {
 	int ret;
@@ -1100,7 +1151,7 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 	if (c->router)
 		return hkv_router_flush_all(c);
 	if (c->repl)
-		return -ENOTSUP; /* (a flush must be replicated deletes, key by key: not yet) */
+		return hkv_flush_by_deletes(hkv_repl_primary(c), c, NULL, NULL);
 	ret = hkv_revive(c);
 	if (ret)
 		return ret;

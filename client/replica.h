@@ -43,6 +43,9 @@ void hkv_repl_members(struct hkv_client *c, struct hkv_client *const *hs);
 int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);
 /* The primary's handle (reads go there). */
 struct hkv_client *hkv_repl_primary(const struct hkv_client *c);
+/* flush_all by replicated deletes of what h holds (api.c): mine filters. */
+int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,
+			 int (*mine)(void *arg, const void *key, size_t klen), void *arg);
 void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out);
 void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
 

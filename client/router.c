@@ -694,10 +694,52 @@ static int flush_one(struct hkv_client *h, void *arg)
 	return hkv_flush_all(h);
 }
 
+struct primary_of {
+	struct hkv_router *r;
+	uint32_t i; /* a member */
+};
+
+/* Is member i the primary of key's partition? */
+static int is_primary(void *arg, const void *key, size_t klen)
+{
+	struct primary_of *po = arg;
+
+	return po->r->part[hkv_cmap_partition(&po->r->map, key, klen)] == po->i;
+}
+
+static int flush_replicated(struct hkv_client *c)
+{
+	struct hkv_router *r = c->router;
+	int first = view_fresh(r, hkv_coarse_ns());
+
+	if (first)
+		return first;
+	for (uint32_t i = 0; i < r->nm; i++) {
+		struct primary_of po = {r, i};
+		struct hkv_config *cfg = NULL;
+		struct hkv_client *h = NULL;
+		int ret;
+
+		/* the walk on a handle of its own (the deletes route, and may
+		 * reopen the members'); each key through its primary's walk */
+		if (!r->m[i].endpoint[0])
+			ret = HKV_EUNAVAILABLE;
+		else if (!(cfg = config_like(r->tmpl, r->m[i].endpoint)))
+			ret = -errno;
+		else if (!(ret = hkv_open(cfg, &h)))
+			ret = hkv_flush_by_deletes(h, c, is_primary, &po);
+		hkv_close(h);
+		hkv_config_free(cfg);
+		if (ret && !first)
+			first = ret;
+	}
+	return first;
+}
+
 int hkv_router_flush_all(struct hkv_client *c)
 {
 	if (c->router->map.replicas > 1)
-		return -ENOTSUP; /* (as on any replicated handle) */
+		return flush_replicated(c); /* replicated deletes, key by key */
 	return each_member(c, flush_one, NULL);
 }
 
