@@ -166,6 +166,7 @@ static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
 		/* a miss; reclaim its memory now (one round trip, expired hits only;
 		 * never on a replica, which only replicated writes change) */
 		if (!c->readonly && !c->repl_member && it->state == HKV_BLK_LIVE &&
+		    !(hkv_item_hdr(it)->pred & HKV_PRED_REPL) &&
 		    hkv_publish_remove(c, it, NULL) == 0)
 			c->stats.expired_reclaimed++;
 		hkv_cache_drop(c->cache, k->h);

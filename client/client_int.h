@@ -296,9 +296,9 @@ static inline uint64_t hkv_raddr(const struct hkv_client *c, uint64_t off)
 
 /* Is [off, off+len) a whole block inside one segment of the data area? */
 /*
- * A write id for a new logical write: 63 random bits at open, then counting,
+ * A write id for a new logical write: 62 random bits at open, then counting,
  * never 0 (0 is "none" to callers). Two writes of one key share an id only if
- * two handles' counters meet: about 2^-63 per comparison.
+ * two handles' counters meet: about 2^-62 per comparison.
  */
 static inline uint64_t hkv_next_wid(struct hkv_client *c)
 {

@@ -250,7 +250,7 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 		if (ret)
 			return ret;
 		nv.wid = hkv_next_wid(c); /* (a touch too: every write its own id) */
-		nv.pred = cur.wid | (tomb ? HKV_PRED_TOMB : 0);
+		nv.pred = cur.wid | HKV_PRED_REPL | (tomb ? HKV_PRED_TOMB : 0);
 		posts = conn_posts(hk);
 		ret = apply(hk, key, klen, cur.wid, &nv, NULL);
 		if (!ret)
@@ -287,6 +287,8 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 		ret = apply(rp->h[i], key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
 		if (ret == HKV_EVERSION)
 			ret = settled(c, key, klen, i, cur.wid, nv.wid);
+		else if (ret) /* decided: the next write of the key finishes it */
+			ret = HKV_EUNKNOWN;
 		if (ret) {
 			if (ret == HKV_EUNKNOWN)
 				c->stats.repl_unknown++;

@@ -39,13 +39,16 @@
  *   24 u32 exptime  absolute Unix seconds, 0 = never
  *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
  *                   (readers refresh it; not in crc)
- *   32 u64 wid      write id: fresh (never 0, below 2^63) for each logical
+ *   32 u64 wid      write id: fresh (never 0, below 2^62) for each logical
  *                   write, kept when the item is copied or moved; the item's
  *                   cas version
- *   40 u64 pred     replicated writes (client/replica.c): bits 0..62 the wid
+ *   40 u64 pred     replicated writes (client/replica.c): bits 0..61 the wid
  *                   of the write this one replaced (0: the key was absent);
- *                   bit 63 (HKV_PRED_TOMB) set: a tombstone, the key deleted
- *                   (readers see a miss). 0 in an unreplicated store.
+ *                   bit 62 (HKV_PRED_REPL): written by a replicated write
+ *                   (a read never removes it when expired: replicas change
+ *                   only together); bit 63 (HKV_PRED_TOMB): a tombstone,
+ *                   the key deleted (readers see a miss). 0 in an
+ *                   unreplicated store.
  *   48 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
  *   about to be by the writer that marked it), 3 pending (an insert not yet
@@ -196,7 +199,8 @@ struct hkv_block_hdr {
 _Static_assert(sizeof(struct hkv_block_hdr) == HKV_BLOCK_HDR, "block header size");
 
 #define HKV_PRED_TOMB (1ull << 63) /* in pred: this block is a tombstone */
-#define HKV_WID_MASK  (HKV_PRED_TOMB - 1)
+#define HKV_PRED_REPL (1ull << 62) /* in pred: written by a replicated write */
+#define HKV_WID_MASK  (HKV_PRED_REPL - 1) /* write ids, and pred's */
 
 static inline int hkv_block_tomb(const struct hkv_block_hdr *h)
 {
