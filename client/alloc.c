@@ -231,7 +231,10 @@ static int survey(struct hkv_client *c, uint32_t cls)
 			}
 		}
 	}
-	ca->scarce = nfree * 8 < total;
+	/* short: under 1/8 of the class free, and no FREE segment left to
+	 * carve (a dense class in a store with room is not short: its writers
+	 * hold and claim as usual instead of waiting on their few blocks' rest) */
+	ca->scarce = nfree * 8 < total && !hkv_alloc_any_free(c);
 	ca->survey_ns = hkv_now_ns();
 	c->stats.surveys++;
 	if (!ca->nhints)
