@@ -48,6 +48,8 @@
  *                        the decider the new; the next write finishes it.
  *  test_checker_victims  the checker with writers SIGKILLed at those
  *                        points mixed in (their ops of unknown outcome).
+ *  test_rounds           round trips per get/insert/update/incr/delete at r = 1, 2, 3
+ *                        (a GET one READ; a warm update 2r).
  *  test_flush            flush_all deletes every key on every replica (replicated
  *                        deletes); the keys are writable again.
  *  test_cache_refused
@@ -1746,6 +1748,80 @@ static void test_writer_killed(void)
 
 /* ---- flush_all, cache mode -------------------------------------------------------------------- */
 
+/* Round trips (the transport's counters, summed over the replicas) of one
+ * op of each kind on handle c: a warm get, an insert of a new key, a warm
+ * update (set), incr, delete; *rt[5] in that order. */
+static void rounds_of(struct hkv_client *c, const char *tag, uint64_t rt[5])
+{
+	char k[32], n[32];
+	uint64_t t0, t1, x, y, v;
+	size_t len;
+
+	snprintf(k, sizeof(k), "rounds-%s", tag);
+	snprintf(n, sizeof(n), "rounds-n-%s", tag);
+	set_str(c, k, "warm"); /* (warm: its locations cached everywhere, */
+	set_str(c, n, "1");    /* and blocks of the class held on every replica) */
+	for (int i = 0; i < 8; i++) {
+		char w[32];
+
+		snprintf(w, sizeof(w), "rounds-w%d-%s", i, tag);
+		set_str(c, w, "new");
+		set_str(c, w, "update");
+		hkv_incr(c, n, strlen(n), 1, &v);
+		hkv_delete(c, w, strlen(w));
+	}
+	hkv_get(c, k, strlen(k), (char[16]){0}, 16, &len, NULL);
+#define RT_OF(slot, call)                                                                  \
+	do {                                                                               \
+		hkv_client_totals(c, &t0, &x, &y);                                         \
+		call;                                                                      \
+		hkv_client_totals(c, &t1, &x, &y);                                         \
+		rt[slot] = t1 - t0;                                                        \
+	} while (0)
+	RT_OF(0, hkv_get(c, k, strlen(k), (char[16]){0}, 16, &len, NULL));
+	snprintf(k, sizeof(k), "rounds-new-%s", tag);
+	RT_OF(1, set_str(c, k, "new"));
+	set_str(c, k, "update0");
+	RT_OF(2, set_str(c, k, "update"));
+	RT_OF(3, hkv_incr(c, n, strlen(n), 1, &v));
+	RT_OF(4, hkv_delete(c, k, strlen(k)));
+#undef RT_OF
+}
+
+/* Round trips per operation at r = 1 (a direct handle), 2 and 3: a GET is
+ * one READ of the primary whatever r; a warm update takes 2 per replica
+ * (READ + WRITE/CAS/CAS) and the primary's READ; printed for the README. */
+static void test_rounds(void)
+{
+	static const char *what[5] = {"get", "insert", "update", "incr", "delete"};
+	uint64_t rt[4][5];
+
+	CHECK(srv_up);
+	rounds_of(direct[0], "r1", rt[1]);
+	for (int r = 2; r <= 3; r++) {
+		struct hkv_client *c = repl_open(r);
+		char tag[8];
+
+		CHECK(c);
+		snprintf(tag, sizeof(tag), "r%d", r);
+		rounds_of(c, tag, rt[r]);
+		hkv_close(c);
+	}
+	printf("# round trips per op (transport counters) r=1 / r=2 / r=3:");
+	for (int i = 0; i < 5; i++)
+		printf(" %s %llu/%llu/%llu%s", what[i], (unsigned long long)rt[1][i],
+		       (unsigned long long)rt[2][i], (unsigned long long)rt[3][i], i < 4 ? "," : "\n");
+	/* a GET: one READ of the primary; a warm update or delete (a tombstone):
+	 * R0's READ, READ + publish per other replica, R0's publish on that
+	 * READ's view: 2r (+1 where a replica's handle claims more blocks, a
+	 * round trip per up to 16 writes) */
+	for (int r = 2; r <= 3; r++) {
+		CHECK(rt[r][0] == 1);
+		CHECK(rt[r][2] >= 2 * (uint64_t)r && rt[r][2] <= 3 * (uint64_t)r);
+		CHECK(rt[r][4] >= 2 * (uint64_t)r && rt[r][4] <= 3 * (uint64_t)r);
+	}
+}
+
 /* (own servers: the shared ones hold keys tests wrote on one replica only) */
 static void test_flush(void)
 {
@@ -2027,6 +2103,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_helper_race);
 	RUN_TEST(test_writer_killed);
 	RUN_TEST(test_checker_victims);
+	RUN_TEST(test_rounds);
 	RUN_TEST(test_flush);
 	RUN_TEST(test_cache_refused);
 	for (int i = 0; i < NSRV; i++) {
