@@ -233,8 +233,10 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	}
 	ret = hkv_store_admit(cc->ctl->store, &w, !full);
 	if (ret) {
-		refuse(cc, ret, ret == HKV_EDISCONNECTED ? "fenced: not serving (cluster lease in doubt)"
-							: "too many clients");
+		refuse(cc, ret, ret == HKV_EDISCONNECTED
+					? "fenced: not serving for now (cluster: settling on the map, "
+					  "moving partitions, or lease in doubt)"
+					: "too many clients");
 		return;
 	}
 	w.transport = o->kind;

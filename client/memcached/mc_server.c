@@ -1625,7 +1625,22 @@ static void learn_limits(struct mc_server *s)
 	s->max_value = (uint32_t)s->o.item_max;
 	if (hkv_open(s->cfg, &h))
 		return;
-	hkv_server_info(h, &si);
+	/* a cluster's servers may refuse for a moment (settling on a new map):
+	 * none answered means nothing learnt, never a limit of 0 */
+	for (int tries = 0;; tries++) {
+		struct timespec ts = {0, 100000000L};
+
+		hkv_server_info(h, &si);
+		if (si.max_value || tries == 50)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	if (!si.max_value) {
+		hkv_warn("no hatchkv server answered yet: values up to -I %zu bytes",
+			 s->o.item_max);
+		hkv_close(h);
+		return;
+	}
 	if (si.max_value < s->max_value) {
 		hkv_warn("the hatchkv server's largest value is %u bytes (< -I %zu)", si.max_value,
 			 s->o.item_max);
