@@ -104,9 +104,14 @@ int hkv_retry_wait(struct hkv_client *c, struct retry *r)
 	if (unit < 1000)
 		unit = 1000;
 	until = now + hkv_rand(c) % (unit << shift);
-	while (hkv_now_ns() < until)
-		if (until - hkv_now_ns() > 20000)
+	while (hkv_now_ns() < until) {
+		if (until - hkv_now_ns() <= 20000)
+			continue;
+		if (hkv_conn_idle.fn) /* a pipe's lane: the other lanes run */
+			hkv_conn_idle.fn(hkv_conn_idle.arg);
+		else
 			sched_yield(); /* a long wait: let the contenders run */
+	}
 	r->attempt++;
 	r->last = hkv_now_ns();
 	return 0;

@@ -149,8 +149,17 @@ struct hkv_router {
 static void nap_10ms(void)
 {
 	struct timespec ts = {0, 10000000L};
+	uint64_t end;
 
-	nanosleep(&ts, NULL);
+	if (!hkv_conn_idle.fn) {
+		nanosleep(&ts, NULL);
+		return;
+	}
+	/* a pipe's lane (hatchkv-memcached's connections): the other lanes run
+	 * meanwhile, instead of the whole thread sleeping */
+	end = hkv_coarse_ns() + 10000000ull;
+	while (hkv_coarse_ns() < end)
+		hkv_conn_idle.fn(hkv_conn_idle.arg);
 }
 
 static int member_index(struct hkv_router *r, const char *id)
