@@ -109,8 +109,9 @@ HKV_EXPORT void hkv_close(struct hkv_client *c);
 /* ---- operations ----------------------------------------------------------- */
 
 struct hkv_item_info {
-	uint64_t version; /* for hkv_cas(): new with every write of the key; kept by a touch and
-			   * when a server moves the item */
+	uint64_t version; /* for hkv_cas(): new with every write of the key; kept by a touch
+			   * (not on a replicated handle, where a touch is a write like
+			   * any other) and when a server moves the item */
 	uint32_t flags;   /* opaque client flags stored with the value */
 	uint32_t exptime; /* absolute Unix time it expires, 0 = never */
 };
