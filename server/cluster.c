@@ -680,7 +680,8 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 
 	if (!mk) {
 		/* the first map: once `replicas` servers have joined and no other
-		 * joined for a second (servers started together all get lists) */
+		 * joined for a lease TTL (servers started together all get lists,
+		 * on a slow host too) */
 		if (n != cl->first_n) {
 			cl->first_n = n;
 			cl->first_ns = boot_ns();
@@ -693,7 +694,7 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 			}
 			return 0;
 		}
-		if (boot_ns() - cl->first_ns < 1000000000ull)
+		if (boot_ns() - cl->first_ns < (uint64_t)cl->ttl_s * 1000000000ull)
 			return 0;
 		ret = hkv_cmap_place(want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
 		return ret ? ret : commit_map(cl, sn, NULL, want, 0, 0);

@@ -81,7 +81,8 @@ static void usage(FILE *f)
 		"  -P, --partitions N         partitions, if this server creates the map (default 64)\n"
 		"  -R, --replicas N           store mode, if this server creates the map: keep each\n"
 		"                             partition on N servers (1..3, default 1); the map is\n"
-		"                             made once N have joined, and a lost server is dropped\n"
+		"                             made once N have joined and none joined for a lease\n"
+		"                             TTL; a lost server is dropped\n"
 		"                             from its lists (docs/design.md, \"Replicas\")\n"
 		"  -h, --help\n");
 }
