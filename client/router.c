@@ -143,6 +143,7 @@ struct hkv_router {
 	atomic_int dirty, stop;
 	_Atomic int64_t seen_rev;   /* etcd's revision when the view was read */
 	_Atomic uint64_t valid_ns;  /* the view is known current as of then */
+	atomic_uint lease_ms;       /* the map's route lease (the watcher reads it) */
 	char dir_key[300];
 };
 
@@ -289,6 +290,7 @@ static int reload(struct hkv_router *r)
 	sets_free(r); /* (member indexes changed) */
 	hkv_cmap_free(&r->map);
 	r->map = map;
+	atomic_store(&r->lease_ms, hkv_cmap_route_lease(&map));
 	hkv_debug("client: map epoch %lld, %u partitions on %u servers", (long long)map.epoch,
 		  map.partitions, map.nnames);
 valid:
@@ -314,13 +316,16 @@ static void *watch_thread(void *arg)
 
 	while (!atomic_load(&r->stop)) {
 		int64_t got = 0, hdr = 0, seen = atomic_load(&r->seen_rev);
+		/* (proves the view at least three times per route lease) */
+		int n, ret, wait_ms = (int)atomic_load(&r->lease_ms) / 3;
 		uint64_t t_sent;
 		struct hkv_etcd_kv *kvs;
-		int n, ret;
 
 		if (seen > rev)
 			rev = seen;
-		ret = hkv_etcd_watch_wait(r->we, r->dir_key, 1, rev, ROUTER_WATCH_MS, &got);
+		if (!wait_ms || wait_ms > ROUTER_WATCH_MS)
+			wait_ms = ROUTER_WATCH_MS;
+		ret = hkv_etcd_watch_wait(r->we, r->dir_key, 1, rev, wait_ms, &got);
 		if (!ret) {
 			rev = got;
 			atomic_store(&r->dirty, 1);
@@ -434,7 +439,7 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
  * watcher saw a change). 0, or why not. */
 static int view_fresh(struct hkv_router *r, uint64_t now)
 {
-	uint64_t lease = HKV_CLUSTER_ROUTE_LEASE_MS * 1000000ull;
+	uint64_t lease = hkv_cmap_route_lease(&r->map) * 1000000ull;
 
 	if ((atomic_load_explicit(&r->dirty, memory_order_relaxed) &&
 	     atomic_exchange(&r->dirty, 0)) ||

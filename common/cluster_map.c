@@ -224,6 +224,14 @@ int hkv_cmap_parse(const char *json, size_t len, struct hkv_cmap *map)
 		goto out;
 	map->partitions = (uint32_t)parts;
 	map->replicas = (uint32_t)repl;
+	if (json_object_object_get_ex(o, "route_lease_ms", NULL)) {
+		uint64_t ms;
+
+		if (get_u64(o, "route_lease_ms", &ms) || ms < HKV_CLUSTER_ROUTE_LEASE_MIN ||
+		    ms > HKV_CLUSTER_ROUTE_LEASE_MAX)
+			goto out;
+		map->route_lease_ms = (uint32_t)ms;
+	}
 	map->names = hkv_calloc(HKV_CLUSTER_MAX_SERVERS, sizeof(*map->names));
 	map->repl = hkv_calloc(parts * repl, sizeof(*map->repl));
 	map->len = hkv_calloc(parts, 1);
@@ -277,6 +285,9 @@ char *hkv_cmap_format(const struct hkv_cmap *map)
 	sodium_bin2hex(hex, sizeof(hex), map->hash_key, 16);
 	json_object_object_add(o, "partitions", json_object_new_int64(map->partitions));
 	json_object_object_add(o, "replicas", json_object_new_int64(map->replicas));
+	if (map->route_lease_ms && map->route_lease_ms != HKV_CLUSTER_ROUTE_LEASE_MS)
+		json_object_object_add(o, "route_lease_ms",
+				       json_object_new_int64(map->route_lease_ms));
 	json_object_object_add(o, "hash_key", json_object_new_string(hex));
 	for (uint32_t p = 0; p < map->partitions; p++) {
 		json_object *list = json_object_new_array();

@@ -55,7 +55,9 @@
  * partitions of a server that left away only after it has been gone for
  * longer. So a server that stopped (its CPU frozen, its NIC still serving)
  * takes no write after its partitions have a new home. */
-#define HKV_CLUSTER_ROUTE_LEASE_MS 1500
+#define HKV_CLUSTER_ROUTE_LEASE_MS 1500 /* the default: the map may say another */
+#define HKV_CLUSTER_ROUTE_LEASE_MIN 200
+#define HKV_CLUSTER_ROUTE_LEASE_MAX 60000
 
 struct hkv_cmember {
 	char id[HKV_CLUSTER_ID_MAX];
@@ -72,6 +74,8 @@ struct hkv_cmap {
 	uint16_t *repl; /* partitions x replicas indexes into names */
 	uint8_t *len;   /* each partition's list length (NULL: all `replicas` long) */
 	int64_t epoch;  /* etcd mod_revision of PREFIX/map (0: not stored yet) */
+	uint32_t route_lease_ms; /* clients route on a view this young ("route_lease_ms"
+				  * in the map; 0 or absent: HKV_CLUSTER_ROUTE_LEASE_MS) */
 };
 
 /* 1 if s is a valid server name. */
@@ -121,6 +125,11 @@ const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r);
 static inline uint32_t hkv_cmap_len(const struct hkv_cmap *map, uint32_t p)
 {
 	return map->len ? map->len[p] : map->replicas;
+}
+/* How young a view must be to route on (ms). */
+static inline uint32_t hkv_cmap_route_lease(const struct hkv_cmap *map)
+{
+	return map->route_lease_ms ? map->route_lease_ms : HKV_CLUSTER_ROUTE_LEASE_MS;
 }
 /* Is id on partition p's list (any position)? */
 int hkv_cmap_holds(const struct hkv_cmap *map, uint32_t p, const char *id);

@@ -18,7 +18,7 @@
 
 /* A loser that left (its lease ended) is given up on only once clients
  * that saw it a member can no longer route to it (their route lease). */
-#define GONE_WAIT_NS ((HKV_CLUSTER_ROUTE_LEASE_MS + 500) * 1000000ull)
+
 
 struct gone {
 	char id[HKV_CLUSTER_ID_MAX];
@@ -33,6 +33,8 @@ struct hkv_cluster {
 	char *member_json;
 	int ttl_s;
 	uint32_t partitions, replicas;
+	uint32_t route_lease_ms; /* for the first map (--route-lease-ms) */
+	uint32_t map_lease_ms;   /* the route lease of the last map we read */
 	uint32_t first_n;  /* replicated: members seen before the first map, since */
 	uint64_t first_ns;
 	pthread_t thr, kthr;
@@ -362,7 +364,17 @@ static void gone_prune(struct hkv_cluster *cl, const struct snap *sn)
 			i++;
 }
 
-/* Has id, no member now, been no member for GONE_WAIT_NS? (From the first
+/* A server gone this long is routed to by no client: the map's route lease
+ * (the longest of the last map seen and ours) and a margin. */
+static uint64_t gone_wait_ns(const struct hkv_cluster *cl)
+{
+	uint32_t ms = cl->map_lease_ms > cl->route_lease_ms ? cl->map_lease_ms
+							    : cl->route_lease_ms;
+
+	return ((uint64_t)ms + 500) * 1000000ull;
+}
+
+/* Has id, no member now, been no member for gone_wait_ns()? (From the first
  * round that saw it so: no earlier than its lease really ended.) */
 static int gone_long_enough(struct hkv_cluster *cl, const char *id)
 {
@@ -371,7 +383,7 @@ static int gone_long_enough(struct hkv_cluster *cl, const char *id)
 
 	for (uint32_t i = 0; i < cl->ngone; i++)
 		if (!strcmp(cl->gone[i].id, id))
-			return now - cl->gone[i].since_ns >= GONE_WAIT_NS;
+			return now - cl->gone[i].since_ns >= gone_wait_ns(cl);
 	g = hkv_realloc(cl->gone, (cl->ngone + 1) * sizeof(*g));
 	if (!g)
 		return 0;
@@ -697,6 +709,7 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 		if (boot_ns() - cl->first_ns < (uint64_t)cl->ttl_s * 1000000000ull)
 			return 0;
 		ret = hkv_cmap_place(want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
+		want->route_lease_ms = cl->route_lease_ms;
 		return ret ? ret : commit_map(cl, sn, NULL, want, 0, 0);
 	}
 	ret = hkv_cmap_parse(mk->value, mk->vlen, &cur);
@@ -711,6 +724,7 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 		hkv_cmap_free(&cur);
 		return ret;
 	}
+	cl->map_lease_ms = hkv_cmap_route_lease(&cur);
 	for (uint32_t i = 0; i < cur.nnames; i++) {
 		const char *id = cur.names[i];
 
@@ -760,12 +774,14 @@ static int recompute_map(struct hkv_cluster *cl, const struct snap *sn)
 		}
 		rev = mk->mod_rev;
 		cur.epoch = rev;
+		cl->map_lease_ms = hkv_cmap_route_lease(&cur);
 		if (nk) {
 			ret = drive_move(cl, sn, nk, &cur, rev);
 			goto out;
 		}
 	}
 	ret = hkv_cmap_place(&want, (const char (*)[HKV_CLUSTER_ID_MAX])ids, n);
+	want.route_lease_ms = mk ? cur.route_lease_ms : cl->route_lease_ms; /* (fixed by the first) */
 	if (!ret && mk && cl->store_mode)
 		ret = store_placement(cl, sn, &cur, &want);
 	if (ret || (mk && same_placement(&cur, &want)))
@@ -1238,6 +1254,7 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	cl->ttl_s = o->ttl_s;
 	cl->partitions = o->partitions;
 	cl->replicas = o->replicas ? o->replicas : 1;
+	cl->route_lease_ms = o->route_lease_ms ? o->route_lease_ms : HKV_CLUSTER_ROUTE_LEASE_MS;
 	cl->store_mode = o->store_mode;
 	snprintf(m.id, sizeof(m.id), "%s", o->id);
 	snprintf(m.endpoint, sizeof(m.endpoint), "%s", o->endpoint);

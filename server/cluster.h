@@ -58,6 +58,7 @@ struct hkv_cluster_opts {
 	int ttl_s;            /* lease TTL (>= 2: etcd's minimum) */
 	uint32_t partitions;  /* used if this server creates the map */
 	uint32_t replicas;    /* the cluster's (its identity's) */
+	uint32_t route_lease_ms; /* for the first map: clients route on views this young */
 	int store_mode;       /* the cluster's mode (its identity's) */
 };
 

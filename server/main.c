@@ -79,6 +79,9 @@ static void usage(FILE *f)
 		"  -L, --lease-ttl SECONDS    etcd lease; the server fences itself (drops every\n"
 		"                             client) 1 s before it could expire (default 5, >= 2)\n"
 		"  -P, --partitions N         partitions, if this server creates the map (default 64)\n"
+		"  -T, --route-lease-ms MS    if this server creates the map: clients route on a\n"
+		"                             view of it confirmed this recently, and a lost server\n"
+		"                             is given up 0.5 s after that (default 1500; 200..60000)\n"
 		"  -R, --replicas N           store mode, if this server creates the map: keep each\n"
 		"                             partition on N servers (1..3, default 1); the map is\n"
 		"                             made once N have joined and none joined for a lease\n"
@@ -123,11 +126,12 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"lease-ttl", required_argument, NULL, 'L'},
 		{"partitions", required_argument, NULL, 'P'},
 		{"replicas", required_argument, NULL, 'R'},
+		{"route-lease-ms", required_argument, NULL, 'T'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:T:vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -194,6 +198,13 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			o->cluster.replicas = (uint32_t)strtoul(optarg, NULL, 10);
 			if (o->cluster.replicas < 1 || o->cluster.replicas > HKV_CLUSTER_MAX_REPLICAS)
 				return fprintf(stderr, "bad --replicas '%s' (1..3)\n", optarg), -1;
+			break;
+		case 'T':
+			o->cluster.route_lease_ms = (uint32_t)strtoul(optarg, NULL, 10);
+			if (o->cluster.route_lease_ms < HKV_CLUSTER_ROUTE_LEASE_MIN ||
+			    o->cluster.route_lease_ms > HKV_CLUSTER_ROUTE_LEASE_MAX)
+				return fprintf(stderr, "bad --route-lease-ms '%s' (200..60000)\n",
+					       optarg), -1;
 			break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);

@@ -125,7 +125,7 @@ static int member(struct hkvserver *s, const char *id, int again)
 {
 	const char *extra[] = {"--cluster", curi, "--id", id, "--lease-ttl", TTL,
 			       "--partitions", "1024", "--token-file", token_file,
-			       "--cache", NULL, NULL, NULL, NULL};
+			       "--cache", NULL, NULL, NULL, NULL, NULL, NULL};
 	char file[256];
 
 	if (store_mode) { /* warm restarts: the region in a file */
@@ -133,9 +133,11 @@ static int member(struct hkvserver *s, const char *id, int again)
 		extra[10] = "--memory-file";
 		extra[11] = file;
 	}
-	if (repl_mode) { /* (only the first server's counts: it writes the identity) */
+	if (repl_mode) { /* (only the first server's count: it makes the identity, the map) */
 		extra[12] = "--replicas";
 		extra[13] = "2";
+		extra[14] = "--route-lease-ms";
+		extra[15] = "500";
 	}
 	return again ? hkvserver_restart_noclient(s, "32M", "256K", extra)
 		     : hkvserver_start_noclient(s, use_verbs, "32M", "256K", extra);
@@ -1347,7 +1349,7 @@ static void test_repl_kill(void)
 		hkv_close(direct);
 	}
 	hot_start(thr);
-	sleep_ms(1500);
+	sleep_ms(use_verbs ? 5000 : 1500); /* (the guest: ~100 ops/s per thread) */
 	hkvserver_kill(&rsrv[1]);
 	t0 = now_ms();
 	/* reads of keys rb backs up never stop (the primary alone serves them) */
@@ -1370,11 +1372,15 @@ static void test_repl_kill(void)
 			sleep_ms(20);
 	}
 	CHECK(t_write != 0);
-	printf("# rb SIGKILLed (lease TTL %s s): keys it backed up read after %llu ms; the "
-	       "first acknowledged write on a key it was primary of after %llu ms\n", TTL,
-	       (unsigned long long)(t_read - t0), (unsigned long long)(t_write - t0));
+	printf("# rb SIGKILLed (lease TTL %s s, route lease %u ms): keys it backed up read after "
+	       "%llu ms; the first acknowledged write on a key it was primary of after %llu ms\n",
+	       TTL, hkv_cmap_route_lease(&map), (unsigned long long)(t_read - t0),
+	       (unsigned long long)(t_write - t0));
+	CHECK(hkv_cmap_route_lease(&map) == 500);
+	/* the lease runs out within TTL; then 0.5 s + the route lease */
+	CHECK(t_write - t0 <= (uint64_t)atoi(TTL) * 1000 + 3000);
 	CHECK_RC(set_str(c, kb, "after-b"), 0);
-	sleep_ms(1000);
+	sleep_ms(use_verbs ? 5000 : 1000);
 	hot_stop_and_check(thr);
 	CHECK_RC(wait_dropped("rb", 20000, &after), 0);
 	CHECK(after.epoch != map.epoch);
