@@ -123,7 +123,7 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 {
 	static int seq;
 	char bin[4096], sock[160], log[160];
-	const char *argv[32];
+	const char *argv[48];
 	const char *addr = getenv("HKV_RDMA_ADDR");
 	int argc = 0, last = 0;
 
@@ -165,7 +165,7 @@ static int start_once(struct hkvserver *s, int verbs, const char *memory, const 
 		argv[argc++] = "--listen";
 		argv[argc++] = addr ? addr : "192.0.2.1";
 	}
-	for (int i = 0; extra && extra[i] && argc < 30; i++)
+	for (int i = 0; extra && extra[i] && argc < 46; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;
 	fflush(NULL);
