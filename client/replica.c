@@ -43,6 +43,7 @@ struct hkv_repl {
 	uint8_t *cur, *dec; /* block copies: R0's entry, the decider's */
 	size_t cap;
 	uint64_t pend_wid, pend_ns; /* a write seen pending on the decider, since when */
+	uint64_t route_end_ns; /* a router's: its view's route lease ends (coarse clock) */
 };
 
 /* What a replica holds for a key: nothing, or an entry (its block in buf). */
@@ -137,13 +138,34 @@ static int help(struct hkv_client *c, const void *key, size_t klen, const struct
 	struct value v = value_of(d);
 
 	for (int i = rp->r - 2; i >= 0; i--) {
+		struct rstate st;
 		int ret = apply(rp->h[i], key, klen, d->pred & HKV_WID_MASK, &v, NULL);
 
 		if (ret && ret != HKV_EVERSION)
 			return ret;
+		/* refused: done there already - or, after a cluster dropped a
+		 * decider, that replica took another write from the same pred
+		 * (d was superseded): then never on the replicas below it */
+		if (ret && (read_state(rp, rp->h[i], key, klen, rp->cur, &st, 1) || !st.present ||
+			    st.wid != d->wid))
+			return 0;
 	}
 	c->stats.repl_helps++;
 	return 0;
+}
+
+/* A router's replicated handle acts only within its view's route lease: a
+ * write that has not decided by then is done again on a fresh view
+ * (HKV_EDISCONNECTED: nothing was done), so nothing acts on a list the
+ * coordinator may have changed since (it waits the lease + 0.5 s). */
+static int route_over(const struct hkv_repl *rp)
+{
+	return rp->route_end_ns && hkv_coarse_ns() >= rp->route_end_ns;
+}
+
+void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns)
+{
+	c->repl->route_end_ns = end_ns;
 }
 
 /* The op's new value from the primary's entry cur, or its answer (<0). */
@@ -195,11 +217,11 @@ static int settled(struct hkv_client *c, const void *key, size_t klen, int i, ui
 	struct rstate st;
 	int ret = read_state(rp, rp->h[i], key, klen, rp->dec, &st, 1);
 
-	if (ret)
+	if (ret || !st.present) /* (absent after a decided write: that replica lost data) */
 		return HKV_EUNKNOWN;
-	if (st.present && st.wid == w)
+	if (st.wid == w)
 		return 0;
-	if (st.present && (st.pred & HKV_WID_MASK) == a) {
+	if ((st.pred & HKV_WID_MASK) == a) {
 		c->stats.repl_superseded++;
 		return HKV_EDISCONNECTED;
 	}
@@ -249,6 +271,8 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 			ret = next_value(c, op, &cur, &nv, &tomb);
 		if (ret)
 			return ret;
+		if (route_over(rp))
+			return HKV_EDISCONNECTED; /* (nothing decided: the router routes again) */
 		nv.wid = hkv_next_wid(c); /* (a touch too: every write its own id) */
 		nv.pred = cur.wid | HKV_PRED_REPL | (tomb ? HKV_PRED_TOMB : 0);
 		posts = conn_posts(hk);
@@ -271,7 +295,7 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 			if (rp->pend_wid != dec.wid) {
 				rp->pend_wid = dec.wid;
 				rp->pend_ns = now;
-			} else if (now - rp->pend_ns >= HKV_HELP_MS * 1000000ull) {
+			} else if (now - rp->pend_ns >= HKV_HELP_MS * 1000000ull && !route_over(rp)) {
 				if ((ret = help(c, key, klen, &dec)))
 					return ret;
 				rp->pend_wid = 0;

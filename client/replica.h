@@ -38,6 +38,9 @@ void hkv_repl_close(struct hkv_client *c);
 int hkv_repl_wrap(struct hkv_client *const *hs, int n, int timeout_ms, size_t max_value,
 		  struct hkv_client **out);
 void hkv_repl_members(struct hkv_client *c, struct hkv_client *const *hs);
+/* A router's: the route lease of the view it routed on ends at end_ns
+ * (hkv_coarse_ns); past it the handle decides and helps nothing. */
+void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns);
 /* The replicated write op of key on the replicated handle c. 0 or <0, as the
  * unreplicated operation returns; also HKV_EUNKNOWN (hatchkv_err.h). */
 int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);

@@ -515,6 +515,8 @@ static int set_ready(struct hkv_router *r, uint32_t p, uint64_t now, struct hkv_
 		r->nsets++;
 	}
 	hkv_repl_members(r->sets[k].h, hs);
+	hkv_repl_route_end(r->sets[k].h, atomic_load(&r->valid_ns) +
+						 hkv_cmap_route_lease(&r->map) * 1000000ull);
 	*out = r->sets[k].h;
 	return 0;
 }
@@ -710,15 +712,17 @@ static int flush_one(struct hkv_client *h, void *arg)
 
 struct primary_of {
 	struct hkv_router *r;
-	uint32_t i; /* a member */
+	char id[HKV_CLUSTER_ID_MAX]; /* a member */
 };
 
-/* Is member i the primary of key's partition? */
+/* Is the member the primary of key's partition (in the map of now: the
+ * deletes may read a new one)? */
 static int is_primary(void *arg, const void *key, size_t klen)
 {
 	struct primary_of *po = arg;
 
-	return po->r->part[hkv_cmap_partition(&po->r->map, key, klen)] == po->i;
+	return !strcmp(hkv_cmap_server(&po->r->map, hkv_cmap_partition(&po->r->map, key, klen), 0),
+		       po->id);
 }
 
 static int flush_replicated(struct hkv_client *c)
@@ -729,11 +733,12 @@ static int flush_replicated(struct hkv_client *c)
 	if (first)
 		return first;
 	for (uint32_t i = 0; i < r->nm; i++) {
-		struct primary_of po = {r, i};
+		struct primary_of po = {.r = r};
 		struct hkv_config *cfg = NULL;
 		struct hkv_client *h = NULL;
 		int ret;
 
+		snprintf(po.id, sizeof(po.id), "%s", r->m[i].id);
 		/* the walk on a handle of its own (the deletes route, and may
 		 * reopen the members'); each key through its primary's walk */
 		if (!r->m[i].endpoint[0])
