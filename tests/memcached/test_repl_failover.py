@@ -52,6 +52,8 @@ import urllib.request
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
+from mc_harness import free_port
+
 LEASE_TTL = 3
 IDS = ("ra", "rb", "rc")
 VICTIM = "rb"
@@ -71,14 +73,6 @@ def check(cond, what):
     if not cond:
         raise Failed(what)
     print("ok  ", what, flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_for(pred, timeout, what):
