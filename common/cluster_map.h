@@ -19,7 +19,8 @@
  *                         absent): each partition's copies (client/replica.c)
  *   PREFIX/map            the partition map:
  *                         {"partitions":64,"replicas":1,"hash_key":"<32 hex>",
- *                          "map":[["a"],["b"],...]}
+ *                          "map":[["a"],["b"],...],"route_lease_ms":500}
+ *                         (route_lease_ms only when not the default)
  *
  * The map's epoch is etcd's mod_revision of PREFIX/map; it changes only
  * through a transaction that compares the revision the writer read. The
