@@ -34,6 +34,7 @@
 #include "hatchkv.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define PIPE_ASAN 1
 #endif
@@ -384,6 +385,11 @@ static int lane_init(struct hkv_pipe *p, struct lane *l, const struct hkv_config
 	}
 	mprotect(l->map, (size_t)pg, PROT_NONE); /* a guard page below the stack */
 	l->stack = (uint8_t *)l->map + pg;
+#ifdef PIPE_ASAN
+	/* fresh memory, but perhaps at the address of a closed pipe's lane
+	 * stack, whose parked frames' redzones ASan still has poisoned */
+	ASAN_UNPOISON_MEMORY_REGION(l->stack, LANE_STACK);
+#endif
 	/* what hkv_ctx_switch pops the first time: control words, r15..r12 (the
 	 * lane in r12), rbx, rbp, then "return" into hkv_lane_start with the
 	 * stack 16-byte aligned (so its call leaves it as the ABI wants) */
@@ -415,8 +421,14 @@ HKV_EXPORT void hkv_pipe_close(struct hkv_pipe *p)
 
 		if (l->h)
 			hkv_close(l->h);
-		if (l->map)
+		if (l->map) {
+#ifdef PIPE_ASAN
+			/* (the lane's frames stay parked: their redzones must not
+			 * outlive the stack in ASan's shadow) */
+			ASAN_UNPOISON_MEMORY_REGION(l->stack, LANE_STACK);
+#endif
 			munmap(l->map, LANE_STACK + (size_t)pg);
+		}
 #ifdef PIPE_TSAN
 		if (l->fiber)
 			__tsan_destroy_fiber(l->fiber);
