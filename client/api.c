@@ -112,20 +112,6 @@ static int touch_fn(struct hkv_client *c, const struct item *old, struct value *
 
 /* ---- public operations ---------------------------------------------------------- */
 
-/* Start of every operation: the key is valid and the handle connected; its
- * hash is the region's (a reconnect may have found another region). */
-static int key_ready(struct hkv_client *c, struct key *k, const void *key, size_t klen)
-{
-	uint64_t was = c->stats.reconnects;
-	int ret = hkv_key_init(c, k, key, klen);
-
-	if (!ret)
-		ret = hkv_revive(c);
-	if (!ret && c->stats.reconnects != was)
-		ret = hkv_key_init(c, k, key, klen);
-	return ret;
-}
-
 static void op_begin(struct hkv_client *c, struct op_scope *s, enum hkv_op op)
 {
 	s->before = c->conn->stats;
@@ -186,7 +172,7 @@ HKV_EXPORT int hkv_get_view(struct hkv_client *c, const void *key, size_t klen, 
 	struct op_scope sc;
 	struct item it;
 	struct key k;
-	int ret = key_ready(c, &k, key, klen);
+	int ret = hkv_key_ready(c, &k, key, klen);
 
 	if (ret)
 		return ret;
@@ -219,7 +205,7 @@ HKV_EXPORT int hkv_get(struct hkv_client *c, const void *key, size_t klen, void 
 /* Start of every write: the key is valid and this handle may write. */
 static int write_key(struct hkv_client *c, struct key *k, const void *key, size_t klen)
 {
-	int ret = key_ready(c, k, key, klen);
+	int ret = hkv_key_ready(c, k, key, klen);
 
 	return ret ? ret : c->readonly ? -EPERM : 0;
 }

@@ -15,6 +15,18 @@
 
 /* ---- keys and cached locations ------------------------------------------------ */
 
+int hkv_key_ready(struct hkv_client *c, struct key *k, const void *key, size_t klen)
+{
+	uint64_t was = c->stats.reconnects;
+	int ret = hkv_key_init(c, k, key, klen);
+
+	if (!ret)
+		ret = hkv_revive(c);
+	if (!ret && c->stats.reconnects != was)
+		ret = hkv_key_init(c, k, key, klen);
+	return ret;
+}
+
 int hkv_key_init(struct hkv_client *c, struct key *k, const void *key, size_t klen)
 {
 	if (!key || klen == 0 || klen > HKV_MAX_KEY)

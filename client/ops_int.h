@@ -167,6 +167,9 @@ int hkv_retry_stale(struct hkv_client *c, struct retry *r);
 
 /* k from key: length checked, hash, fingerprint, buckets. 0 or <0. */
 int hkv_key_init(struct hkv_client *c, struct key *k, const void *key, size_t klen);
+/* Start of every operation: k from key and the handle connected; its hash
+ * is the region's (a reconnect may have found another region). */
+int hkv_key_ready(struct hkv_client *c, struct key *k, const void *key, size_t klen);
 /* READs of the key's two buckets into dst (2 * HKV_BUCKET_SIZE bytes, in the
  * handle's registered memory), appended to wrs[n]; returns the new n. */
 int hkv_append_bucket_reads(struct hkv_client *c, struct hkv_wr *wrs, int n, const struct key *k,

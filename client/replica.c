@@ -59,19 +59,6 @@ static int is_transport_err(int ret)
 	       ret == HKV_EREMOTE_INVAL || ret == HKV_EFLUSHED || ret == HKV_ETRANSPORT;
 }
 
-/* The key on replica h, the connection up (re-hashed after a reconnect). */
-static int key_on(struct hkv_client *h, struct key *k, const void *key, size_t klen)
-{
-	uint64_t was = h->stats.reconnects;
-	int ret = hkv_key_init(h, k, key, klen);
-
-	if (!ret)
-		ret = hkv_revive(h);
-	if (!ret && h->stats.reconnects != was)
-		ret = hkv_key_init(h, k, key, klen);
-	return ret;
-}
-
 /* Read the key's entry on h (any state: live, expired, a tombstone) into st,
  * its block copied to buf. cold: ask the index, not the location cache. */
 static int read_state(struct hkv_repl *rp, struct hkv_client *h, const void *key, size_t klen,
@@ -81,7 +68,7 @@ static int read_state(struct hkv_repl *rp, struct hkv_client *h, const void *key
 	struct view v;
 	struct key k;
 	size_t len;
-	int ret = key_on(h, &k, key, klen);
+	int ret = hkv_key_ready(h, &k, key, klen);
 
 	memset(st, 0, sizeof(*st));
 	if (ret)
@@ -110,7 +97,7 @@ static int apply(struct hkv_client *h, const void *key, size_t klen, uint64_t fr
 {
 	uint64_t was = h->stats.reconnects;
 	struct key k;
-	int ret = key_on(h, &k, key, klen);
+	int ret = hkv_key_ready(h, &k, key, klen);
 
 	if (!ret && h->readonly)
 		ret = -EPERM;
