@@ -253,9 +253,10 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
  * per-server handle.
  */
 int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
-		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid)
+		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred)
 {
-	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid};
+	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid,
+			  .pred = pred};
 
 	return store_value_op(c, key, klen, &v, STORE_SET, 0, HKV_OP_SET);
 }

@@ -13,8 +13,11 @@
 struct hkv_client;
 
 /* A set of key on the per-server handle c with flags, absolute exptime
- * (Unix s, 0 = never) and write id wid (!= 0). 0 or an hkv error. */
+ * (Unix s, 0 = never), write id wid (!= 0) and pred word (a replicated
+ * store's; else 0): the block is the original's but for its place. Also
+ * used by a replicated store's repair (server/filler.c). 0 or an hkv
+ * error. */
 int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
-		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid);
+		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred);
 
 #endif /* HKV_CLIENT_COPY_H */

@@ -393,6 +393,43 @@ int hkv_cmap_drop(struct hkv_cmap *map, const char *id)
 	return dropped;
 }
 
+int hkv_cmap_admit(struct hkv_cmap *map, uint32_t p, const char *id)
+{
+	uint16_t *list = map->repl + (size_t)p * map->replicas;
+	uint32_t n = hkv_cmap_len(map, p), i;
+
+	if (hkv_cmap_holds(map, p, id))
+		return -EEXIST;
+	if (!map->len || !n || n >= map->replicas)
+		return -ENOSPC;
+	for (i = 0; i < map->nnames && strcmp(map->names[i], id); i++)
+		;
+	if (i == map->nnames) {
+		char (*nm)[HKV_CLUSTER_ID_MAX];
+
+		if (i >= HKV_CLUSTER_MAX_SERVERS)
+			return -ENOSPC;
+		nm = hkv_realloc(map->names, (i + 1) * sizeof(*nm));
+		if (!nm)
+			return -ENOMEM;
+		map->names = nm;
+		snprintf(nm[i], sizeof(nm[i]), "%s", id);
+		map->nnames++;
+	}
+	memmove(list + 2, list + 1, (n - 1) * sizeof(*list));
+	list[1] = (uint16_t)i;
+	map->len[p] = (uint8_t)(n + 1);
+	return 0;
+}
+
+int hkv_cmap_grows(const struct hkv_cmap *a, const struct hkv_cmap *b, uint32_t p)
+{
+	for (uint32_t r = 0; r < hkv_cmap_len(b, p); r++)
+		if (!hkv_cmap_holds(a, p, hkv_cmap_server(b, p, r)))
+			return 1;
+	return 0;
+}
+
 const char *hkv_cmap_server(const struct hkv_cmap *map, uint32_t p, uint32_t r)
 {
 	return map->names[map->repl[(size_t)p * map->replicas + r]];

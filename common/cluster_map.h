@@ -137,5 +137,11 @@ int hkv_cmap_holds(const struct hkv_cmap *map, uint32_t p, const char *id);
 /* Take id off every list that has another server, keeping the order of the
  * rest (a lost replica). How many lists changed. */
 int hkv_cmap_drop(struct hkv_cmap *map, const char *id);
+/* Put id on partition p's list right behind the primary (a filled replica:
+ * docs/design.md "Repair"). 0, -EEXIST (on it already), -ENOSPC (the list
+ * is full) or -ENOMEM. */
+int hkv_cmap_admit(struct hkv_cmap *map, uint32_t p, const char *id);
+/* Does b's list of partition p name a server that a's does not? */
+int hkv_cmap_grows(const struct hkv_cmap *a, const struct hkv_cmap *b, uint32_t p);
 
 #endif /* HKV_CLUSTER_MAP_H */

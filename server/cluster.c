@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "hatchkv_err.h"
 #include "server/cluster.h"
+#include "server/filler.h"
 
 /* A loser that left (its lease ended) is given up on only once clients
  * that saw it a member can no longer route to it (their route lease). */
@@ -69,6 +70,15 @@ struct hkv_cluster {
 	uint64_t next_seen_ns, log_ns;
 	struct gone *gone;
 	uint32_t ngone;
+	/* repair (PREFIX/fill): as a primary that copies, the fill's revision,
+	 * how far its passes are, failed passes; as a new replica, the fill we
+	 * took in and said ready for, and its map (the move that ends it keeps
+	 * what came in) */
+	int64_t fill_rev, fill_in_rev;
+	int fill_state; /* FILL_* */
+	int fill_failures;
+	struct hkv_cmap *fill_in_map;
+	uint64_t fill_after_ns; /* the coordinator's: no new fill before (a failed one) */
 	/* the keepalive thread's */
 	uint64_t klog_ns;
 };
@@ -136,6 +146,7 @@ void hkv_cluster_job_free(struct hkv_cluster_job *job)
 	hkv_free(job->map);
 	hkv_free(job->cur);
 	hkv_free(job->homes);
+	hkv_free(job->tag);
 	hkv_free(job);
 }
 
@@ -197,18 +208,25 @@ static void etcd_trouble(uint64_t *log_ns, const char *what, int err)
 	hkv_warn("cluster: %s: %s", what, hkv_strerror(err));
 }
 
-/* Does id hold, in a, a partition that b does not place on it? */
+/* Does id hold, in a, a partition that b does not place on it? Or, in a
+ * replicated store, one whose list b grows (a repair: every server on the
+ * old list fences for its final pass, docs/design.md "Repair")? */
 static int loses(const struct hkv_cmap *a, const struct hkv_cmap *b, const char *id)
 {
 	for (uint32_t p = 0; p < a->partitions && p < b->partitions; p++)
-		if (hkv_cmap_holds(a, p, id) && !hkv_cmap_holds(b, p, id))
+		if (hkv_cmap_holds(a, p, id) &&
+		    (!hkv_cmap_holds(b, p, id) || (a->replicas > 1 && hkv_cmap_grows(a, b, p))))
 			return 1;
 	return 0;
 }
 
+/* Does b place on id a partition that a does not? */
 static int gains(const struct hkv_cmap *a, const struct hkv_cmap *b, const char *id)
 {
-	return loses(b, a, id);
+	for (uint32_t p = 0; p < a->partitions && p < b->partitions; p++)
+		if (hkv_cmap_holds(b, p, id) && !hkv_cmap_holds(a, p, id))
+			return 1;
+	return 0;
 }
 
 /* Make name the primary of partition p (one replica per partition). */
@@ -241,6 +259,8 @@ struct snap {
 	struct hkv_etcd_kv *kvs;
 	int n;
 };
+
+enum { FILL_COPYING, FILL_CONVERGED, FILL_SAID };
 
 static int snap_read(struct hkv_cluster *cl, struct snap *sn, int64_t *rev)
 {
@@ -321,6 +341,13 @@ static int do_register(struct hkv_cluster *cl)
 	cl->leader = 0;
 	cl->acked_rev = cl->fence_rev = cl->next_seen_rev = 0;
 	cl->purged_rev = cl->copied_rev = cl->intaken_rev = cl->ready_rev = 0;
+	cl->fill_rev = cl->fill_in_rev = 0;
+	cl->fill_state = FILL_COPYING;
+	if (cl->fill_in_map) {
+		hkv_cmap_free(cl->fill_in_map);
+		hkv_free(cl->fill_in_map);
+		cl->fill_in_map = NULL;
+	}
 	cl->reg_gen++;
 	cl->job_out = 0; /* (an answer from before is void: see reg_gen) */
 	cl->settle_issued = 0;
@@ -672,6 +699,141 @@ static int store_placement(struct hkv_cluster *cl, const struct snap *sn,
 	return ret;
 }
 
+/* Can partition p of m take id as a new replica? (Short, id not on it,
+ * its primary a member to copy from.) */
+static int can_admit(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *m,
+		     uint32_t p, const char *id)
+{
+	return hkv_cmap_len(m, p) < m->replicas && !hkv_cmap_holds(m, p, id) &&
+	       is_member(cl, sn, hkv_cmap_server(m, p, 0));
+}
+
+/*
+ * Leader, a replicated store: one member - of those that can take a
+ * short partition, the one holding fewest - is admitted right behind the
+ * primary of every short partition it is not on; the primaries copy them
+ * there while serving (PREFIX/fill = {"base":"<map revision>","map":<the
+ * map to be>}). One new replica per fill, so it is never also on a list
+ * the fill grows (it would have to fence and fill at once); the next fill
+ * takes what is still short.
+ */
+static int plan_fill(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *cur,
+		     struct hkv_cmap *want, char (*ids)[HKV_CLUSTER_ID_MAX], uint32_t n)
+{
+	uint32_t best = n, best_load = 0, grown = 0;
+	char key[512], *json;
+	int ret = 0;
+
+	if (boot_ns() < cl->fill_after_ns)
+		return 0; /* the last one failed: not at once again */
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t load = 0, can = 0;
+
+		for (uint32_t p = 0; p < cur->partitions; p++) {
+			load += hkv_cmap_holds(cur, p, ids[i]);
+			can |= can_admit(cl, sn, cur, p, ids[i]);
+		}
+		if (can && (best == n || load < best_load)) {
+			best = i;
+			best_load = load;
+		}
+	}
+	if (best == n)
+		return 0; /* nothing short, or nobody to put there */
+	for (uint32_t p = 0; p < want->partitions && !ret; p++)
+		if (can_admit(cl, sn, cur, p, ids[best])) {
+			ret = hkv_cmap_admit(want, p, ids[best]);
+			grown++;
+		}
+	if (ret || !grown)
+		return ret;
+	json = next_format(want, cur->epoch);
+	key_of(cl, key, sizeof(key), "fill", NULL);
+	ret = json ? hkv_etcd_put_if(cl->e, key, json, strlen(json), 0, 0, NULL) : -ENOMEM;
+	hkv_free(json);
+	if (!ret)
+		hkv_info("cluster: repairing %u partitions short of %u replicas onto %s (map %lld -> "
+			 "fill)", grown, want->replicas, ids[best], (long long)cur->epoch);
+	return ret == -ECANCELED ? 0 : ret;
+}
+
+/*
+ * Leader, a fill under way: once every primary that copies has said its
+ * passes converged (PREFIX/filled/ID = the fill's revision), turn the fill
+ * into a move (PREFIX/next, the same map; PREFIX/fill deleted in the same
+ * transaction): every server on the old lists fences, the primaries run
+ * the final pass, and drive_move commits. A fill on an old map, or one
+ * whose servers left, is dropped.
+ */
+static int drive_fill(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_etcd_kv *fk,
+		      const struct hkv_cmap *cur, int64_t cur_rev)
+{
+	char fkey[512], nkey[512], mkey[512], ckey[512], *json = NULL;
+	struct hkv_cmap target = {0};
+	int64_t base = 0;
+	int ret = 0;
+
+	key_of(cl, fkey, sizeof(fkey), "fill", NULL);
+	if (next_parse(fk, &target, &base) || base != cur_rev ||
+	    target.partitions != cur->partitions) {
+		hkv_cmap_free(&target);
+		hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev); /* stale or garbage: plan again */
+		return 0;
+	}
+	for (uint32_t i = 0; i < target.nnames; i++) {
+		const char *id = target.names[i];
+		const struct hkv_etcd_kv *dk;
+
+		if (!gains(cur, &target, id) && !hkv_fill_source(cur, &target, id))
+			continue;
+		if (!is_member(cl, sn, id)) {
+			hkv_warn("cluster: %s left during a repair: the fill is dropped", id);
+			goto drop;
+		}
+		if (!hkv_fill_source(cur, &target, id))
+			continue;
+		dk = snap_get(cl, sn, "filled", id);
+		if (dk && strtoll(dk->value, NULL, 10) == fk->mod_rev && strstr(dk->value, "failed")) {
+			hkv_warn("cluster: %s could not fill the new replicas: the fill is dropped, "
+				 "the next in 10 s", id);
+			cl->fill_after_ns = boot_ns() + 10000000000ull;
+			goto drop;
+		}
+		if (!dk || strtoll(dk->value, NULL, 10) != fk->mod_rev)
+			goto out; /* still copying */
+	}
+	json = next_format(&target, cur_rev);
+	if (!json) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	key_of(cl, nkey, sizeof(nkey), "next", NULL);
+	key_of(cl, mkey, sizeof(mkey), "map", NULL);
+	key_of(cl, ckey, sizeof(ckey), "coordinator", NULL);
+	{
+		struct hkv_etcd_cmp cmps[] = {
+			{mkey, HKV_ETCD_CMP_MOD, cur_rev},
+			{fkey, HKV_ETCD_CMP_MOD, fk->mod_rev},
+			{nkey, HKV_ETCD_CMP_CREATE, 0},
+			{ckey, HKV_ETCD_CMP_LEASE, atomic_load(&cl->lease)},
+		};
+
+		ret = hkv_etcd_txn_put(cl->e, cmps, 4, nkey, json, strlen(json), 0, fkey, NULL);
+	}
+	if (!ret)
+		hkv_info("cluster: repair filled: the final pass fences the lists (map %lld -> next)",
+			 (long long)cur_rev);
+	if (ret == -ECANCELED)
+		ret = 0;
+	goto out;
+drop:
+	hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev);
+out:
+	hkv_free(json);
+	hkv_cmap_free(&target);
+	return ret;
+}
+
 /*
  * Leader, a replicated store (identity replicas > 1): the first map places
  * each partition on `replicas` members, once that many have joined; after
@@ -680,13 +842,17 @@ static int store_placement(struct hkv_cluster *cl, const struct snap *sn,
  * server, the order of the rest kept - so a backup becomes the primary
  * with every write the old primary held (docs/design.md, "Replicas"). The
  * drop needs no fence: the dropped member is no member (the transaction
- * checks its key is still absent). Members that join get no partitions,
- * and nothing is moved: filling a new replica is not built yet.
+ * checks its key is still absent). A list shorter than `replicas` is
+ * repaired: a fill (plan_fill, drive_fill) copies its partitions onto a
+ * member not on it, then a move (PREFIX/next, every server on the old list
+ * fenced for the final pass) admits that member behind the primary.
  */
 static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 				const struct hkv_etcd_kv *mk, struct hkv_cmap *want,
 				char (*ids)[HKV_CLUSTER_ID_MAX], uint32_t n)
 {
+	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
+	const struct hkv_etcd_kv *fk = snap_get(cl, sn, "fill", NULL);
 	struct hkv_cmap cur = {0};
 	int ret, changed = 0;
 
@@ -725,6 +891,12 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 		return ret;
 	}
 	cl->map_lease_ms = hkv_cmap_route_lease(&cur);
+	cur.epoch = mk->mod_rev;
+	if (nk) { /* a repair's final pass (a server lost meanwhile drops it) */
+		ret = drive_move(cl, sn, nk, &cur, mk->mod_rev);
+		hkv_cmap_free(&cur);
+		return ret;
+	}
 	for (uint32_t i = 0; i < cur.nnames; i++) {
 		const char *id = cur.names[i];
 
@@ -737,6 +909,10 @@ static int recompute_replicated(struct hkv_cluster *cl, const struct snap *sn,
 	}
 	if (changed)
 		ret = commit_map(cl, sn, &cur, want, mk->mod_rev, 0);
+	else if (fk)
+		ret = drive_fill(cl, sn, fk, &cur, mk->mod_rev);
+	else
+		ret = plan_fill(cl, sn, &cur, want, ids, n);
 	hkv_cmap_free(&cur);
 	return ret;
 }
@@ -847,7 +1023,8 @@ static struct hkv_cluster_job *job_new(enum hkv_cluster_job_kind kind, int64_t r
 
 static const char *job_name(int kind)
 {
-	return kind == HKV_JOB_COPY ? "copy" : kind == HKV_JOB_INTAKE ? "intake" : "purge";
+	return kind == HKV_JOB_COPY ? "copy" : kind == HKV_JOB_INTAKE ? "intake" :
+	       kind == HKV_JOB_FILL ? "repair pass" : "purge";
 }
 
 /* The loop's answer to our job, if any. */
@@ -868,6 +1045,18 @@ static void collect_done(struct hkv_cluster *cl)
 	if (!done || gen != cl->reg_gen)
 		return; /* nothing, or for a registration of ours that is over */
 	cl->job_out = 0;
+	if (kind == HKV_JOB_FILL) {
+		if (rev != cl->fill_rev)
+			return;
+		if (ret < 0) {
+			hkv_warn("cluster: repair pass for fill %lld failed (%s)", (long long)rev,
+				 hkv_strerror(ret));
+			cl->fill_failures++;
+		} else if (ret > 0) {
+			cl->fill_state = FILL_CONVERGED;
+		}
+		return;
+	}
 	if (ret) {
 		hkv_warn("cluster: %s for move %lld failed (%s)", job_name(kind), (long long)rev,
 			 hkv_strerror(ret));
@@ -929,7 +1118,7 @@ static int homes_ready(struct hkv_cluster *cl, const struct snap *sn, const stru
 			continue;
 		for (uint32_t p = 0; p < cur->partitions && !to_g; p++)
 			to_g = !strcmp(hkv_cmap_server(cur, p, 0), cl->id) &&
-			       !strcmp(hkv_cmap_server(next, p, 0), g);
+			       hkv_cmap_holds(next, p, g) && !hkv_cmap_holds(cur, p, g);
 		if (!to_g)
 			continue;
 		m = snap_get(cl, sn, "servers", g);
@@ -946,6 +1135,139 @@ static int homes_ready(struct hkv_cluster *cl, const struct snap *sn, const stru
 }
 
 /*
+ * A gainer's step in a move or a repair (rev): have the loop empty what
+ * *map gives us and *cur does not (left by one that never committed; the
+ * job takes both maps), then say ready/ID = rev. 1 once said, 0 for now
+ * (a job issued), or an error.
+ */
+static int intake_or_ready(struct hkv_cluster *cl, int64_t rev, struct hkv_cmap **map,
+			   struct hkv_cmap **cur)
+{
+	struct hkv_cluster_job *job;
+	char small[48];
+	int ret;
+
+	if (cl->intaken_rev != rev) {
+		if (!(job = job_new(HKV_JOB_INTAKE, rev)))
+			return -ENOMEM;
+		job->map = *map;
+		job->cur = *cur;
+		*map = *cur = NULL;
+		issue(cl, job);
+		return 0;
+	}
+	snprintf(small, sizeof(small), "%lld", (long long)rev);
+	ret = put_ours(cl, "ready", small);
+	return ret ? ret : 1;
+}
+
+static void map_drop(struct hkv_cmap **m)
+{
+	if (*m) {
+		hkv_cmap_free(*m);
+		hkv_free(*m);
+		*m = NULL;
+	}
+}
+
+/*
+ * Every member of a replicated store, each round with no move pending:
+ * follow a repair (PREFIX/fill). A new replica empties what it gains (an
+ * INTAKE) and says ready/ID; a primary that copies runs online passes
+ * (FILL jobs) until one converges, then says filled/ID. A new replica
+ * whose fill was dropped drops what came in.
+ */
+static int follow_fill(struct hkv_cluster *cl, const struct snap *sn,
+		       const struct hkv_etcd_kv *mk)
+{
+	const struct hkv_etcd_kv *fk = snap_get(cl, sn, "fill", NULL);
+	struct hkv_cmap *cur = NULL, *target = NULL;
+	struct hkv_cluster_job *job;
+	struct hkv_cmember *homes = NULL;
+	char *crs = NULL, small[64];
+	int64_t base, rev = fk ? fk->mod_rev : 0;
+	int ret = 0;
+
+	if (cl->fill_in_rev && cl->fill_in_rev != rev && mk) {
+		/* the fill we took copies for is gone without a move: what came in
+		 * is no partition of ours (no client routes those keys here) */
+		hkv_info("cluster: repair %lld dropped: %s drops what it took in",
+			 (long long)cl->fill_in_rev, cl->id);
+		cl->fill_in_rev = 0;
+		map_drop(&cl->fill_in_map);
+		if (!(cur = map_of(mk)) || !(job = job_new(HKV_JOB_PURGE, -1)))
+			goto nomem;
+		job->map = cur;
+		issue(cl, job);
+		return 0;
+	}
+	if (!fk || !mk)
+		return 0;
+	if (!(cur = map_of(mk)) || !(target = hkv_calloc(1, sizeof(*target))))
+		goto nomem;
+	if (next_parse(fk, target, &base) || base != mk->mod_rev ||
+	    target->partitions != cur->partitions)
+		goto out; /* the coordinator drops it */
+	if (gains(cur, target, cl->id) && cl->fill_in_rev != rev) {
+		if (hkv_cluster_fenced(cl))
+			goto out; /* (copies need our data plane up) */
+		ret = intake_or_ready(cl, rev, &target, &cur);
+		if (ret == 1) {
+			ret = 0;
+			hkv_info("cluster: %s ready to take a repair's copies", cl->id);
+			cl->fill_in_rev = rev;
+			map_drop(&cl->fill_in_map);
+			cl->fill_in_map = target;
+			target = NULL;
+		}
+		goto out;
+	}
+	if (!hkv_fill_source(cur, target, cl->id))
+		goto out;
+	if (cl->fill_rev != rev) {
+		cl->fill_rev = rev;
+		cl->fill_state = FILL_COPYING;
+		cl->fill_failures = 0;
+		hkv_info("cluster: %s fills new replicas of its partitions, serving on", cl->id);
+	}
+	if (cl->fill_state == FILL_SAID)
+		goto out;
+	if (cl->fill_state == FILL_CONVERGED || cl->fill_failures >= 3) {
+		snprintf(small, sizeof(small), "%lld%s", (long long)rev,
+			 cl->fill_state == FILL_CONVERGED ? "" : " failed");
+		ret = put_ours(cl, "filled", small);
+		if (!ret)
+			cl->fill_state = FILL_SAID;
+		goto out;
+	}
+	if (!(homes = hkv_calloc(target->nnames + 1, sizeof(*homes))))
+		goto nomem;
+	ret = homes_ready(cl, sn, cur, target, rev, &crs, homes);
+	if (ret <= 0 || !(job = job_new(HKV_JOB_FILL, rev))) {
+		ret = ret < 0 ? ret : 0;
+		goto out;
+	}
+	job->map = target;
+	job->cur = cur;
+	job->homes = homes;
+	job->tag = crs;
+	target = cur = NULL;
+	homes = NULL;
+	crs = NULL;
+	issue(cl, job);
+	ret = 0;
+	goto out;
+nomem:
+	ret = -ENOMEM;
+out:
+	map_drop(&cur);
+	map_drop(&target);
+	hkv_free(homes);
+	hkv_free(crs);
+	return ret;
+}
+
+/*
  * Every member, each round: follow a pending move (PREFIX/next).
  * Cache mode, a loser: fence, have the loop purge what we give up, ack.
  * Store mode, a gainer: have the loop empty what we gain (left by a move
@@ -957,7 +1279,7 @@ static int homes_ready(struct hkv_cluster *cl, const struct snap *sn, const stru
  */
 static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 {
-	char *val = NULL, *crs = NULL, small[48];
+	char *val = NULL, *crs = NULL;
 	const struct hkv_etcd_kv *nk = snap_get(cl, sn, "next", NULL);
 	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
 	struct hkv_cmap *cur = NULL, *next = NULL;
@@ -1004,15 +1326,20 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 		issue(cl, job);
 		return 0;
 	}
-	if (!nk)
-		return 0; /* no move */
+	if (!nk) /* no move; a replicated store's repair, if any */
+		return follow_fill(cl, sn, mk);
 	if (!(cur = map_of(mk)) || !mk || !(next = hkv_calloc(1, sizeof(*next))) ||
 	    next_parse(nk, next, &base) || base != mk->mod_rev)
 		goto out; /* nothing we can act on: the coordinator cleans up */
 	if (loses(cur, next, cl->id)) {
-		if (cl->fence_rev != rev) {
+		if (cl->fence_rev != rev && cur->replicas > 1) {
+			hkv_info("cluster: %s is on lists a repair grows: fenced for its final pass",
+				 cl->id);
+		} else if (cl->fence_rev != rev) {
 			hkv_info("cluster: %s gives up %u partitions: fenced to %s them", cl->id,
 				 hkv_cmap_moved(cur, next), cl->store_mode ? "copy" : "purge");
+		}
+		if (cl->fence_rev != rev) {
 			cl->fence_rev = rev;
 			cl->fence_ns = boot_ns();
 			cl->copy_failures = 0;
@@ -1053,6 +1380,16 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 				ret = ret < 0 ? ret : 0;
 				goto out;
 			}
+			if (cur->replicas > 1) { /* a repair's final pass */
+				job->fill_rev = cl->fill_rev;
+				job->tag = hkv_malloc(strlen(crs) + 1);
+				if (!job->tag) {
+					hkv_cluster_job_free(job);
+					hkv_free(homes);
+					goto nomem;
+				}
+				memcpy(job->tag, crs, strlen(crs) + 1);
+			}
 			job->map = next;
 			job->cur = cur;
 			job->homes = homes;
@@ -1083,19 +1420,18 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			cl->acked_rev = rev;
 	} else if (cl->store_mode && gains(cur, next, cl->id) && cl->ready_rev != rev &&
 		   !hkv_cluster_fenced(cl)) { /* (copies need our data plane up) */
-		if (cl->intaken_rev != rev) {
-			if (!(job = job_new(HKV_JOB_INTAKE, rev)))
-				goto nomem;
-			job->map = next;
-			job->cur = cur;
-			next = cur = NULL;
-			issue(cl, job);
-			goto out;
+		if (cl->intaken_rev != rev && cl->fill_in_map &&
+		    same_placement(cl->fill_in_map, next)) {
+			/* the move that ends the repair we took copies for: keep them */
+			cl->intaken_rev = rev;
+			cl->fill_in_rev = 0;
+			map_drop(&cl->fill_in_map);
 		}
-		snprintf(small, sizeof(small), "%lld", (long long)rev);
-		ret = put_ours(cl, "ready", small);
-		if (!ret)
+		ret = intake_or_ready(cl, rev, &next, &cur);
+		if (ret == 1) {
+			ret = 0;
 			cl->ready_rev = rev;
+		}
 	}
 	goto out;
 nomem:

@@ -96,11 +96,19 @@ int hkv_cluster_store_mode(const struct hkv_cluster *cl);
  *          map.names) with the client library; drop nothing (that waits for
  *          the commit). Three failures: the loser acks "failed" and the
  *          coordinator drops the move.
+ *          A replicated store's COPY is a fill's final pass (fill_rev, tag:
+ *          the fill it ends; server/filler.h).
  *  INTAKE  store mode, a gainer: drop what we hold of the partitions `map`
  *          gives us and `cur` does not (left by a move that never
  *          committed), before the losers copy them in.
+ *  FILL    a replicated store, the primary of partitions `map` (the fill's
+ *          target) adds a replica to: one online pass copying their items
+ *          into the new replicas (homes[]), serving on; rev is the fill's
+ *          (PREFIX/fill) and tag names the new replicas' registrations.
+ *          Answer 1: converged, 0: another pass is worth it. The loop runs
+ *          it on a thread of its own.
  */
-enum hkv_cluster_job_kind { HKV_JOB_PURGE = 1, HKV_JOB_COPY, HKV_JOB_INTAKE };
+enum hkv_cluster_job_kind { HKV_JOB_PURGE = 1, HKV_JOB_COPY, HKV_JOB_INTAKE, HKV_JOB_FILL };
 
 struct hkv_cmember;
 struct hkv_cluster_job {
@@ -109,6 +117,8 @@ struct hkv_cluster_job {
 	struct hkv_cmap *map; /* the keeping map (see above) */
 	struct hkv_cmap *cur; /* INTAKE, COPY: the map in force */
 	struct hkv_cmember *homes;
+	int64_t fill_rev;     /* COPY: the fill this final pass ends (0: none) */
+	char *tag;            /* FILL, COPY of a fill: the new replicas' registrations */
 	const char *self;     /* (the loop's) */
 	uint32_t gen;         /* (the cluster thread's) */
 };

@@ -4,7 +4,9 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include "common/transport.h"
 #include "server/cluster.h"
 #include "server/ctl.h"
+#include "server/filler.h"
 #include "server/mover.h"
 #include "server/store.h"
 
@@ -242,6 +245,13 @@ struct server {
 	const char *token;
 	uint64_t fenced_ns;       /* when the data plane last stopped */
 	int rc;
+	/* a replicated store's repair (server/filler.h): the fill we source,
+	 * its online passes on fill_thr while fill_busy */
+	struct hkv_fill *fill;
+	struct hkv_cluster_job *fill_job;
+	pthread_t fill_thr;
+	int fill_thr_started;
+	atomic_int fill_busy;
 };
 
 static void on_data_event(evutil_socket_t fd, short what, void *arg)
@@ -350,8 +360,105 @@ static int keep_gained(void *arg, const void *key, size_t klen)
 	const struct hkv_cluster_job *j = arg;
 	uint32_t p = hkv_cmap_partition(j->map, key, klen);
 
-	return !(!strcmp(hkv_cmap_server(j->map, p, 0), j->self) &&
-		 strcmp(hkv_cmap_server(j->cur, p, 0), j->self));
+	return !(hkv_cmap_holds(j->map, p, j->self) && !hkv_cmap_holds(j->cur, p, j->self));
+}
+
+static uint64_t largest_value(const struct server *sv)
+{
+	return sv->store.geom->class_size[sv->store.geom->nclasses - 1];
+}
+
+static void log_fill(const char *what, const struct hkv_fill_stats *st, uint64_t t0, int ret)
+{
+	double ms = (double)(mono_ns() - t0) / 1e6;
+
+	if (ret < 0)
+		hkv_warn("server: repair %s failed after %.0f ms: %s", what, ms, hkv_strerror(ret));
+	else
+		hkv_info("server: repair %s: %llu items (%llu bytes, %.1f MB/s) copied of %llu seen, "
+			 "%llu changing, %llu deleted, %.0f ms", what, (unsigned long long)st->items,
+			 (unsigned long long)st->bytes, ms > 0 ? (double)st->bytes / 1e3 / ms : 0.0,
+			 (unsigned long long)st->seen, (unsigned long long)st->skipped,
+			 (unsigned long long)st->deleted, ms);
+}
+
+/* A repair's online pass, on a thread of its own: the loop serves on. */
+static void *fill_thread(void *arg)
+{
+	struct server *sv = arg;
+	struct hkv_cluster_job *job = sv->fill_job;
+	struct hkv_fill_stats st;
+	uint64_t t0 = mono_ns();
+	int ret = hkv_fill_pass(sv->fill, &sv->store, job->cur, job->map, job->homes,
+				hkv_cluster_id(sv->cluster), sv->token, largest_value(sv), 0, &st);
+
+	log_fill("pass", &st, t0, ret);
+	sv->fill_job = NULL;
+	hkv_cluster_job_done(sv->cluster, job, ret);
+	hkv_cluster_job_free(job);
+	atomic_store(&sv->fill_busy, 0);
+	return NULL;
+}
+
+/* Start a repair's online pass (cluster.h HKV_JOB_FILL); 0 or an error. */
+static int start_fill(struct server *sv, struct hkv_cluster_job *job)
+{
+	if (sv->fill_thr_started) {
+		pthread_join(sv->fill_thr, NULL);
+		sv->fill_thr_started = 0;
+	}
+	if (!hkv_fill_is(sv->fill, job->rev, job->tag)) { /* another fill: start over */
+		hkv_fill_free(sv->fill);
+		sv->fill = hkv_fill_new(job->rev, job->tag);
+		if (!sv->fill)
+			return -ENOMEM;
+	}
+	sv->fill_job = job;
+	atomic_store(&sv->fill_busy, 1);
+	if (pthread_create(&sv->fill_thr, NULL, fill_thread, sv)) {
+		atomic_store(&sv->fill_busy, 0);
+		sv->fill_job = NULL;
+		return -EAGAIN;
+	}
+	sv->fill_thr_started = 1;
+	return 0;
+}
+
+static void stop_fill(struct server *sv)
+{
+	if (sv->fill_thr_started) {
+		if (atomic_load(&sv->fill_busy))
+			hkv_fill_cancel(sv->fill);
+		pthread_join(sv->fill_thr, NULL);
+		sv->fill_thr_started = 0;
+	}
+	hkv_fill_free(sv->fill);
+	sv->fill = NULL;
+}
+
+/* A replicated store's move is a repair's final pass, fenced: what changed
+ * since the online passes goes to the new replicas. */
+static int final_fill(struct server *sv, struct hkv_cluster_job *job)
+{
+	const char *id = hkv_cluster_id(sv->cluster);
+	struct hkv_fill_stats st;
+	uint64_t t0;
+	int ret;
+
+	if (!hkv_fill_source(job->cur, job->map, id))
+		return 0; /* on a list that grows, copying nothing: fenced only */
+	if (!hkv_fill_is(sv->fill, job->fill_rev, job->tag ? job->tag : "")) {
+		hkv_warn("server: the repair's final pass finds no online passes of fill %lld to "
+			 "finish", (long long)job->fill_rev);
+		return -ESTALE;
+	}
+	while (mono_ns() - sv->fenced_ns < 100000000ull) /* shm: late writes land first */
+		nanosleep(&(struct timespec){0, 10000000}, NULL);
+	t0 = mono_ns();
+	ret = hkv_fill_pass(sv->fill, &sv->store, job->cur, job->map, job->homes, id, sv->token,
+			    largest_value(sv), 1, &st);
+	log_fill("final pass (fenced)", &st, t0, ret);
+	return ret < 0 ? ret : 0;
 }
 
 /* What the cluster asks of the region (cluster.h); 0 or an error. */
@@ -383,18 +490,22 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 				 (unsigned long long)n);
 		return 0;
 	case HKV_JOB_COPY:
+		if (job->cur && job->cur->replicas > 1)
+			return final_fill(sv, job);
 		/* shm: a client notices a closed socket at its next liveness check
 		 * (1-4 ms); let such late writes land before we copy */
 		while (mono_ns() - sv->fenced_ns < 100000000ull)
 			nanosleep(&(struct timespec){0, 10000000}, NULL);
 		ret = hkv_move_copy(&sv->store, job->cur, job->map, job->homes, id, sv->token,
-				    sv->store.geom->class_size[sv->store.geom->nclasses - 1], &st);
+				    largest_value(sv), &st);
 		if (!ret)
 			hkv_info("server: copied %llu items (%llu bytes) to their new homes in %.0f ms"
 				 " (%llu expired left behind)", (unsigned long long)st.items,
 				 (unsigned long long)st.bytes, (double)(mono_ns() - t0) / 1e6,
 				 (unsigned long long)st.expired);
 		return ret;
+	case HKV_JOB_FILL: /* (on_cluster starts it on a thread) */
+		break;
 	}
 	return -EINVAL;
 }
@@ -436,7 +547,16 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 		sv->store.fenced = 1;
 		hkv_info("server: region emptied after the lost lease");
 	}
-	if ((job = hkv_cluster_take_job(sv->cluster))) {
+	if (!atomic_load(&sv->fill_busy) && (job = hkv_cluster_take_job(sv->cluster))) {
+		int ret;
+
+		if (job->kind == HKV_JOB_FILL) {
+			if (!(ret = start_fill(sv, job)))
+				return; /* the thread answers */
+			hkv_cluster_job_done(sv->cluster, job, ret);
+			hkv_cluster_job_free(job);
+			return;
+		}
 		hkv_cluster_job_done(sv->cluster, job, run_job(sv, job));
 		hkv_cluster_job_free(job);
 		return; /* (the fence may have changed meanwhile) */
@@ -597,6 +717,7 @@ out:
 	 * (after which its partitions may move at once) */
 	stop_data_plane(&sv);
 	sv.store.fenced = 1;
+	stop_fill(&sv);
 	hkv_cluster_stop(sv.cluster);
 	drop_map(&sv.repurge);
 	hkv_ctl_destroy(sv.ctl);

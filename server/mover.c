@@ -86,7 +86,7 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 	ret = home_handle(cp, i, &c);
 	if (!ret)
 		ret = hkv_put_copy(c, key, h->klen, key + h->klen, h->vlen, h->flags, h->exptime,
-				   h->wid); /* a cas token from before the move still matches */
+				   h->wid, h->pred); /* a cas token from before the move still matches */
 	if (ret) {
 		hkv_err("cluster: copying an item to %s: %s", cp->map->names[i], hkv_strerror(ret));
 		return ret;
