@@ -35,6 +35,13 @@
  *    they serve again. A client can thus never write into a partition's
  *    old home after its new home took writes: it must reconnect, and the
  *    router reads the map before it reconnects (client/router.c).
+ *  - A replicated store (identity replicas > 1) drops a lost server from
+ *    its lists, then repairs a short list: PREFIX/fill names the map to
+ *    be (a member admitted behind the primary); the primary copies the
+ *    partition into it online (HKV_JOB_FILL passes) and says filled/ID;
+ *    the coordinator turns the fill into a move (PREFIX/next), for which
+ *    every server on a list that grows fences while the primary runs the
+ *    final pass (docs/design.md "Repair").
  *  - Store mode: a server that left keeps its partitions (clients get
  *    HKV_EUNAVAILABLE) until it is back on its --memory-file or removed.
  *  - An operator's `hatchkv-admin remove ID` (PREFIX/removed/ID) makes the
