@@ -228,15 +228,22 @@ static struct hkv_client *cluster_client(void)
 	return c;
 }
 
+/* A handle on one server alone; NULL if it refuses us for 10 s (a server
+ * serves again a moment after a move that fenced it commits). */
 static struct hkv_client *direct_client(const struct hkvserver *s)
 {
 	struct hkv_config *cfg = hkv_config_new();
 	struct hkv_client *c = NULL;
+	uint64_t t0 = now_ms();
 
 	hkv_config_add_server(cfg, s->uri);
 	hkv_config_set_token_file(cfg, token_file);
-	if (hkv_open(cfg, &c))
+	while (hkv_open(cfg, &c)) {
 		c = NULL;
+		if (now_ms() - t0 > 10000)
+			break;
+		sleep_ms(100);
+	}
 	hkv_config_free(cfg);
 	return c;
 }

@@ -325,33 +325,21 @@ static uint64_t next_value(struct wthread *t)
 	return value_id((unsigned)t->round, (unsigned)t->proc, (unsigned)t->thread, ++t->seq);
 }
 
-/*
- * get 30%, set 15%, add 10%, cas 25%, delete 20%. A cas uses the version of
- * the thread's last get of the key (half the time a get made just before
- * it; with none that found the key, it is a set instead). Adds race each
- * other and the deletes on keys that are often absent.
- */
+/* One op of lincheck.h's mix on a register key (a cas with the version of
+ * the thread's last get of it). */
 static int register_op(struct wthread *t, int key)
 {
-	unsigned r = (unsigned)rand_r(&t->seed) % 20;
 	struct lc_op op = {0};
+	int get_first;
+	unsigned r = lc_mix_roll(&t->seed, t->have[key], &get_first);
 
-	if (r >= 11 && r < 16 && (!t->have[key] || rand_r(&t->seed) % 2)) {
+	if (get_first) {
 		struct lc_op get = {.kind = LC_GET};
 
 		if (run_op(t, key, &get, 0))
 			return -1;
 	}
-	if (r < 6)
-		op.kind = LC_GET;
-	else if (r < 9 || (r >= 11 && r < 16 && !t->have[key]))
-		op.kind = LC_SET;
-	else if (r < 11)
-		op.kind = LC_ADD;
-	else if (r < 16)
-		op.kind = LC_CAS;
-	else
-		op.kind = LC_DELETE;
+	op.kind = lc_mix_kind(r, t->have[key]);
 	if (op.kind == LC_SET || op.kind == LC_CAS || op.kind == LC_ADD)
 		op.arg = next_value(t);
 	if (op.kind == LC_CAS)
@@ -359,16 +347,12 @@ static int register_op(struct wthread *t, int key)
 	return run_op(t, key, &op, t->ver[key]);
 }
 
-/* get 30%, incr by 1..5 50%, decr by 1..3 20%. */
+/* One op of lincheck.h's counter mix. */
 static int counter_op(struct wthread *t)
 {
-	unsigned r = (unsigned)rand_r(&t->seed) % 10;
-	struct lc_op op = {.kind = r < 3 ? LC_GET : r < 8 ? LC_INCR : LC_DECR};
+	struct lc_op op = {0};
 
-	if (op.kind == LC_INCR)
-		op.arg = 1 + (unsigned)rand_r(&t->seed) % 5;
-	else if (op.kind == LC_DECR)
-		op.arg = 1 + (unsigned)rand_r(&t->seed) % 3;
+	op.kind = lc_counter_mix(&t->seed, &op.arg);
 	return run_op(t, COUNTER_KEY, &op, 0);
 }
 

@@ -507,3 +507,37 @@ void lc_print_report(FILE *f, const struct lc_op *ops, size_t n, const struct lc
 	if (!pending)
 		fprintf(f, "#   (none)\n");
 }
+
+unsigned lc_mix_roll(unsigned *seed, int have, int *get_first)
+{
+	unsigned r = (unsigned)rand_r(seed) % 20;
+
+	*get_first = r >= 11 && r < 16 && (!have || rand_r(seed) % 2);
+	return r;
+}
+
+enum lc_kind lc_mix_kind(unsigned r, int have)
+{
+	if (r < 6)
+		return LC_GET;
+	if (r < 9 || (r >= 11 && r < 16 && !have))
+		return LC_SET;
+	if (r < 11)
+		return LC_ADD;
+	return r < 16 ? LC_CAS : LC_DELETE;
+}
+
+enum lc_kind lc_counter_mix(unsigned *seed, uint64_t *delta)
+{
+	unsigned r = (unsigned)rand_r(seed) % 10;
+
+	*delta = 0;
+	if (r < 3)
+		return LC_GET;
+	if (r < 8) {
+		*delta = 1 + (unsigned)rand_r(seed) % 5;
+		return LC_INCR;
+	}
+	*delta = 1 + (unsigned)rand_r(seed) % 3;
+	return LC_DECR;
+}

@@ -90,6 +90,19 @@ struct lc_report {
 /* Check ops[0..n) against `model` starting in state `init`. */
 enum lc_result lc_check(enum lc_model model, uint64_t init, const struct lc_op *ops, size_t n,
 			const struct lc_limits *lim, struct lc_report *rep);
+
+/*
+ * The checker tests' operation mix on a register key: get 30%, set 15%, add
+ * 10%, cas 25%, delete 20%. lc_mix_roll draws one (r) and says whether a get
+ * of the key should run first (a cas wants a version: always when the
+ * caller holds none, else half the time); lc_mix_kind then names it, given
+ * whether the caller holds a version after that get (without one, a cas is
+ * a set). On a counter key: get 30%, incr by 1..5 50%, decr by 1..3 20%
+ * (*delta).
+ */
+unsigned lc_mix_roll(unsigned *seed, int have, int *get_first);
+enum lc_kind lc_mix_kind(unsigned r, int have);
+enum lc_kind lc_counter_mix(unsigned *seed, uint64_t *delta);
 void lc_report_free(struct lc_report *rep);
 
 const char *lc_result_name(enum lc_result r);
