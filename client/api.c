@@ -261,6 +261,16 @@ int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void 
 	return store_value_op(c, key, klen, &v, STORE_SET, 0, HKV_OP_SET);
 }
 
+int hkv_put_exact(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		  size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred,
+		  uint64_t from)
+{
+	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid,
+			  .pred = pred};
+
+	return store_value_op(c, key, klen, &v, STORE_EXACT, from, HKV_OP_SET);
+}
+
 HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		       size_t vlen, const struct hkv_write_opts *opts)
 {

@@ -19,5 +19,11 @@ struct hkv_client;
  * error. */
 int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred);
+/* The same, only if the key's entry there (expired or not, a tombstone or
+ * not) has write id `from`, or with from 0 only if the key has no entry:
+ * else HKV_EVERSION (a repair's copy, server/filler.c). */
+int hkv_put_exact(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		  size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred,
+		  uint64_t from);
 
 #endif /* HKV_CLIENT_COPY_H */

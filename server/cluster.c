@@ -51,6 +51,7 @@ struct hkv_cluster {
 	 * fenced. Store mode: also until the region holds only what the map
 	 * places on us (settle: after each registration, after each move). */
 	atomic_int move_fence, settle;
+	_Atomic int64_t fill_live; /* PREFIX/fill's revision as last read (0: none) */
 	/* Jobs for the loop, one at a time (cluster.h): job is issued and not
 	 * yet taken, done_* the loop's answer (all under lock). */
 	struct hkv_cluster_job *job;
@@ -79,6 +80,7 @@ struct hkv_cluster {
 	int fill_failures;
 	struct hkv_cmap *fill_in_map;
 	uint64_t fill_after_ns; /* the coordinator's: no new fill before (a failed one) */
+	char fill_failed[HKV_CLUSTER_ID_MAX]; /* the new replica of the last failed fill */
 	/* the keepalive thread's */
 	uint64_t klog_ns;
 };
@@ -113,6 +115,11 @@ const char *hkv_cluster_fence_reason(struct hkv_cluster *cl)
 	if (atomic_load(&cl->lease_gone) || atomic_load(&cl->rejoin))
 		return "the cluster lease is gone";
 	return "cannot renew the cluster lease in time";
+}
+
+int64_t hkv_cluster_fill_rev(struct hkv_cluster *cl)
+{
+	return atomic_load(&cl->fill_live);
 }
 
 int hkv_cluster_rejoined(struct hkv_cluster *cl)
@@ -700,12 +707,16 @@ static int store_placement(struct hkv_cluster *cl, const struct snap *sn,
 }
 
 /* Can partition p of m take id as a new replica? (Short, id not on it,
- * its primary a member to copy from.) */
+ * every server on it a member: the primary copies, all of them fence.) */
 static int can_admit(struct hkv_cluster *cl, const struct snap *sn, const struct hkv_cmap *m,
 		     uint32_t p, const char *id)
 {
-	return hkv_cmap_len(m, p) < m->replicas && !hkv_cmap_holds(m, p, id) &&
-	       is_member(cl, sn, hkv_cmap_server(m, p, 0));
+	if (hkv_cmap_len(m, p) >= m->replicas || hkv_cmap_holds(m, p, id))
+		return 0;
+	for (uint32_t r = 0; r < hkv_cmap_len(m, p); r++)
+		if (!is_member(cl, sn, hkv_cmap_server(m, p, r)))
+			return 0; /* (dropped first, then repaired) */
+	return 1;
 }
 
 /*
@@ -733,6 +744,8 @@ static int plan_fill(struct hkv_cluster *cl, const struct snap *sn, const struct
 			load += hkv_cmap_holds(cur, p, ids[i]);
 			can |= can_admit(cl, sn, cur, p, ids[i]);
 		}
+		if (can && !strcmp(ids[i], cl->fill_failed) && n > 1)
+			load += 1u << 30; /* its last fill failed: anyone else first */
 		if (can && (best == n || load < best_load)) {
 			best = i;
 			best_load = load;
@@ -784,8 +797,8 @@ static int drive_fill(struct hkv_cluster *cl, const struct snap *sn, const struc
 		const char *id = target.names[i];
 		const struct hkv_etcd_kv *dk;
 
-		if (!gains(cur, &target, id) && !hkv_fill_source(cur, &target, id))
-			continue;
+		if (!gains(cur, &target, id) && !loses(cur, &target, id))
+			continue; /* (loses: on a list that grows) */
 		if (!is_member(cl, sn, id)) {
 			hkv_warn("cluster: %s left during a repair: the fill is dropped", id);
 			goto drop;
@@ -797,6 +810,10 @@ static int drive_fill(struct hkv_cluster *cl, const struct snap *sn, const struc
 			hkv_warn("cluster: %s could not fill the new replicas: the fill is dropped, "
 				 "the next in 10 s", id);
 			cl->fill_after_ns = boot_ns() + 10000000000ull;
+			for (uint32_t j = 0; j < target.nnames; j++)
+				if (gains(cur, &target, target.names[j]))
+					snprintf(cl->fill_failed, sizeof(cl->fill_failed), "%s",
+						 target.names[j]);
 			goto drop;
 		}
 		if (!dk || strtoll(dk->value, NULL, 10) != fk->mod_rev)
@@ -1284,9 +1301,11 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
 	struct hkv_cmap *cur = NULL, *next = NULL;
 	struct hkv_cluster_job *job;
+	const struct hkv_etcd_kv *fk = snap_get(cl, sn, "fill", NULL);
 	int64_t base, rev = nk ? nk->mod_rev : 0;
 	int ret = 0;
 
+	atomic_store(&cl->fill_live, fk ? fk->mod_rev : 0);
 	collect_done(cl);
 	if (cl->job_out)
 		return 0; /* one job at a time */

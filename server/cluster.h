@@ -82,6 +82,9 @@ void hkv_cluster_stop(struct hkv_cluster *cl);
 int hkv_cluster_fenced(struct hkv_cluster *cl);
 /* Why hkv_cluster_fenced() is true, for the log. */
 const char *hkv_cluster_fence_reason(struct hkv_cluster *cl);
+/* PREFIX/fill's revision as the cluster thread last read it (0: none): a
+ * repair pass for another stops. */
+int64_t hkv_cluster_fill_rev(struct hkv_cluster *cl);
 /* 1 once after each re-registration that followed a lost lease. */
 int hkv_cluster_rejoined(struct hkv_cluster *cl);
 int hkv_cluster_removed(struct hkv_cluster *cl);

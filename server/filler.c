@@ -201,11 +201,18 @@ struct pass {
 	const struct hkv_cmember *homes;
 	const char *self, *token;
 	uint64_t max_value;
+	int (*halt)(void *);
+	void *halt_arg;
 	struct hkv_fill_stats *st;
 };
 
-/* Copy one committed item of A (a stable copy in blk) to the gainers of
- * its partition that lack its write. */
+static int halted(const struct pass *ps)
+{
+	return atomic_load(&ps->f->cancel) || (ps->halt && ps->halt(ps->halt_arg));
+}
+
+/* Copy one present entry of A (a stable copy) to the gainers of its
+ * partition that lack its write, each only from what this fill put there. */
 static int fill_item(struct pass *ps, const struct hkv_block_hdr *h)
 {
 	struct hkv_fill *f = ps->f;
@@ -230,14 +237,19 @@ static int fill_item(struct pass *ps, const struct hkv_block_hdr *h)
 			e->pass = f->pass;
 			continue;
 		}
+		if (halted(ps))
+			return -ECANCELED;
 		ret = gainer_handle(f, ps->homes, g, ps->token, ps->max_value, &c);
 		if (!ret)
-			ret = hkv_put_copy(c, key, h->klen, key + h->klen, h->vlen, h->flags,
-					   h->exptime, h->wid, h->pred);
-		if (ret) {
+			ret = hkv_put_exact(c, key, h->klen, key + h->klen, h->vlen, h->flags,
+					    h->exptime, h->wid, h->pred, e->key ? e->wid : 0);
+		if (ret == HKV_EVERSION)
+			hkv_err("cluster: filling %s: it holds a write of a key this fill did not put "
+				"there", ps->target->names[g]);
+		else if (ret)
 			hkv_err("cluster: filling %s: %s", ps->target->names[g], hkv_strerror(ret));
+		if (ret)
 			return ret;
-		}
 		if (!e->key) {
 			e->key = hkv_malloc(h->klen);
 			if (!e->key)
@@ -260,8 +272,11 @@ static int fill_item(struct pass *ps, const struct hkv_block_hdr *h)
 
 /*
  * Walk A's index. Clients write it meanwhile (online passes), so each
- * block is copied out and taken only if it is committed (LIVE, the slot's
- * generation), passes its CRC, and the slot still names it afterwards.
+ * block is copied out and taken only if it is the key's entry as a reader
+ * takes it - LIVE, or retired by a replace that was cut off before its
+ * slot CAS (OBSOLETE, not an aborted insert: present until the key's next
+ * write) - with the slot's generation, passes its CRC, and the slot still
+ * names it afterwards.
  */
 static int walk(struct pass *ps, struct hkv_store *s, uint8_t *buf)
 {
@@ -280,7 +295,7 @@ static int walk(struct pass *ps, struct hkv_store *s, uint8_t *buf)
 
 		if (!sl)
 			continue;
-		if (!(i & 4095) && atomic_load(&ps->f->cancel))
+		if (!(i & 4095) && halted(ps))
 			return -ECANCELED;
 		off = hkv_slot_off(sl);
 		cls = hkv_slot_class(sl);
@@ -292,8 +307,9 @@ static int walk(struct pass *ps, struct hkv_store *s, uint8_t *buf)
 			continue;
 		blk = base + off;
 		meta = __atomic_load_n((const uint64_t *)blk, __ATOMIC_ACQUIRE);
-		if (hkv_meta_state(meta) != HKV_BLK_LIVE || hkv_meta_class(meta) != cls ||
-		    (hkv_meta_gen(meta) & 0x7ff) != hkv_slot_ver(sl))
+		if ((hkv_meta_state(meta) != HKV_BLK_LIVE &&
+		     (hkv_meta_state(meta) != HKV_BLK_OBSOLETE || (meta & HKV_META_ABORTED))) ||
+		    hkv_meta_class(meta) != cls || (hkv_meta_gen(meta) & 0x7ff) != hkv_slot_ver(sl))
 			continue; /* pending (never acknowledged), or changing */
 		memcpy(buf, blk, HKV_BLOCK_HDR);
 		if (!h->klen || h->klen > HKV_MAX_KEY ||
@@ -318,9 +334,10 @@ static int walk(struct pass *ps, struct hkv_store *s, uint8_t *buf)
 
 int hkv_fill_pass(struct hkv_fill *f, struct hkv_store *s, const struct hkv_cmap *cur,
 		  const struct hkv_cmap *target, const struct hkv_cmember *homes, const char *self,
-		  const char *token, uint64_t max_value, int final, struct hkv_fill_stats *st)
+		  const char *token, uint64_t max_value, int final, int (*halt)(void *),
+		  void *halt_arg, struct hkv_fill_stats *st)
 {
-	struct pass ps = {f, cur, target, homes, self, token, max_value, st};
+	struct pass ps = {f, cur, target, homes, self, token, max_value, halt, halt_arg, st};
 	uint64_t t0 = now_ns();
 	uint8_t *buf;
 	int ret;
@@ -336,20 +353,18 @@ int hkv_fill_pass(struct hkv_fill *f, struct hkv_store *s, const struct hkv_cmap
 	hkv_free(buf);
 	if (ret)
 		return ret;
-	if (final) { /* what A no longer holds goes on the gainers too */
-		for (uint64_t i = 0; i < f->cap; i++) {
-			struct entry *e = &f->t[i];
-			struct hkv_client *c;
-
-			if (!e->key || e->pass == f->pass || !e->wid)
-				continue;
-			ret = gainer_handle(f, homes, e->g, token, max_value, &c);
-			if (!ret)
-				ret = hkv_delete(c, e->key, e->klen);
-			if (ret && ret != HKV_ENOTFOUND)
-				return ret;
-			e->wid = 0;
-			st->deleted++;
+	if (final) {
+		/* fenced, A's keys stay put (a replicated store's never leave: a
+		 * delete leaves a tombstone): one changing or gone means the
+		 * final pass cannot vouch for the gainers; fail, so the move
+		 * is dropped rather than committed */
+		for (uint64_t i = 0; i < f->cap; i++)
+			st->unseen += f->t[i].key && f->t[i].pass != f->pass;
+		if (st->skipped || st->unseen) {
+			hkv_err("cluster: a repair's final pass found %llu items changing and %llu "
+				"copied before gone, fenced: the repair fails",
+				(unsigned long long)st->skipped, (unsigned long long)st->unseen);
+			return -EAGAIN;
 		}
 		return 1;
 	}

@@ -8,10 +8,10 @@
  * loop serving on) walk A's index and copy every committed item of the
  * partitions being filled whose write id N does not hold yet (a table
  * records key -> write id copied); a block that changes under the read is
- * skipped, the next pass takes it. The final pass (hkv_fill_final) runs
- * fenced - no client can reach A or any other server on those lists - so
- * it sees A's last state: it copies what changed since and deletes on N
- * what A no longer holds. Each copy keeps the item's write id and pred, so
+ * skipped, the next pass takes it. The final pass runs fenced - no client
+ * can reach A or any other server on those lists - so it sees A's last
+ * state and copies what changed since. (A replicated store's keys never
+ * leave A: deletes leave tombstones, expired items stay.) Each copy keeps the item's write id and pred, so
  * N's entries are A's as the replicated protocol sees them. N is written
  * as a client (the client library): its CPU stays off the data path.
  */
@@ -29,7 +29,7 @@ struct hkv_fill_stats {
 	uint64_t items, bytes;  /* copied in this pass (keys + values) */
 	uint64_t seen;          /* items of the filled partitions looked at */
 	uint64_t skipped;       /* changed while read: the next pass takes them */
-	uint64_t deleted;       /* final pass: gone from A since copied */
+	uint64_t unseen;        /* final pass: copied before, not found on A now */
 };
 
 /* The fill of the partitions `target` grows against `cur`, identified by
@@ -45,14 +45,20 @@ void hkv_fill_cancel(struct hkv_fill *f);
 /*
  * One pass over A's (self's) items of the partitions target grows where
  * cur's primary is self, into each gainer (homes[], indexed like
- * target->names) with token. final: nothing changes under us (fenced):
- * also delete on the gainers what A no longer holds. 1 when the pass
- * copied little (under 1% of what it saw, or it took under 200 ms: the
- * fill has converged), 0 when another pass is worth it, or an error.
+ * target->names) with token. Each copy holds only if the gainer's entry is
+ * still the write this fill copied there (or absent): a copy from anyone
+ * else (a stale fill) fails the pass instead of being overwritten. halt
+ * (may be NULL): asked before each copy; true stops the pass (-ECANCELED).
+ * final: nothing changes under us (fenced): every key copied before must
+ * be seen again and nothing may be changing, else the pass fails. 1 when
+ * the pass copied little (under 1% of what it saw, or it took under 200
+ * ms: the fill has converged; always, for a final pass), 0 when another
+ * pass is worth it, or an error.
  */
 int hkv_fill_pass(struct hkv_fill *f, struct hkv_store *s, const struct hkv_cmap *cur,
 		  const struct hkv_cmap *target, const struct hkv_cmember *homes, const char *self,
-		  const char *token, uint64_t max_value, int final, struct hkv_fill_stats *st);
+		  const char *token, uint64_t max_value, int final, int (*halt)(void *),
+		  void *halt_arg, struct hkv_fill_stats *st);
 
 /* Is self the primary, in cur, of a partition whose list target grows? */
 int hkv_fill_source(const struct hkv_cmap *cur, const struct hkv_cmap *target, const char *self);

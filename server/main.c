@@ -376,10 +376,20 @@ static void log_fill(const char *what, const struct hkv_fill_stats *st, uint64_t
 		hkv_warn("server: repair %s failed after %.0f ms: %s", what, ms, hkv_strerror(ret));
 	else
 		hkv_info("server: repair %s: %llu items (%llu bytes, %.1f MB/s) copied of %llu seen, "
-			 "%llu changing, %llu deleted, %.0f ms", what, (unsigned long long)st->items,
+			 "%llu changing, %llu gone, %.0f ms", what, (unsigned long long)st->items,
 			 (unsigned long long)st->bytes, ms > 0 ? (double)st->bytes / 1e3 / ms : 0.0,
 			 (unsigned long long)st->seen, (unsigned long long)st->skipped,
-			 (unsigned long long)st->deleted, ms);
+			 (unsigned long long)st->unseen, ms);
+}
+
+/* An online pass stops once we are fenced (a lost lease, a move) or its
+ * fill is gone: a stale source must not go on writing into a new replica. */
+static int fill_halt(void *arg)
+{
+	struct server *sv = arg;
+
+	return hkv_cluster_fenced(sv->cluster) ||
+	       hkv_cluster_fill_rev(sv->cluster) != sv->fill_job->rev;
 }
 
 /* A repair's online pass, on a thread of its own: the loop serves on. */
@@ -390,7 +400,8 @@ static void *fill_thread(void *arg)
 	struct hkv_fill_stats st;
 	uint64_t t0 = mono_ns();
 	int ret = hkv_fill_pass(sv->fill, &sv->store, job->cur, job->map, job->homes,
-				hkv_cluster_id(sv->cluster), sv->token, largest_value(sv), 0, &st);
+				hkv_cluster_id(sv->cluster), sv->token, largest_value(sv), 0,
+				fill_halt, sv, &st);
 
 	log_fill("pass", &st, t0, ret);
 	sv->fill_job = NULL;
@@ -447,6 +458,10 @@ static int final_fill(struct server *sv, struct hkv_cluster_job *job)
 
 	if (!hkv_fill_source(job->cur, job->map, id))
 		return 0; /* on a list that grows, copying nothing: fenced only */
+	if (sv->fill_thr_started) { /* (done: fill_busy was 0) - its handles are ours now */
+		pthread_join(sv->fill_thr, NULL);
+		sv->fill_thr_started = 0;
+	}
 	if (!hkv_fill_is(sv->fill, job->fill_rev, job->tag ? job->tag : "")) {
 		hkv_warn("server: the repair's final pass finds no online passes of fill %lld to "
 			 "finish", (long long)job->fill_rev);
@@ -456,7 +471,7 @@ static int final_fill(struct server *sv, struct hkv_cluster_job *job)
 		nanosleep(&(struct timespec){0, 10000000}, NULL);
 	t0 = mono_ns();
 	ret = hkv_fill_pass(sv->fill, &sv->store, job->cur, job->map, job->homes, id, sv->token,
-			    largest_value(sv), 1, &st);
+			    largest_value(sv), 1, NULL, NULL, &st);
 	log_fill("final pass (fenced)", &st, t0, ret);
 	return ret < 0 ? ret : 0;
 }
