@@ -142,6 +142,12 @@ static void source_charge(struct ctl_conn *cc)
 	s->level = s->level >= CTL_MILLI ? s->level - CTL_MILLI : 0;
 }
 
+/* A refusal, counted for the metrics (server/store.h). */
+static void count_refused(struct hkv_ctl *ctl, enum hkv_refusal why)
+{
+	ctl->store->stats.refused[why]++;
+}
+
 static void conn_free(struct ctl_conn *cc)
 {
 	struct ctl_source *s = source_get(cc->ctl, cc->source);
@@ -196,6 +202,7 @@ static void refuse_limited(struct ctl_conn *cc)
 	struct hkv_ctl *ctl = cc->ctl;
 	uint64_t now = now_ns();
 
+	ctl->store->stats.rate_limited++;
 	if (now - ctl->limited_log_ns >= 1000000000ull) {
 		hkv_warn("ctl: refused a client: %s (and %llu more since the last such line)", why,
 			 (unsigned long long)ctl->limited_quiet);
@@ -228,17 +235,21 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 
 	if (!full && !ro) {
 		source_charge(cc);
+		count_refused(cc->ctl, HKV_REFUSED_TOKEN);
 		refuse(cc, HKV_EAUTH, "wrong token");
 		return;
 	}
 	ret = hkv_store_admit(cc->ctl->store, &w, !full);
 	if (ret) {
+		count_refused(cc->ctl, ret == HKV_EDISCONNECTED ? HKV_REFUSED_FENCED
+								: HKV_REFUSED_MAX_CLIENTS);
 		refuse(cc, ret, ret == HKV_EDISCONNECTED
 					? "fenced: not serving for now (cluster: settling on the map, "
 					  "moving partitions, or lease in doubt)"
 					: "too many clients");
 		return;
 	}
+	cc->ctl->store->stats.admitted++;
 	w.transport = o->kind;
 	w.flags = full ? 0 : HKV_WELCOME_F_READONLY;
 	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", o->data_endpoint);
@@ -288,6 +299,12 @@ static void carve_step(struct ctl_conn *cc)
 	}
 	if (ret == HKV_EAUTH)
 		source_charge(cc);
+	if (ret == HKV_EFULL)
+		cc->ctl->store->stats.carves_full++;
+	else if (ret)
+		cc->ctl->store->stats.carves_refused++;
+	else
+		cc->ctl->store->stats.carves++;
 	if (ret) {
 		if (ret != HKV_EFULL)
 			hkv_warn("ctl: refused a carve to client %u: %s", cc->carve.client_id, why);
@@ -331,6 +348,10 @@ static void grant_step(struct ctl_conn *cc)
 	 * guessed token: repeating them runs into the rate limit */
 	if (ret == HKV_EAUTH || ret == -EAGAIN)
 		source_charge(cc);
+	if (ret)
+		cc->ctl->store->stats.grants_refused++;
+	else
+		cc->ctl->store->stats.grants++;
 	if (ret) {
 		hkv_warn("ctl: refused a grant to client %u: %s", g->client_id, why);
 		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
@@ -369,6 +390,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		refuse_limited(cc);
 	} else if (v == HKV_CTL_REJECT) {
 		source_charge(cc);
+		count_refused(cc->ctl, HKV_REFUSED_MALFORMED);
 		refuse(cc, req.status, req.why);
 	} else if (req.type == HKV_CTL_GRANT) {
 		process_grant(cc, req.token);
@@ -408,6 +430,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	if (cc->closing || cc->grant_until_ns)
 		return; /* answered, or a GRANT or CARVE in flight (it answers in time) */
 	source_charge(cc);
+	count_refused(cc->ctl, HKV_REFUSED_TOO_SLOW);
 	log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
 		    "a client did not send a whole request within 5 s; dropped");
 	conn_free(cc);
@@ -423,6 +446,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	struct ctl_conn *cc;
 
 	if (ctl->nconns >= HKV_CTL_MAX_CONNS || src->conns >= HKV_CTL_MAX_PER_SOURCE) {
+		count_refused(ctl, HKV_REFUSED_CONN_CAP);
 		log_limited(&ctl->cap_log_ns, &ctl->cap_quiet,
 			    ctl->nconns >= HKV_CTL_MAX_CONNS
 				    ? "256 control connections open; refusing more"

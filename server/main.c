@@ -19,11 +19,13 @@
 #include "common/hkv_alloc.h"
 #include "common/paths.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/token.h"
 #include "common/transport.h"
 #include "server/cluster.h"
 #include "server/ctl.h"
 #include "server/filler.h"
+#include "server/metrics.h"
 #include "server/mover.h"
 #include "server/store.h"
 
@@ -35,6 +37,7 @@ struct server_opts {
 	int keepalive_ms;
 	char data_port[16], data_path[128];
 	struct hkv_cluster_opts cluster; /* cluster.uri NULL: standalone */
+	const char *metrics; /* --metrics ADDR:PORT, NULL: off */
 };
 
 static void usage(FILE *f)
@@ -71,6 +74,10 @@ static void usage(FILE *f)
 		"                             connection (default: windows if the device has\n"
 		"                             type-2B windows: writers may WRITE only into\n"
 		"                             segments they own, keys die with the connection)\n"
+		"      --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
+		"                             (e.g. 127.0.0.1:9740; port 0: any, logged; default\n"
+		"                             off; no authentication: keep it on a trusted\n"
+		"                             network; docs/metrics.md)\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
 		"cluster (docs/design.md \"Cluster\"):\n"
 		"  -E, --cluster URI          join the cluster kept in etcd at\n"
@@ -130,6 +137,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"partitions", required_argument, NULL, 'P'},
 		{"replicas", required_argument, NULL, 'R'},
 		{"route-lease-ms", required_argument, NULL, 'T'},
+		{"metrics", required_argument, NULL, 256},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
@@ -209,6 +217,15 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --route-lease-ms '%s' (200..60000)\n",
 					       optarg), -1;
 			break;
+		case 256: {
+			char host[256];
+			uint16_t port;
+
+			if (hkv_metrics_parse_addr(optarg, host, sizeof(host), &port))
+				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
+			o->metrics = optarg;
+			break;
+		}
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -241,6 +258,7 @@ struct server {
 	struct hkv_ctl *ctl;
 	struct server_opts *o;
 	struct hkv_cluster *cluster;
+	struct hkv_metrics *metrics; /* --metrics, or NULL */
 	struct hkv_cmap *repurge; /* shm: purge again before serving after a move */
 	const char *token;
 	uint64_t fenced_ns;       /* when the data plane last stopped */
@@ -272,8 +290,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	struct server *sv = arg;
 
 	hkv_store_tick(&sv->store);
-	if (sv->data) /* (none while fenced) */
-		hkv_listener_tick(sv->data);
+	if (sv->data) { /* (none while fenced) */
+		int dropped = hkv_listener_tick(sv->data);
+
+		if (dropped > 0)
+			sv->store.stats.keepalive_drops += (uint64_t)dropped;
+	}
 }
 
 static void on_slab_tick(evutil_socket_t fd, short what, void *arg)
@@ -552,6 +574,8 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 		/* our partitions may have moved meanwhile: what we hold may be
 		 * stale, so come back empty (store mode settles instead: it drops
 		 * what the map no longer places on it) */
+		struct hkv_store_stats stats = sv->store.stats; /* the metrics count on */
+
 		hkv_store_fini(&sv->store);
 		if (hkv_store_init(&sv->store, &sv->o->store)) {
 			hkv_err("server: cannot make the region again");
@@ -559,6 +583,7 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 			event_base_loopbreak(sv->base);
 			return;
 		}
+		sv->store.stats = stats;
 		sv->store.fenced = 1;
 		hkv_info("server: region emptied after the lost lease");
 	}
@@ -609,6 +634,7 @@ int main(int argc, char **argv)
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};
+	struct hkv_server_metrics sm = {.started = hkv_metrics_unix_now()};
 	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_cluster = NULL;
 	struct timeval one_sec = {1, 0};
 	struct timeval sweep = {0, HKV_SLAB_TICK_MS * 1000};
@@ -681,6 +707,17 @@ int main(int argc, char **argv)
 		hkv_err("server: cannot listen for control connections: %s", strerror(errno));
 		goto out;
 	}
+	if (o.metrics) {
+		sm.store = &sv.store;
+		sm.transport = o.kind == HKV_TRANSPORT_SHM ? "shm" : "verbs";
+		sm.cluster = o.cluster.uri != NULL;
+		sv.metrics = hkv_metrics_start(sv.base, o.metrics, hkv_server_metrics_page, &sm);
+		if (!sv.metrics) {
+			hkv_err("server: cannot serve metrics on %s: %s", o.metrics, strerror(errno));
+			goto out;
+		}
+		hkv_info("server: metrics at %s", hkv_metrics_url(sv.metrics));
+	}
 	if (o.cluster.uri) {
 		if (!o.cluster.endpoint) {
 			if (o.kind == HKV_TRANSPORT_SHM)
@@ -735,6 +772,7 @@ out:
 	stop_fill(&sv);
 	hkv_cluster_stop(sv.cluster);
 	drop_map(&sv.repurge);
+	hkv_metrics_stop(sv.metrics);
 	hkv_ctl_destroy(sv.ctl);
 	if (sv.base)
 		event_base_free(sv.base);

@@ -1063,6 +1063,51 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int mov
 	return ret;
 }
 
+/* ---- metrics -------------------------------------------------------------------- */
+
+static uint64_t real_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The sweep passing seg: its part of the region's fill (struct hkv_slab_fill). */
+static void fill_add(struct hkv_store *s, uint32_t seg)
+{
+	uint64_t e = load(&table(s)[seg]);
+	uint32_t st = hkv_seg_state(e), cls = hkv_seg_class(e);
+
+	if (seg == 0)
+		s->slab.fill_pass.start_ns = real_ns();
+	if (st > HKV_SEG_DRAINING)
+		return; /* garbage a hostile writer put there: not a segment we serve */
+	s->slab.fill_pass.segs[st]++;
+	if (st != HKV_SEG_FREE && cls < s->geom->nclasses)
+		s->slab.fill_pass.used_bytes += (uint64_t)(nblocks(s, cls) - free_blocks(s, seg, cls)) *
+						s->geom->class_size[cls];
+}
+
+/* A pass is over: its sums are the region's fill as last sampled. */
+static void fill_publish(struct hkv_store *s)
+{
+	s->slab.fill = s->slab.fill_pass;
+	s->slab.fill_ns = real_ns();
+	memset(&s->slab.fill_pass, 0, sizeof(s->slab.fill_pass));
+}
+
+void hkv_slab_seg_counts(const struct hkv_store *s, uint32_t out[3])
+{
+	out[0] = out[1] = out[2] = 0;
+	for (uint32_t i = 0; i < s->geom->nsegs; i++) {
+		uint32_t st = hkv_seg_state(load(&table(s)[i]));
+
+		if (st <= HKV_SEG_DRAINING)
+			out[st]++;
+	}
+}
+
 void hkv_slab_tick(struct hkv_store *s)
 {
 	uint64_t now = hkv_now_ns();
@@ -1070,10 +1115,12 @@ void hkv_slab_tick(struct hkv_store *s)
 	if (s->slab.drain_seg >= 0)
 		drain_step(s);
 	for (uint32_t k = 0; k < SWEEP_SEGS && k < s->geom->nsegs; k++) {
+		fill_add(s, s->slab.sweep_next);
 		sweep_segment(s, s->slab.sweep_next, now);
 		if (++s->slab.sweep_next == s->geom->nsegs) { /* a pass is over */
 			s->slab.sweep_next = 0;
 			sightings_swap(&s->slab.prev, &s->slab.cur);
+			fill_publish(s);
 		}
 	}
 }

@@ -164,12 +164,15 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 	if (len != sizeof(h))
 		return HKV_EPROTO;
 	memcpy(&h, hello, sizeof(h));
-	if (h.client_id == 0 || h.client_id > HKV_MAX_CLIENTS)
+	if (h.client_id == 0 || h.client_id > HKV_MAX_CLIENTS) {
+		s->stats.refused[HKV_REFUSED_TICKET]++;
 		return HKV_EAUTH;
+	}
 	c = &s->clients[h.client_id];
 	if (c->connected || c->ticket_expiry_ns < hkv_now_ns() || !ticket_equal(c->ticket, h.ticket)) {
 		hkv_warn("store: data connection with a bad or stale ticket (client %u) refused",
 			 h.client_id);
+		s->stats.refused[HKV_REFUSED_TICKET]++;
 		return HKV_EAUTH;
 	}
 	c->ticket_expiry_ns = 0;

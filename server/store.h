@@ -69,6 +69,39 @@ struct hkv_slab {
 	uint64_t *named; /* warm restart: blocks a slot names, one bit per 64 B */
 	struct hkv_moved_in *moved_in; /* per segment: its last move, when and from which class */
 	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed, relocated;
+	/* the region's fill, summed by the sweep as it passes each segment and
+	 * published when a pass ends (fill_ns: CLOCK_REALTIME then, 0: none yet) */
+	struct hkv_slab_fill {
+		uint64_t used_bytes; /* blocks not free in the bitmaps, x class size */
+		uint32_t segs[3];    /* by enum hkv_seg_state */
+		uint64_t start_ns;   /* CLOCK_REALTIME when the pass began */
+	} fill_pass, fill;
+	uint64_t fill_ns;
+};
+
+/*
+ * What the server counts for its metrics (server/metrics.h): control-plane
+ * refusals (server/ctl.c), grants and carves, the data plane's bad tickets
+ * and keepalive drops. Event loop only, like the rest of the store.
+ */
+enum hkv_refusal {
+	HKV_REFUSED_TOKEN,       /* AUTH with a wrong token */
+	HKV_REFUSED_MAX_CLIENTS, /* AUTH at --max-clients */
+	HKV_REFUSED_FENCED,      /* AUTH while fenced (cluster) */
+	HKV_REFUSED_TICKET,      /* a data connection with a bad or stale ticket */
+	HKV_REFUSED_MALFORMED,   /* a control request that does not decode */
+	HKV_REFUSED_TOO_SLOW,    /* a control request not whole within its deadline */
+	HKV_REFUSED_CONN_CAP,    /* a control connection over the caps (ctl.h) */
+	HKV_REFUSED_NKINDS
+};
+
+struct hkv_store_stats {
+	uint64_t refused[HKV_REFUSED_NKINDS];
+	uint64_t rate_limited;   /* control requests answered "rate limited" */
+	uint64_t admitted;       /* AUTHs answered WELCOME */
+	uint64_t grants, grants_refused;
+	uint64_t carves, carves_full, carves_refused;
+	uint64_t keepalive_drops; /* connections the data plane's keepalives closed */
 };
 
 struct hkv_store {
@@ -82,6 +115,7 @@ struct hkv_store {
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	struct hkv_slab slab;
 	int fenced; /* cluster: lease in doubt, serve nobody (server/cluster.h) */
+	struct hkv_store_stats stats;
 };
 
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
@@ -121,6 +155,9 @@ int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int mov
  * every HKV_SLAB_TICK_MS. */
 #define HKV_SLAB_TICK_MS 100
 void hkv_slab_tick(struct hkv_store *s);
+/* Segments by state now (out[enum hkv_seg_state]): a walk of the segment
+ * table, 8 bytes a segment (no bitmap, no index); invalid entries left out. */
+void hkv_slab_seg_counts(const struct hkv_store *s, uint32_t out[3]);
 /* Warm restart, before any client: exact bitmaps, moves undone. */
 int hkv_slab_rebuild(struct hkv_store *s);
 void hkv_slab_fini(struct hkv_store *s);

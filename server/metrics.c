@@ -1,0 +1,147 @@
+/* metrics.c - see metrics.h; the names and meanings are in docs/metrics.md. */
+#include "server/metrics.h"
+
+#include <stdio.h>
+
+#include <event2/buffer.h>
+
+#include "common/metrics.h"
+#include "common/transport.h"
+#include "hatchkv.h"
+
+static const char *const refusal_names[HKV_REFUSED_NKINDS] = {
+	[HKV_REFUSED_TOKEN] = "wrong_token",     [HKV_REFUSED_MAX_CLIENTS] = "max_clients",
+	[HKV_REFUSED_FENCED] = "fenced",         [HKV_REFUSED_TICKET] = "bad_ticket",
+	[HKV_REFUSED_MALFORMED] = "malformed",   [HKV_REFUSED_TOO_SLOW] = "too_slow",
+	[HKV_REFUSED_CONN_CAP] = "connection_cap",
+};
+
+static const char *const seg_names[3] = {
+	[HKV_SEG_FREE] = "free", [HKV_SEG_SHARED] = "shared", [HKV_SEG_DRAINING] = "draining"};
+
+static void page_clients(struct evbuffer *b, const struct hkv_store *s)
+{
+	const struct hkv_store_stats *st = &s->stats;
+	char lab[48];
+
+	hkv_metrics_gauge(b, "hatchkv_clients_connected", "Clients connected to the data plane.",
+			  s->nconnected);
+	hkv_metrics_gauge(b, "hatchkv_clients_pending",
+			  "Clients admitted (a ticket handed out) and not connected yet.", s->npending);
+	hkv_metrics_gauge(b, "hatchkv_clients_max", "Clients connected at once, at most "
+			  "(--max-clients).", s->max_clients ? s->max_clients : HKV_MAX_CLIENTS);
+	hkv_metrics_counter(b, "hatchkv_clients_admitted_total",
+			    "Control requests (AUTH) answered with a welcome.", st->admitted);
+	hkv_metrics_family(b, "hatchkv_clients_refused_total", "counter",
+			   "Clients and control requests refused, by reason.");
+	for (int i = 0; i < HKV_REFUSED_NKINDS; i++) {
+		snprintf(lab, sizeof(lab), "reason=\"%s\"", refusal_names[i]);
+		hkv_metrics_sample(b, "hatchkv_clients_refused_total", lab, st->refused[i]);
+	}
+	hkv_metrics_counter(b, "hatchkv_rate_limited_total",
+			    "Control requests answered \"rate limited\" (their source sent too many "
+			    "bad ones).", st->rate_limited);
+	hkv_metrics_counter(b, "hatchkv_keepalive_drops_total",
+			    "Data connections closed because the peer did not answer keepalives "
+			    "(verbs).", st->keepalive_drops);
+	hkv_metrics_family(b, "hatchkv_grants_total", "counter",
+			   "GRANT requests (memory windows, verbs), by result.");
+	hkv_metrics_sample(b, "hatchkv_grants_total", "result=\"granted\"", st->grants);
+	hkv_metrics_sample(b, "hatchkv_grants_total", "result=\"refused\"", st->grants_refused);
+	hkv_metrics_family(b, "hatchkv_carves_total", "counter",
+			   "CARVE requests (memory for a size class), by result.");
+	hkv_metrics_sample(b, "hatchkv_carves_total", "result=\"carved\"", st->carves);
+	hkv_metrics_sample(b, "hatchkv_carves_total", "result=\"full\"", st->carves_full);
+	hkv_metrics_sample(b, "hatchkv_carves_total", "result=\"refused\"", st->carves_refused);
+	hkv_metrics_gauge(b, "hatchkv_data_connections",
+			  "Data plane connections established (0 while fenced).",
+			  s->data ? hkv_listener_nconns(s->data) : 0);
+	hkv_metrics_gauge(b, "hatchkv_memory_windows",
+			  "Memory windows bound, over all connections (verbs).",
+			  s->data ? hkv_listener_nwindows(s->data) : 0);
+}
+
+static void page_region(struct evbuffer *b, const struct hkv_store *s)
+{
+	const struct hkv_geometry *g = s->geom;
+	const struct hkv_slab *sl = &s->slab;
+	uint64_t data_bytes = (uint64_t)g->nsegs * g->seg_size;
+	uint32_t segs[3];
+	char lab[32];
+
+	hkv_metrics_gauge(b, "hatchkv_region_bytes", "Bytes of the region (header, index, "
+			  "segments).", (double)s->region.length);
+	hkv_metrics_gauge(b, "hatchkv_region_data_bytes", "Bytes of the region's segments.",
+			  (double)data_bytes);
+	hkv_metrics_gauge(b, "hatchkv_segment_bytes", "Bytes of one segment (--segment-size).",
+			  g->seg_size);
+	hkv_metrics_gauge(b, "hatchkv_index_slots", "Slots of the index.",
+			  (double)g->nbuckets * HKV_BUCKET_SLOTS);
+	hkv_slab_seg_counts(s, segs); /* the table walk metrics.h accounts for */
+	hkv_metrics_family(b, "hatchkv_segments", "gauge",
+			   "Segments by state now: free (never carved), shared (carved into a "
+			   "size class; any writer claims its blocks), draining (being moved to "
+			   "another class).");
+	for (int i = 0; i < 3; i++) {
+		snprintf(lab, sizeof(lab), "state=\"%s\"", seg_names[i]);
+		hkv_metrics_sample(b, "hatchkv_segments", lab, segs[i]);
+	}
+	hkv_metrics_gauge(b, "hatchkv_region_used_bytes",
+			  "Bytes of blocks not free in the bitmaps (live items, items being "
+			  "written, blocks held or not freed yet), as last sampled.",
+			  (double)sl->fill.used_bytes);
+	hkv_metrics_gauge(b, "hatchkv_region_fill_ratio",
+			  "hatchkv_region_used_bytes over hatchkv_region_data_bytes, as last "
+			  "sampled.", sl->fill_ns ? (double)sl->fill.used_bytes / (double)data_bytes : 0);
+	hkv_metrics_gauge(b, "hatchkv_region_fill_sampled_timestamp_seconds",
+			  "Unix time the sweep's last whole pass over the segments ended (the "
+			  "time of hatchkv_region_used_bytes); 0: no pass yet.",
+			  (double)sl->fill_ns / 1e9);
+	hkv_metrics_gauge(b, "hatchkv_region_fill_sample_seconds",
+			  "Seconds that pass took: each segment was looked at once between "
+			  "the timestamp minus this and the timestamp.",
+			  sl->fill_ns ? (double)(sl->fill_ns - sl->fill.start_ns) / 1e9 : 0);
+	hkv_metrics_counter(b, "hatchkv_segments_carved_total",
+			    "Segments carved into a size class (new, or after a move).", sl->carved);
+	hkv_metrics_counter(b, "hatchkv_segments_moved_total",
+			    "Segments moved from one size class to another.", sl->moved);
+	hkv_metrics_counter(b, "hatchkv_segment_moves_undone_total",
+			    "Segment moves undone (no room for their items, or too slow).",
+			    sl->drains_aborted);
+	hkv_metrics_counter(b, "hatchkv_server_evictions_total",
+			    "Live items the server evicted to move a segment (cache mode).",
+			    sl->evicted);
+	hkv_metrics_counter(b, "hatchkv_items_relocated_total",
+			    "Live items the server moved out of a segment being moved (store mode).",
+			    sl->relocated);
+	hkv_metrics_counter(b, "hatchkv_held_blocks_reclaimed_total",
+			    "Blocks held past their time, or left by gone clients, taken back.",
+			    sl->held_reclaimed);
+}
+
+void hkv_server_metrics_page(struct evbuffer *b, void *arg)
+{
+	const struct hkv_server_metrics *m = arg;
+	const struct hkv_store *s = m->store;
+	double now = hkv_metrics_unix_now();
+	char lab[128];
+
+	snprintf(lab, sizeof(lab), "version=\"%s\",transport=\"%s\",layout=\"%u\"",
+		 hkv_version(), m->transport, (unsigned)HKV_LAYOUT_VERSION);
+	hkv_metrics_family(b, "hatchkv_build_info", "gauge",
+			   "Always 1; the labels say which server this is.");
+	hkv_metrics_sample(b, "hatchkv_build_info", lab, 1);
+	hkv_metrics_gauge(b, "hatchkv_start_time_seconds", "Unix time the server started.",
+			  m->started);
+	hkv_metrics_gauge(b, "hatchkv_uptime_seconds", "Seconds since the server started.",
+			  now - m->started);
+	hkv_metrics_gauge(b, "hatchkv_cluster_member", "1 if the server is a cluster member.",
+			  m->cluster);
+	hkv_metrics_gauge(b, "hatchkv_fenced",
+			  "1 while the server serves nobody (cluster: settling, moving partitions, "
+			  "or lease in doubt).", s->fenced);
+	hkv_metrics_gauge(b, "hatchkv_cache_mode", "1 in cache mode (--cache).",
+			  !!(s->geom->flags & HKV_GEOM_F_CACHE));
+	page_clients(b, s);
+	page_region(b, s);
+}
