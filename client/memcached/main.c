@@ -9,6 +9,7 @@
 
 #include "client/memcached/mc_server.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/paths.h"
 
 static void usage(FILE *f)
@@ -33,6 +34,9 @@ static void usage(FILE *f)
 		"  -I, --max-item-size S   largest item, e.g. 1m, 512k (default 1m)\n"
 		"  -U, --udp-port N        accepted for compatibility; only 0 (UDP off)\n"
 		"  -F, --disable-flush-all flush_all answers CLIENT_ERROR (as memcached -F)\n"
+		"      --metrics ADDR:PORT serve Prometheus metrics at http://ADDR:PORT/metrics\n"
+		"                          (e.g. 127.0.0.1:9741; port 0: any, logged; default\n"
+		"                          off; no authentication; docs/metrics.md)\n"
 		"  -v, --verbose           debug logs\n"
 		"  -h, --help\n");
 }
@@ -74,6 +78,7 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"udp-port", required_argument, NULL, 'U'}, {"verbose", no_argument, NULL, 'v'},
 		{"disable-flush-all", no_argument, NULL, 'F'},
 		{"depth", required_argument, NULL, 256},
+		{"metrics", required_argument, NULL, 257},
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
 	int c, udp;
 
@@ -84,6 +89,15 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 			if (parse_int(optarg, 1, 64, &o->depth))
 				return fprintf(stderr, "bad --depth '%s' (1..64)\n", optarg), -1;
 			break;
+		case 257: {
+			char host[256];
+			uint16_t port;
+
+			if (hkv_metrics_parse_addr(optarg, host, sizeof(host), &port))
+				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
+			o->metrics = optarg;
+			break;
+		}
 		case 'S': o->server_uri = optarg; break;
 		case 'k': o->token_file = optarg; break;
 		case 'l': o->listen_addr = optarg; break;

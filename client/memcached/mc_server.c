@@ -24,8 +24,10 @@
 #include <event2/thread.h>
 #include <event2/util.h>
 
+#include "client/memcached/mc_metrics.h"
 #include "client/memcached/mc_proto.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "hatchkv.h"
 
 #define MC_BATCH 64                   /* requests per read callback */
@@ -34,14 +36,6 @@
 #define MC_COUNT_EVERY 5              /* stats walks the index at most every 5 s */
 #define MC_CAS_RETRIES 64             /* incr/decr read-modify-write attempts */
 #define MC_REL_EXPTIME_MAX (60 * 60 * 24 * 30)
-
-/* memcached-style counters of one worker (written by it alone). */
-struct mc_counters {
-	uint64_t cmd_get, cmd_set, cmd_touch, cmd_flush, get_hits, get_misses;
-	uint64_t get_expired, delete_hits, delete_misses, incr_hits, incr_misses;
-	uint64_t decr_hits, decr_misses, cas_hits, cas_misses, cas_badval;
-	uint64_t touch_hits, touch_misses, bytes_read, bytes_written, hkv_errors;
-};
 
 struct mc_server;
 struct conn;
@@ -84,6 +78,7 @@ struct mc_server {
 	struct hkv_config *cfg;
 	struct event_base *base;    /* accept thread */
 	struct evconnlistener *lis;
+	struct hkv_metrics *metrics; /* --metrics, on the accept thread's loop */
 	struct worker *workers;
 	int nworkers;
 	unsigned next;              /* round-robin */
@@ -154,6 +149,8 @@ static void reply(struct ctx *x, const char *line)
 /* Errors of meta commands are never suppressed by 'q'. */
 static void reply_error(struct ctx *x, const char *line)
 {
+	count(line[0] == 'C' ? &x->w->ctr.err_client
+			     : line[0] == 'S' ? &x->w->ctr.err_server : &x->w->ctr.err_error, 1);
 	if (!x->r->noreply || x->r->cmd >= MC_CMD_MG)
 		evbuffer_add_printf(x->out, "%s\r\n", line);
 }
@@ -676,6 +673,19 @@ static void sum_workers(struct mc_server *s, struct mc_counters *c, struct hkv_c
 	}
 }
 
+/* Requests in flight at once on one worker, at most so far. */
+static int in_flight_peak(struct mc_server *s)
+{
+	int peak = 1;
+
+	for (int i = 0; i < s->nworkers; i++) {
+		int p = __atomic_load_n(&s->workers[i].pipe_peak, __ATOMIC_RELAXED);
+
+		peak = p > peak ? p : peak;
+	}
+	return peak;
+}
+
 #define STAT_U(name, v) evbuffer_add_printf(b, "STAT %s %" PRIu64 "\r\n", name, (uint64_t)(v))
 
 static void stats_general(struct ctx *x, struct evbuffer *b)
@@ -770,16 +780,7 @@ static void stats_general(struct ctx *x, struct evbuffer *b)
 	STAT_U("hkv_cache_misses", h.cache_misses);
 	STAT_U("hkv_corrupt_reads", h.corrupt_reads);
 	STAT_U("hkv_lost_server", c.hkv_errors);
-	{
-		int peak = 1; /* requests in flight at once on one worker, at most */
-
-		for (int i = 0; i < s->nworkers; i++) {
-			int p = __atomic_load_n(&s->workers[i].pipe_peak, __ATOMIC_RELAXED);
-
-			peak = p > peak ? p : peak;
-		}
-		STAT_U("hkv_in_flight_peak", peak);
-	}
+	STAT_U("hkv_in_flight_peak", in_flight_peak(s));
 	for (int i = 0; i < HKV_OP_NTYPES; i++) {
 		const struct hkv_op_stats *o = &h.op[i];
 
@@ -811,6 +812,40 @@ static void process_stats(struct ctx *x)
 	} else {
 		evbuffer_add(x->out, "ERROR\r\n", 7);
 	}
+}
+
+/* ---- metrics (--metrics) ------------------------------------------------- */
+
+/* The page (mc_metrics.h), on the accept thread: every worker's counters
+ * summed as `stats` sums them, the index walk only as `stats` last did it. */
+static void metrics_page(struct evbuffer *out, void *arg)
+{
+	struct mc_server *s = arg;
+	struct mc_metrics_snap m = {.workers = s->nworkers, .depth = s->o.depth,
+				    .max_conns = s->o.max_conns, .started = s->started};
+
+	sum_workers(s, &m.c, &m.h);
+	m.curr_conns = load(&s->curr_conns);
+	m.total_conns = load(&s->total_conns);
+	m.rejected_conns = load(&s->rejected_conns);
+	m.in_flight_peak = in_flight_peak(s);
+	pthread_mutex_lock(&s->count_lock);
+	m.items = s->items;
+	m.bytes = s->bytes;
+	m.counted_at = s->counted_at;
+	pthread_mutex_unlock(&s->count_lock);
+	mc_metrics_page(out, &m);
+}
+
+static int start_metrics(struct mc_server *s)
+{
+	s->metrics = hkv_metrics_start(s->base, s->o.metrics, metrics_page, s);
+	if (!s->metrics) {
+		hkv_err("cannot serve metrics on %s: %s", s->o.metrics, strerror(errno));
+		return -1;
+	}
+	hkv_info("metrics at %s", hkv_metrics_url(s->metrics));
+	return 0;
 }
 
 /* ---- meta commands -------------------------------------------------------- */
@@ -1156,6 +1191,7 @@ static void flush_stage(struct conn *c)
 
 	if (!evbuffer_get_length(c->stage))
 		return;
+	count(&c->w->ctr.bytes_written, evbuffer_get_length(c->stage));
 	if (!evbuffer_get_length(out)) {
 		evutil_socket_t fd = bufferevent_getfd(c->bev);
 
@@ -1209,8 +1245,11 @@ static int conn_process(struct conn *c)
 			x.lane_h = c->lane_h;
 			x.b = &w->lane_bufs[c->lane];
 		}
-		if (!c->get_pos)
+		if (!c->get_pos) { /* (a multi-get going on is counted once) */
 			count(&w->ctr.bytes_read, (uint64_t)n + req.swallow);
+			if (req.err == MC_OK)
+				count(&w->ctr.cmds[req.cmd], 1);
+		}
 		execute(&x);
 		if (c->get_pos) { /* a multi-get stopped at the output bound */
 			bufferevent_disable(c->bev, EV_READ);
@@ -1705,11 +1744,12 @@ int mc_server_run(const struct mc_options *opts)
 	ev_int = evsignal_new(s.base, SIGINT, on_signal, &s);
 	ev_term = evsignal_new(s.base, SIGTERM, on_signal, &s);
 	if (!ev_int || !ev_term || event_add(ev_int, NULL) || event_add(ev_term, NULL) ||
-	    start_listener(&s))
+	    start_listener(&s) || (s.o.metrics && start_metrics(&s)))
 		goto free_listener;
 	event_base_dispatch(s.base);
 	rc = stopping ? 0 : 1;
 free_listener:
+	hkv_metrics_stop(s.metrics);
 	if (s.lis)
 		evconnlistener_free(s.lis);
 	if (ev_int)

@@ -27,7 +27,8 @@
  * is in a lane is freed when the pipe hands the pass back.
  *
  * Counters are written by their worker only and read by any worker for
- * `stats` (relaxed atomics; handle counters through a mutex-guarded copy).
+ * `stats`, and by the accept thread for a --metrics scrape (relaxed atomics;
+ * handle counters through a mutex-guarded copy; mc_metrics.h).
  */
 #ifndef HKV_MC_SERVER_H
 #define HKV_MC_SERVER_H
@@ -45,6 +46,7 @@ struct mc_options {
 	int no_flush;            /* -F: flush_all refused, as memcached's -F */
 	const char *server_uri;  /* hatchkv server: shm:PATH or verbs://host:port */
 	const char *token_file;
+	const char *metrics;     /* --metrics ADDR:PORT (Prometheus), NULL: off */
 };
 
 /*
