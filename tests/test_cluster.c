@@ -1611,6 +1611,15 @@ static void test_repl_repair(void)
 
 static struct hkvserver fsrv[3];
 
+static const char *n_big_region(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	return "128M";
+#else
+	return "640M";
+#endif
+}
+
 /* The bytes the repair passes of a server's log say they copied, and the
  * milliseconds they took (*ms). */
 static uint64_t repair_bytes(const struct hkvserver *s, double *ms)
@@ -1646,7 +1655,11 @@ static void test_repl_repair_big(void)
 {
 	const char *two[] = {"fa", "fb", NULL};
 	const size_t vlen = 4000;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	const int n = use_verbs ? 2000 : 8192; /* (32 MB: the sanitizer tiers' time) */
+#else
 	const int n = use_verbs ? 2000 : 65536;
+#endif
 	struct hkv_cmap m = {0}, m2 = {0};
 	struct hkv_client *c;
 	char *val = malloc(vlen + 1), k[32];
@@ -1783,7 +1796,7 @@ int main(int argc, char **argv)
 			hkvserver_stop(&rsrv[i]);
 	/* a repair of 256 MB: a fourth cluster, bigger regions */
 	snprintf(curi, sizeof(curi), "%s-fill", etcd.uri);
-	region_size = use_verbs ? "64M" : "640M";
+	region_size = use_verbs ? "64M" : n_big_region();
 	RUN_TEST(test_repl_repair_big);
 	for (int i = 0; i < 3; i++)
 		if (fsrv[i].pid)
