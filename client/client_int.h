@@ -201,8 +201,6 @@ struct hkv_client {
 				    * op counters and the write ids, is unused */
 	int repl_member;           /* one replica's handle: never removes an expired item
 				    * on a read (replicas change only by replicated writes) */
-	int routed;                /* a cluster member's handle: only its router reconnects
-				    * it, after reading the map (router.c) */
 	/* set by the router for the operation it hands this handle: key's hash
 	 * under the cluster's secret, which is this region's too (one SipHash) */
 	const void *pre_key;

@@ -20,8 +20,6 @@ int hkv_key_ready(struct hkv_client *c, struct key *k, const void *key, size_t k
 	uint64_t was = c->stats.reconnects;
 	int ret = hkv_key_init(c, k, key, klen);
 
-	if (!ret && c->routed && c->conn->error)
-		return HKV_EDISCONNECTED; /* its router reconnects it, on a fresh map */
 	if (!ret)
 		ret = hkv_revive(c);
 	if (!ret && c->stats.reconnects != was)

@@ -410,7 +410,6 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 		hkv_debug("client: cannot open %s (%s): %s", m->id, m->endpoint, hkv_strerror(ret));
 		return ret == -ECONNREFUSED || ret == -ENOENT ? HKV_EDISCONNECTED : ret;
 	}
-	m->h->routed = 1;
 	*out = m->h;
 	return 0;
 }
