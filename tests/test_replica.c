@@ -107,7 +107,7 @@ struct params {
 
 static const struct params shm_params = {.threads = 4, .ops = 2000, .victims = 8};
 static const struct params quick_params = {.threads = 3, .ops = 300, .victims = 3};
-static const struct params verbs_params = {.threads = 4, .ops = 600, .victims = 6};
+static const struct params verbs_params = {.threads = 4, .ops = 400, .victims = 4};
 
 static struct params prm;
 static int use_verbs;
