@@ -37,12 +37,24 @@ extern int hkv_test_failures;
 		}                                                                           \
 	} while (0)
 
-/* HKV_TEST_ONLY="test_a test_b": run just those (while developing). */
+/* Does the space-separated list name the test (a whole word)? */
+static inline int hkv_test_listed(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = list; (p = strstr(p, name)); p += n)
+		if ((p == list || p[-1] == ' ') && (p[n] == ' ' || !p[n]))
+			return 1;
+	return 0;
+}
+
+/* HKV_TEST_ONLY="test_a test_b": run just those (while developing, and to
+ * pick a tier's subset). */
 #define RUN_TEST(fn)                                                                        \
 	do {                                                                                \
 		int before_ = hkv_test_failures;                                            \
 		const char *only_ = getenv("HKV_TEST_ONLY");                                \
-		if (only_ && !strstr(only_, #fn))                                           \
+		if (only_ && !hkv_test_listed(only_, #fn))                                  \
 			break;                                                              \
 		fn();                                                                       \
 		printf("%s - %s\n", hkv_test_failures == before_ ? "ok" : "not ok", #fn);   \
