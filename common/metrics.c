@@ -120,6 +120,14 @@ int hkv_metrics_parse_addr(const char *spec, char *host, size_t hostlen, uint16_
 	return 0;
 }
 
+int hkv_metrics_addr_ok(const char *spec)
+{
+	char host[256];
+	uint16_t port;
+
+	return !hkv_metrics_parse_addr(spec, host, sizeof(host), &port);
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct hkv_metrics *m = arg;

@@ -49,6 +49,8 @@ typedef void (*hkv_metrics_page_fn)(struct evbuffer *out, void *arg);
  * any free port. 0, or -EINVAL with nothing written.
  */
 int hkv_metrics_parse_addr(const char *spec, char *host, size_t hostlen, uint16_t *port);
+/* Is spec a good --metrics ADDR:PORT? (A daemon's option check.) */
+int hkv_metrics_addr_ok(const char *spec);
 
 /*
  * Serve page(out, arg) at spec (as hkv_metrics_parse_addr) on base's loop.

@@ -217,15 +217,11 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --route-lease-ms '%s' (200..60000)\n",
 					       optarg), -1;
 			break;
-		case 256: {
-			char host[256];
-			uint16_t port;
-
-			if (hkv_metrics_parse_addr(optarg, host, sizeof(host), &port))
+		case 256:
+			if (!hkv_metrics_addr_ok(optarg))
 				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
 			o->metrics = optarg;
 			break;
-		}
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;

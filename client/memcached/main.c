@@ -89,15 +89,11 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 			if (parse_int(optarg, 1, 64, &o->depth))
 				return fprintf(stderr, "bad --depth '%s' (1..64)\n", optarg), -1;
 			break;
-		case 257: {
-			char host[256];
-			uint16_t port;
-
-			if (hkv_metrics_parse_addr(optarg, host, sizeof(host), &port))
+		case 257:
+			if (!hkv_metrics_addr_ok(optarg))
 				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
 			o->metrics = optarg;
 			break;
-		}
 		case 'S': o->server_uri = optarg; break;
 		case 'k': o->token_file = optarg; break;
 		case 'l': o->listen_addr = optarg; break;

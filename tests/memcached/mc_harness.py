@@ -19,6 +19,18 @@ import tempfile
 import time
 
 
+def stop(p, wait_s=10):
+    """SIGTERM a process we started, SIGKILL it after wait_s; reap it."""
+    if p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -142,13 +154,7 @@ class Daemons:
 
     def close(self):
         for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p)
         self.procs = []
         shutil.rmtree(self.tmp, ignore_errors=True)
 

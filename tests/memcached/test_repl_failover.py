@@ -52,7 +52,7 @@ import urllib.request
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from mc_harness import free_port
+from mc_harness import free_port, stop
 
 LEASE_TTL = 3
 IDS = ("ra", "rb", "rc")
@@ -137,14 +137,8 @@ class Cluster:
     def close(self):
         for name in ["memcached"] + list(IDS) + ["etcd"]:  # clients first, etcd last
             p = self.procs.pop(name, None)
-            if p is None or p.poll() is not None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            if p is not None:
+                stop(p, 5)
         for p in self.procs.values():  # (none left; belt and braces)
             if p.poll() is None:
                 p.kill()

@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "memcached"))
-from mc_harness import Daemons, free_port, wait_for  # noqa: E402
+from mc_harness import Daemons, free_port, stop, wait_for  # noqa: E402
 
 from pymemcache.client.base import Client  # noqa: E402
 
@@ -403,12 +403,7 @@ def test_cheap_big_region(srv_bin):
               "a scrape of it is cheap: median %.2f ms over HTTP, page built in %.3f ms"
               % (walls[len(walls) // 2] * 1e3, page * 1e3))
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
