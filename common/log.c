@@ -64,3 +64,32 @@ void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
 	fprintf(stderr, "%s.%03ld %s[%d] %s %s\n", stamp, ts.tv_nsec / 1000000, log_prog,
 		(int)getpid(), level_names[lvl], msg);
 }
+
+void hkv_log_limited(struct hkv_log_limit *l, enum hkv_log_level lvl, const char *fmt, ...)
+{
+	uint64_t now, last, quiet;
+	struct timespec ts;
+	char msg[1024];
+	va_list ap;
+
+	if (!hkv_log_enabled(lvl))
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	last = __atomic_load_n(&l->last_ns, __ATOMIC_RELAXED);
+	if ((last && now - last < 1000000000ull) ||
+	    !__atomic_compare_exchange_n(&l->last_ns, &last, now, 0, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED)) {
+		__atomic_fetch_add(&l->quiet, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	quiet = __atomic_exchange_n(&l->quiet, 0, __ATOMIC_RELAXED);
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (quiet)
+		hkv_log(lvl, "%s (and %llu more like it in the last %.1f s)", msg,
+			(unsigned long long)quiet, last ? (double)(now - last) / 1e9 : 0.0);
+	else
+		hkv_log(lvl, "%s", msg);
+}

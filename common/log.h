@@ -6,6 +6,8 @@
 #ifndef HKV_LOG_H
 #define HKV_LOG_H
 
+#include <stdint.h>
+
 enum hkv_log_level { HKV_LOG_ERROR, HKV_LOG_WARN, HKV_LOG_INFO, HKV_LOG_DEBUG };
 
 void hkv_log_set_level(enum hkv_log_level lvl);
@@ -13,6 +15,20 @@ void hkv_log_set_prog(const char *prog);
 int hkv_log_enabled(enum hkv_log_level lvl);
 void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* A line a peer can make repeat (a refused client, a bad request): at most
+ * one per second from one call site, the next one saying how many were left
+ * out meanwhile. Thread-safe. */
+struct hkv_log_limit {
+	uint64_t last_ns, quiet; /* (atomics) */
+};
+void hkv_log_limited(struct hkv_log_limit *l, enum hkv_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+#define hkv_warn_limited(...)                                                              \
+	do {                                                                               \
+		static struct hkv_log_limit limit_;                                        \
+		hkv_log_limited(&limit_, HKV_LOG_WARN, __VA_ARGS__);                       \
+	} while (0)
 
 #define hkv_err(...)   hkv_log(HKV_LOG_ERROR, __VA_ARGS__)
 #define hkv_warn(...)  hkv_log(HKV_LOG_WARN, __VA_ARGS__)

@@ -54,11 +54,6 @@ struct hkv_ctl {
 	char path[108];
 	int nconns;
 	struct ctl_source sources[CTL_RATE_SOURCES];
-	uint64_t limited_log_ns; /* last "rate limited" log line */
-	uint64_t limited_quiet;  /* refusals not logged since */
-	uint64_t cap_log_ns, late_log_ns; /* last "too many" / "too slow" log lines */
-	uint64_t cap_quiet, late_quiet;
-	uint64_t err_log_ns, err_quiet; /* accept errors (out of descriptors) */
 	struct event *resume; /* re-enables the listener after an accept error */
 };
 
@@ -162,21 +157,6 @@ static void conn_free(struct ctl_conn *cc)
 	hkv_free(cc);
 }
 
-/* A log line a peer can make repeat: at most one a second, with a count. */
-static void log_limited(uint64_t *last_ns, uint64_t *quiet, const char *what)
-{
-	uint64_t now = now_ns();
-
-	if (now - *last_ns < 1000000000ull) {
-		(*quiet)++;
-		return;
-	}
-	hkv_warn("ctl: %s (and %llu more since the last such line)", what,
-		 (unsigned long long)*quiet);
-	*last_ns = now;
-	*quiet = 0;
-}
-
 static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *body, uint32_t len)
 {
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
@@ -191,7 +171,7 @@ static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *bo
 
 static void refuse(struct ctl_conn *cc, int status, const char *why)
 {
-	hkv_warn("ctl: refused a client: %s", why);
+	hkv_warn_limited("ctl: refused a client: %s", why);
 	reply(cc, HKV_CTL_ERROR, status, why, (uint32_t)strlen(why));
 }
 
@@ -199,18 +179,9 @@ static void refuse(struct ctl_conn *cc, int status, const char *why)
 static void refuse_limited(struct ctl_conn *cc)
 {
 	static const char why[] = "rate limited";
-	struct hkv_ctl *ctl = cc->ctl;
-	uint64_t now = now_ns();
 
-	ctl->store->stats.rate_limited++;
-	if (now - ctl->limited_log_ns >= 1000000000ull) {
-		hkv_warn("ctl: refused a client: %s (and %llu more since the last such line)", why,
-			 (unsigned long long)ctl->limited_quiet);
-		ctl->limited_log_ns = now;
-		ctl->limited_quiet = 0;
-	} else {
-		ctl->limited_quiet++;
-	}
+	cc->ctl->store->stats.rate_limited++;
+	hkv_warn_limited("ctl: refused a client: %s", why);
 	reply(cc, HKV_CTL_ERROR, HKV_EAGAIN, why, sizeof(why) - 1);
 }
 
@@ -307,7 +278,8 @@ static void carve_step(struct ctl_conn *cc)
 		cc->ctl->store->stats.carves++;
 	if (ret) {
 		if (ret != HKV_EFULL)
-			hkv_warn("ctl: refused a carve to client %u: %s", cc->carve.client_id, why);
+			hkv_warn_limited("ctl: refused a carve to client %u: %s",
+					 cc->carve.client_id, why);
 		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
 		return;
 	}
@@ -353,7 +325,7 @@ static void grant_step(struct ctl_conn *cc)
 	else
 		cc->ctl->store->stats.grants++;
 	if (ret) {
-		hkv_warn("ctl: refused a grant to client %u: %s", g->client_id, why);
+		hkv_warn_limited("ctl: refused a grant to client %u: %s", g->client_id, why);
 		reply(cc, HKV_CTL_ERROR, ret, why, (uint32_t)strlen(why));
 		return;
 	}
@@ -415,8 +387,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	struct ctl_conn *cc = arg;
 
 	if (what & BEV_EVENT_TIMEOUT) /* a reply the peer would not take in 5 s */
-		log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
-			    "a client did not read its reply within the timeout; dropped");
+		hkv_warn_limited("ctl: a client did not read its reply within the timeout; "
+				 "dropped");
 	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
 		conn_free(cc);
 }
@@ -431,8 +403,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 		return; /* answered, or a GRANT or CARVE in flight (it answers in time) */
 	source_charge(cc);
 	count_refused(cc->ctl, HKV_REFUSED_TOO_SLOW);
-	log_limited(&cc->ctl->late_log_ns, &cc->ctl->late_quiet,
-		    "a client did not send a whole request within 5 s; dropped");
+	hkv_warn_limited("ctl: a client did not send a whole request within 5 s; dropped");
 	conn_free(cc);
 }
 
@@ -447,10 +418,10 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 
 	if (ctl->nconns >= HKV_CTL_MAX_CONNS || src->conns >= HKV_CTL_MAX_PER_SOURCE) {
 		count_refused(ctl, HKV_REFUSED_CONN_CAP);
-		log_limited(&ctl->cap_log_ns, &ctl->cap_quiet,
-			    ctl->nconns >= HKV_CTL_MAX_CONNS
-				    ? "256 control connections open; refusing more"
-				    : "a source holds 128 control connections; refusing its next");
+		hkv_warn_limited("ctl: %s", ctl->nconns >= HKV_CTL_MAX_CONNS
+						    ? "256 control connections open; refusing more"
+						    : "a source holds 128 control connections; refusing "
+						      "its next");
 		evutil_closesocket(fd);
 		return;
 	}
@@ -527,11 +498,9 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 {
 	struct hkv_ctl *ctl = arg;
 	struct timeval pause = {0, 100000};
-	char what[96];
 
-	snprintf(what, sizeof(what), "accept: %s; pausing 100 ms",
-		 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-	log_limited(&ctl->err_log_ns, &ctl->err_quiet, what);
+	hkv_warn_limited("ctl: accept: %s; pausing 100 ms",
+			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 	evconnlistener_disable(l);
 	evtimer_add(ctl->resume, &pause);
 }

@@ -170,8 +170,8 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 	}
 	c = &s->clients[h.client_id];
 	if (c->connected || c->ticket_expiry_ns < hkv_now_ns() || !ticket_equal(c->ticket, h.ticket)) {
-		hkv_warn("store: data connection with a bad or stale ticket (client %u) refused",
-			 h.client_id);
+		hkv_warn_limited("store: data connection with a bad or stale ticket (client %u) "
+				 "refused", h.client_id);
 		s->stats.refused[HKV_REFUSED_TICKET]++;
 		return HKV_EAUTH;
 	}
