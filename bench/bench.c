@@ -28,9 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <event2/buffer.h>
+
 #include "bench/drivers.h"
 #include "bench/hist.h"
 #include "bench/ycsb.h"
+#include "common/metrics.h"
 #include "common/transport.h"
 #include "hatchkv.h"
 #include "tests/support/hkvserver.h"
@@ -45,6 +48,7 @@ struct opts {
 	int threads;
 	size_t fieldcount, fieldlength;
 	const char *system, *uri, *token_file, *memcached, *json;
+	const char *metrics_file; /* --metrics-file: Prometheus text of the runs */
 	const char *hkv_memcached; /* hatchkv-memcached's HOST:PORT (system "hkv-memcached") */
 	int compare, quick, verbs;
 	int via_memcached;         /* --compare also runs hatchkv-memcached */
@@ -64,6 +68,8 @@ struct result {
 	struct hist h[YOP_N];
 	uint64_t ok[YOP_N], notfound[YOP_N], err[YOP_N];
 	struct drv_counters cnt[YOP_N];
+	struct hkv_client_stats stats; /* hatchkv: the library's counters, summed */
+	int has_stats;
 };
 
 struct run;
@@ -444,6 +450,24 @@ static uint64_t server_ticks(const char *system, pid_t server_pid)
 	return t;
 }
 
+/* Add a worker's library counters (its handle's, and its pipe's) to res:
+ * every field of hkv_client_stats is a uint64_t count. */
+static void add_stats(struct result *res, struct worker *wk)
+{
+	struct hkv_client_stats st[2];
+	uint64_t *sum = (uint64_t *)&res->stats;
+
+	_Static_assert(sizeof(st[0]) % sizeof(uint64_t) == 0, "hkv_client_stats: uint64_t only");
+	memset(st, 0, sizeof(st));
+	if (wk->drv->ops->stats)
+		wk->drv->ops->stats(wk->drv, &st[0]);
+	if (wk->pipe)
+		hkv_pipe_stats(wk->pipe, &st[1]);
+	for (size_t i = 0; i < sizeof(st[0]) / sizeof(uint64_t); i++)
+		sum[i] += ((const uint64_t *)&st[0])[i] + ((const uint64_t *)&st[1])[i];
+	res->has_stats = 1;
+}
+
 /* Run one phase with o->threads workers; fills res for run phases. */
 static int phase(const struct opts *o, const char *system, const struct ycsb_workload *w,
 		 struct result *res, pid_t server_pid)
@@ -533,6 +557,8 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 			res->cnt[k].bytes_read += wk->cnt[k].bytes_read;
 			res->cnt[k].bytes_written += wk->cnt[k].bytes_written;
 		}
+		if (res && (wk->pipe || wk->drv->ops->stats))
+			add_stats(res, wk);
 		hkv_pipe_close(wk->pipe); /* (NULL: none) */
 		wk->drv->ops->close(wk->drv);
 		free(wk->val);
@@ -605,6 +631,59 @@ static void json_op(FILE *f, const struct result *r, int k, int *first)
 	}
 	fprintf(f, "]}");
 	*first = 0;
+}
+
+/*
+ * The runs as Prometheus text (for node_exporter's textfile collector, or a
+ * push): each run's throughput, and hatchkv's library counters
+ * (hatchkv_client_*, docs/metrics.md), labelled by system, workload and
+ * transport.
+ */
+static int report_metrics(const char *path, const struct result *rs, int n)
+{
+	struct evbuffer *b = evbuffer_new();
+	struct hkv_client_stats *hs = calloc((size_t)n + 1, sizeof(*hs));
+	char (*lab)[128] = calloc((size_t)n + 1, sizeof(*lab));
+	const char **labels = calloc((size_t)n + 1, sizeof(*labels));
+	FILE *f = NULL;
+	int m = 0, ret = -1;
+
+	if (!b || !hs || !lab || !labels)
+		goto out;
+	for (int i = 0; i < n; i++)
+		snprintf(lab[i], sizeof(lab[i]), "system=\"%s\",workload=\"%c\",transport=\"%s\"",
+			 rs[i].system, rs[i].workload, rs[i].transport);
+	hkv_metrics_family(b, "hatchkv_bench_throughput_ops_per_second", "gauge",
+			   "A run's throughput (YCSB operations a second).");
+	for (int i = 0; i < n; i++)
+		hkv_metrics_sample_f(b, "hatchkv_bench_throughput_ops_per_second", lab[i],
+				     rs[i].throughput);
+	hkv_metrics_family(b, "hatchkv_bench_runtime_seconds", "gauge", "A run's duration.");
+	for (int i = 0; i < n; i++)
+		hkv_metrics_sample_f(b, "hatchkv_bench_runtime_seconds", lab[i],
+				     rs[i].runtime_ms / 1e3);
+	for (int i = 0; i < n; i++)
+		if (rs[i].has_stats) {
+			hs[m] = rs[i].stats;
+			labels[m++] = lab[i];
+		}
+	if (m)
+		hkv_metrics_client(b, hs, m, labels);
+	f = fopen(path, "w");
+	if (f && fwrite(evbuffer_pullup(b, -1), 1, evbuffer_get_length(b), f) ==
+			 evbuffer_get_length(b))
+		ret = 0;
+	if (f && fclose(f))
+		ret = -1;
+	if (ret)
+		fprintf(stderr, "hatchkv-bench: cannot write %s: %s\n", path, strerror(errno));
+out:
+	if (b)
+		evbuffer_free(b);
+	free(hs);
+	free(lab);
+	free(labels);
+	return ret;
 }
 
 static int report_json(const char *path, const struct result *rs, int n, const struct opts *o)
@@ -1078,6 +1157,8 @@ static int compare(struct opts *o)
 		compare_table(rs, n, o->workloads, "hkv-memcached");
 	if (o->replicas)
 		replicas_table(rs, n, o->workloads, o->replicas);
+	if (o->metrics_file && report_metrics(o->metrics_file, rs, n))
+		return 1;
 	return o->json && report_json(o->json, rs, n, o) ? 1 : 0;
 }
 
@@ -1120,7 +1201,9 @@ static void usage(FILE *f)
 		"  --target OPS           aggregate target rate (default: as fast as possible)\n"
 		"  --fieldcount N --fieldlength B   record shape (default 10 x 100)\n"
 		"  --server-pid PID       report this process's CPU use as server_cpu_percent\n"
-		"  --json FILE            write results as JSON\n");
+		"  --json FILE            write results as JSON\n"
+		"  --metrics-file FILE    write the runs' throughput and hatchkv's library\n"
+		"                         counters as Prometheus text (docs/metrics.md)\n");
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -1144,7 +1227,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"hkv-memcached", required_argument, NULL, 'H'},
 		{"child-index", required_argument, NULL, 'I'},
 		{"child-result", required_argument, NULL, 'O'},
-		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+		{"help", no_argument, NULL, 'h'},
+		{"metrics-file", required_argument, NULL, 'M'}, {NULL, 0, NULL, 0}};
 	int c;
 
 	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:p:h", lo, NULL)) != -1) {
@@ -1167,6 +1251,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'L': o->fieldlength = strtoul(optarg, NULL, 10); break;
 		case 'P': o->server_pid = atoi(optarg); break;
 		case 'j': o->json = optarg; break;
+		case 'M': o->metrics_file = optarg; break;
 		case 'p': o->processes = atoi(optarg); break;
 		case 'B': o->batch = atoi(optarg); break;
 		case 'D': o->depth = atoi(optarg); break;
@@ -1251,6 +1336,8 @@ int main(int argc, char **argv)
 	if (o.compare)
 		return compare(&o);
 	if (run_system(&o, o.system, o.server_pid, rs, &n))
+		return 1;
+	if (o.metrics_file && report_metrics(o.metrics_file, rs, n))
 		return 1;
 	return o.json && report_json(o.json, rs, n, &o) ? 1 : 0;
 }

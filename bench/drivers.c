@@ -53,14 +53,20 @@ static void hkvd_counters(struct driver *d, struct drv_counters *out)
 			  &out->bytes_written);
 }
 
+static void hkvd_stats(struct driver *d, struct hkv_client_stats *out)
+{
+	hkv_client_stats(((struct hkv_driver *)d)->c, out);
+}
+
 static void hkvd_close(struct driver *d)
 {
 	hkv_close(((struct hkv_driver *)d)->c);
 	free(d);
 }
 
-static const struct driver_ops hkv_driver_ops = {"hatchkv", hkvd_read, hkvd_write, hkvd_mread,
-						 hkvd_counters, hkvd_close};
+static const struct driver_ops hkv_driver_ops = {"hatchkv",     hkvd_read,  hkvd_write,
+						 hkvd_mread,    hkvd_counters, hkvd_stats,
+						 hkvd_close};
 
 struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 {
@@ -289,8 +295,8 @@ static void mcd_close(struct driver *d)
 	free(m);
 }
 
-static const struct driver_ops mc_driver_ops = {"memcached", mcd_read, mcd_write, mcd_mread,
-						mcd_counters, mcd_close};
+static const struct driver_ops mc_driver_ops = {"memcached", mcd_read,     mcd_write, mcd_mread,
+						mcd_counters, NULL,         mcd_close};
 
 struct driver *driver_open_memcached(const char *hostport)
 {

@@ -17,6 +17,7 @@ struct drv_counters {
 };
 
 struct driver;
+struct hkv_client_stats;
 
 struct driver_ops {
 	const char *name;
@@ -28,6 +29,8 @@ struct driver_ops {
 	int (*mread)(struct driver *d, const char *const *keys, const size_t *klens, int n,
 		     uint8_t *const *bufs, size_t cap, int *status);
 	void (*counters)(struct driver *d, struct drv_counters *out);
+	/* hatchkv: the handle's counters (hkv_client_stats); NULL for others */
+	void (*stats)(struct driver *d, struct hkv_client_stats *out);
 	void (*close)(struct driver *d);
 };
 

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include <event2/http.h>
 
 #include "common/hkv_alloc.h"
+#include "hatchkv.h"
 
 #define METRICS_TIMEOUT_S   5
 #define METRICS_HEADERS_MAX 8192
@@ -232,3 +234,96 @@ void hkv_metrics_stop(struct hkv_metrics *m)
 	evhttp_free(m->http);
 	hkv_free(m);
 }
+
+/* ---- the client library's counters ---- */
+
+static const char *const op_names[HKV_OP_NTYPES] = {
+	"get", "set", "add", "replace", "cas", "append", "delete", "incr", "touch", "mget"};
+
+/* The library's handle counters that are plain totals, one counter each
+ * (evictions: hatchkv_memcached_evictions_total). */
+struct client_total {
+	const char *name, *help;
+	size_t off; /* in struct hkv_client_stats */
+};
+
+#define CT(field, metric, text) {"hatchkv_client_" metric "_total", text, \
+				 offsetof(struct hkv_client_stats, field)}
+static const struct client_total client_totals[] = {
+	CT(cache_hits, "location_cache_hits", "Lookups the handles' location cache answered."),
+	CT(cache_misses, "location_cache_misses", "Lookups the location cache could not answer."),
+	CT(claims, "claims", "Claim chains won (free blocks taken from the shared pools)."),
+	CT(claims_lost, "claims_lost", "Claim chains lost to another writer."),
+	CT(blocks_claimed, "blocks_claimed", "Blocks the claims took."),
+	CT(blocks_freed, "blocks_freed", "Blocks freed."),
+	CT(blocks_kept, "blocks_kept", "Freed blocks kept for the handle's own next write."),
+	CT(surveys, "surveys", "Bitmap surveys (looking for free blocks)."),
+	CT(carves, "carves", "CARVE requests sent to the server."),
+	CT(blocks_given_back, "blocks_given_back", "Held blocks given back unused."),
+	CT(blocks_abandoned, "blocks_abandoned", "Held blocks left for the server to reclaim."),
+	CT(corrupt_reads, "corrupt_reads", "Blocks read that failed validation."),
+	CT(reconnects, "reconnects", "Times a handle connected again after losing the server."),
+	CT(expired_reclaimed, "expired_reclaimed", "Expired items the handles removed."),
+	CT(grants, "grants", "Memory windows the server bound for the handles (verbs)."),
+	CT(stale_undone, "stale_undone", "Writes whose view went stale inside the post: undone "
+	   "and retried."),
+	CT(stale_views, "stale_views", "Writes that re-read their key (view older than the "
+	   "bound)."),
+	CT(repl_helps, "repl_helps", "Decided replicated writes of others a handle finished."),
+	CT(repl_unknown, "repl_unknown", "Replicated writes that returned HKV_EUNKNOWN."),
+	CT(repl_superseded, "repl_superseded", "Writes decided after a lost replica was "
+	   "replaced, done again on the new map."),
+};
+
+/* "a=1,b=2" and "op=..." joined: the labels of one sample. */
+static void join_labels(char *out, size_t cap, const char *const *labels, int k,
+			const char *more)
+{
+	const char *l = labels ? labels[k] : NULL;
+
+	snprintf(out, cap, "%s%s%s", l ? l : "", l && *l && more ? "," : "", more ? more : "");
+}
+
+/* A labelled counter family over the library's operations. */
+static void op_family(struct evbuffer *b, const struct hkv_client_stats *h, int n,
+		      const char *const *labels, const char *name, const char *help, size_t off)
+{
+	char op[32], lab[512];
+
+	hkv_metrics_family(b, name, "counter", help);
+	for (int k = 0; k < n; k++)
+		for (int i = 0; i < HKV_OP_NTYPES; i++) {
+			snprintf(op, sizeof(op), "op=\"%s\"", op_names[i]);
+			join_labels(lab, sizeof(lab), labels, k, op);
+			hkv_metrics_sample(b, name, lab,
+					   *(const uint64_t *)((const char *)&h[k].op[i] + off));
+		}
+}
+
+void hkv_metrics_client(struct evbuffer *b, const struct hkv_client_stats *h, int n,
+			const char *const *labels)
+{
+	char lab[512];
+
+	op_family(b, h, n, labels, "hatchkv_client_ops_total", "Library operations, by kind.",
+		  offsetof(struct hkv_op_stats, count));
+	op_family(b, h, n, labels, "hatchkv_client_round_trips_total",
+		  "Network round trips, by operation.", offsetof(struct hkv_op_stats, round_trips));
+	op_family(b, h, n, labels, "hatchkv_client_read_bytes_total",
+		  "Bytes the operations read (RDMA).", offsetof(struct hkv_op_stats, bytes_read));
+	op_family(b, h, n, labels, "hatchkv_client_written_bytes_total",
+		  "Bytes the operations wrote (RDMA).", offsetof(struct hkv_op_stats, bytes_written));
+	op_family(b, h, n, labels, "hatchkv_client_retries_total",
+		  "Operations restarted after a conflict or a torn read.",
+		  offsetof(struct hkv_op_stats, retries));
+	for (size_t i = 0; i < sizeof(client_totals) / sizeof(client_totals[0]); i++) {
+		hkv_metrics_family(b, client_totals[i].name, "counter", client_totals[i].help);
+		for (int k = 0; k < n; k++) {
+			join_labels(lab, sizeof(lab), labels, k, NULL);
+			hkv_metrics_sample(b, client_totals[i].name, lab[0] ? lab : NULL,
+					   *(const uint64_t *)((const char *)&h[k] +
+							       client_totals[i].off));
+		}
+	}
+}
+

@@ -76,6 +76,13 @@ void hkv_metrics_sample_f(struct evbuffer *out, const char *name, const char *la
 void hkv_metrics_counter(struct evbuffer *out, const char *name, const char *help, uint64_t v);
 void hkv_metrics_gauge(struct evbuffer *out, const char *name, const char *help, double v);
 
+/* The client library's counters (struct hkv_client_stats) of n sets, the
+ * k-th with labels[k] ("system=\"a\",workload=\"A\""; labels NULL or n 1
+ * with no labels: unlabelled): hatchkv_client_* families (docs/metrics.md). */
+struct hkv_client_stats;
+void hkv_metrics_client(struct evbuffer *out, const struct hkv_client_stats *h, int n,
+			const char *const *labels);
+
 /* Unix time now, in seconds (for *_timestamp_seconds gauges). */
 double hkv_metrics_unix_now(void);
 

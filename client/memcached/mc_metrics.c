@@ -20,76 +20,6 @@ static const char *const cmd_names[MC_NCMDS] = {
 	[MC_CMD_MN] = "mn",
 };
 
-static const char *const op_names[HKV_OP_NTYPES] = {
-	"get", "set", "add", "replace", "cas", "append", "delete", "incr", "touch", "mget"};
-
-/* The library's handle counters that are plain totals, one counter each
- * (evictions: hatchkv_memcached_evictions_total). */
-struct client_total {
-	const char *name, *help;
-	size_t off; /* in struct hkv_client_stats */
-};
-
-#define CT(field, metric, text) {"hatchkv_client_" metric "_total", text, \
-				 offsetof(struct hkv_client_stats, field)}
-static const struct client_total client_totals[] = {
-	CT(cache_hits, "location_cache_hits", "Lookups the handles' location cache answered."),
-	CT(cache_misses, "location_cache_misses", "Lookups the location cache could not answer."),
-	CT(claims, "claims", "Claim chains won (free blocks taken from the shared pools)."),
-	CT(claims_lost, "claims_lost", "Claim chains lost to another writer."),
-	CT(blocks_claimed, "blocks_claimed", "Blocks the claims took."),
-	CT(blocks_freed, "blocks_freed", "Blocks freed."),
-	CT(blocks_kept, "blocks_kept", "Freed blocks kept for the handle's own next write."),
-	CT(surveys, "surveys", "Bitmap surveys (looking for free blocks)."),
-	CT(carves, "carves", "CARVE requests sent to the server."),
-	CT(blocks_given_back, "blocks_given_back", "Held blocks given back unused."),
-	CT(blocks_abandoned, "blocks_abandoned", "Held blocks left for the server to reclaim."),
-	CT(corrupt_reads, "corrupt_reads", "Blocks read that failed validation."),
-	CT(reconnects, "reconnects", "Times a handle connected again after losing the server."),
-	CT(expired_reclaimed, "expired_reclaimed", "Expired items the handles removed."),
-	CT(grants, "grants", "Memory windows the server bound for the handles (verbs)."),
-	CT(stale_undone, "stale_undone", "Writes whose view went stale inside the post: undone "
-	   "and retried."),
-	CT(stale_views, "stale_views", "Writes that re-read their key (view older than the "
-	   "bound)."),
-	CT(repl_helps, "repl_helps", "Decided replicated writes of others a handle finished."),
-	CT(repl_unknown, "repl_unknown", "Replicated writes that returned HKV_EUNKNOWN."),
-	CT(repl_superseded, "repl_superseded", "Writes decided after a lost replica was "
-	   "replaced, done again on the new map."),
-};
-
-/* A labelled counter family over the library's operations. */
-static void op_family(struct evbuffer *b, const struct hkv_client_stats *h, const char *name,
-		      const char *help, size_t off)
-{
-	char lab[32];
-
-	hkv_metrics_family(b, name, "counter", help);
-	for (int i = 0; i < HKV_OP_NTYPES; i++) {
-		snprintf(lab, sizeof(lab), "op=\"%s\"", op_names[i]);
-		hkv_metrics_sample(b, name, lab,
-				   *(const uint64_t *)((const char *)&h->op[i] + off));
-	}
-}
-
-static void page_client(struct evbuffer *b, const struct hkv_client_stats *h)
-{
-	op_family(b, h, "hatchkv_client_ops_total", "Library operations, by kind.",
-		  offsetof(struct hkv_op_stats, count));
-	op_family(b, h, "hatchkv_client_round_trips_total", "Network round trips, by operation.",
-		  offsetof(struct hkv_op_stats, round_trips));
-	op_family(b, h, "hatchkv_client_read_bytes_total", "Bytes the operations read (RDMA).",
-		  offsetof(struct hkv_op_stats, bytes_read));
-	op_family(b, h, "hatchkv_client_written_bytes_total", "Bytes the operations wrote (RDMA).",
-		  offsetof(struct hkv_op_stats, bytes_written));
-	op_family(b, h, "hatchkv_client_retries_total",
-		  "Operations restarted after a conflict or a torn read.",
-		  offsetof(struct hkv_op_stats, retries));
-	for (size_t i = 0; i < sizeof(client_totals) / sizeof(client_totals[0]); i++)
-		hkv_metrics_counter(b, client_totals[i].name, client_totals[i].help,
-				    *(const uint64_t *)((const char *)h + client_totals[i].off));
-}
-
 /* Hits and misses of the commands that have them, one family each. */
 static void page_hits(struct evbuffer *b, const struct mc_counters *c)
 {
@@ -191,5 +121,5 @@ void mc_metrics_page(struct evbuffer *b, const struct mc_metrics_snap *s)
 	hkv_metrics_gauge(b, "hatchkv_memcached_items_sampled_timestamp_seconds",
 			  "Unix time of that walk (0: none yet; a scrape never walks).",
 			  (double)s->counted_at);
-	page_client(b, &s->h);
+	hkv_metrics_client(b, &s->h, 1, NULL);
 }

@@ -408,11 +408,51 @@ def test_cheap_big_region(srv_bin):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_bench_file(srv_bin, bench_bin):
+    """hatchkv-bench --metrics-file: the runs' library counters, strictly parsed,
+    counting exactly the operations run (YCSB ops + each thread's warm-up)."""
+    tmp = tempfile.mkdtemp(prefix="hkv-metrics-")
+    log = open(os.path.join(tmp, "server.log"), "w")
+    sock, tok, out = (os.path.join(tmp, n) for n in ("ctl.sock", "token", "bench.prom"))
+    p = subprocess.Popen([srv_bin, "-t", "shm", "-s", sock, "-k", tok, "-m", "64M"],
+                         stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def logged():
+            with open(os.path.join(tmp, "server.log")) as f:
+                return f.read()
+        wait_for(lambda: "server: ready" in logged() or p.poll() is not None, 60,
+                 "hatchkv-server")
+        for depth in ("1", "4"):  # (4: the operations go through each thread's pipe)
+            r = subprocess.run([bench_bin, "-s", "hatchkv", "--server", "shm:" + sock,
+                                "--token-file", tok, "-w", "A", "-r", "1000", "-n", "4000",
+                                "-t", "2", "--warmup", "100", "--depth", depth,
+                                "--metrics-file", out],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+            check(r.returncode == 0, "hatchkv-bench --depth %s --metrics-file ran (%s)"
+                  % (depth, r.stderr.decode()[-200:].strip()))
+            with open(out) as f:
+                s = parse(f.read())
+            lab = {"system": "hatchkv", "workload": "A", "transport": "shm"}
+            ops = sum(val(s, "hatchkv_client_ops_total", op=o, **lab) for o in ("get", "set"))
+            check(ops == 4000 + 2 * 100,
+                  "bench depth %s: %d gets and sets counted, as run (4000 + 2 x 100 warm-up)"
+                  % (depth, ops))
+            check(val(s, "hatchkv_bench_throughput_ops_per_second", **lab) > 0 and
+                  val(s, "hatchkv_client_round_trips_total", op="get", **lab) >= 1,
+                  "bench depth %s: throughput and round trips there" % depth)
+    finally:
+        stop(p)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     mc_bin, srv_bin = sys.argv[1], sys.argv[2]
     test_off_by_default(mc_bin, srv_bin)
     test_pages(mc_bin, srv_bin)
     test_cheap_big_region(srv_bin)
+    if len(sys.argv) > 3:
+        test_bench_file(srv_bin, sys.argv[3])
     print("PASS")
 
 

@@ -8,7 +8,8 @@ endif()
 
 add_test(NAME metrics_pages
          COMMAND ${HKV_METRICS_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_metrics.py
-                 $<TARGET_FILE:hatchkv-memcached> $<TARGET_FILE:hatchkv-server>)
+                 $<TARGET_FILE:hatchkv-memcached> $<TARGET_FILE:hatchkv-server>
+                 $<TARGET_FILE:hatchkv-bench>)
 set_tests_properties(metrics_pages PROPERTIES LABELS unit TIMEOUT 120)
 
 # ThreadSanitizer tier: scrapes on the accept thread while the workers count.
