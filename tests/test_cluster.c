@@ -1011,6 +1011,7 @@ static void *hot_thread(void *arg)
 static void hot_start(pthread_t *thr)
 {
 	atomic_store(&hot_stop, 0);
+	atomic_store(&hot_ops, 0);
 	for (int k = 0; k < HOT_KEYS; k++) {
 		pthread_mutex_init(&hist[k].mu, NULL);
 		hist[k].n = 0;
@@ -1026,6 +1027,11 @@ static void hot_stop_and_check(pthread_t *thr)
 	int bad = 0, gave_up = 0;
 	size_t total = 0;
 
+	/* enough history to check: on a slow guest a fault's seconds can pass
+	 * with few operations done (up to a minute more of load) */
+	for (int64_t t0 = mono_ns(); atomic_load(&hot_ops) < 1200 &&
+				     mono_ns() - t0 < 60 * 1000000000ll;)
+		sleep_ms(100);
 	atomic_store(&hot_stop, 1);
 	for (int t = 0; t < HOT_THREADS; t++)
 		pthread_join(thr[t], NULL);
@@ -1326,6 +1332,31 @@ static void test_repl_start(void)
 		CHECK_RC(start_member(&rsrv[i], rids[i]), 0);
 }
 
+/* Wait until every list has n servers, `not` on none of them (NULL: any);
+ * 0 and *out filled, or -1 on timeout. */
+static int wait_full(uint32_t n, const char *not, int ms, struct hkv_cmap *out)
+{
+	uint64_t t0 = now_ms();
+
+	while (now_ms() - t0 < (uint64_t)ms) {
+		struct hkv_cmap m;
+		int ok;
+
+		if (!read_map(&m)) {
+			ok = lists_all(&m, n);
+			for (uint32_t p = 0; ok && not && p < m.partitions; p++)
+				ok = !hkv_cmap_holds(&m, p, not);
+			if (ok) {
+				*out = m;
+				return 0;
+			}
+			hkv_cmap_free(&m);
+		}
+		sleep_ms(50);
+	}
+	return -1;
+}
+
 /* One server SIGKILLed under the checker's load (see the top). */
 static void test_repl_kill(void)
 {
@@ -1423,6 +1454,11 @@ static void test_repl_freeze(void)
 	int ret;
 
 	CHECK(c);
+	/* from a whole map: the repair after test_repl_kill's loss is over (it
+	 * fences its lists for a moment: in the guest, a checker load beside it
+	 * gets little through) */
+	CHECK_RC(wait_full(2, "rb", use_verbs ? 90000 : 30000, &map), 0);
+	hkv_cmap_free(&map);
 	CHECK_RC(read_map(&map), 0);
 	key_on(&map, "kf:", "rc", 0, kp, sizeof(kp)); /* rc primary, ra its backup */
 	CHECK(kp[0]);
@@ -1449,30 +1485,6 @@ static void test_repl_freeze(void)
 	hkv_close(c);
 }
 
-/* Wait until every list has n servers, `not` on none of them (NULL: any);
- * 0 and *out filled, or -1 on timeout. */
-static int wait_full(uint32_t n, const char *not, int ms, struct hkv_cmap *out)
-{
-	uint64_t t0 = now_ms();
-
-	while (now_ms() - t0 < (uint64_t)ms) {
-		struct hkv_cmap m;
-		int ok;
-
-		if (!read_map(&m)) {
-			ok = lists_all(&m, n);
-			for (uint32_t p = 0; ok && not && p < m.partitions; p++)
-				ok = !hkv_cmap_holds(&m, p, not);
-			if (ok) {
-				*out = m;
-				return 0;
-			}
-			hkv_cmap_free(&m);
-		}
-		sleep_ms(50);
-	}
-	return -1;
-}
 
 /* Do two servers hold key with the same value and version? (direct
  * handles: a replica's own entry) */
