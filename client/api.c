@@ -247,28 +247,32 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 }
 
 /*
- * The server's copy of an item into its new home (server/mover.c): a set
- * that keeps the item's write id, so a version read before the move still
- * matches. exptime is absolute, as in the block. Not routed: c is a
- * per-server handle.
+ * The server's copy of an item into its new home (server/mover.c) or a new
+ * replica (server/filler.c): a store that keeps the item's write id (so a
+ * version read before the move still matches) and pred. exptime is
+ * absolute, as in the block. Not routed: c is a per-server handle.
  */
-int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
-		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred)
+static int put_block(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		     size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred,
+		     enum store_mode mode, uint64_t version)
 {
 	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid,
 			  .pred = pred};
 
-	return store_value_op(c, key, klen, &v, STORE_SET, 0, HKV_OP_SET);
+	return store_value_op(c, key, klen, &v, mode, version, HKV_OP_SET);
+}
+
+int hkv_put_copy(struct hkv_client *c, const void *key, size_t klen, const void *val,
+		 size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred)
+{
+	return put_block(c, key, klen, val, vlen, flags, exptime, wid, pred, STORE_SET, 0);
 }
 
 int hkv_put_exact(struct hkv_client *c, const void *key, size_t klen, const void *val,
 		  size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred,
 		  uint64_t from)
 {
-	struct value v = {.p1 = val, .l1 = vlen, .flags = flags, .exptime = exptime, .wid = wid,
-			  .pred = pred};
-
-	return store_value_op(c, key, klen, &v, STORE_EXACT, from, HKV_OP_SET);
+	return put_block(c, key, klen, val, vlen, flags, exptime, wid, pred, STORE_EXACT, from);
 }
 
 HKV_EXPORT int hkv_set(struct hkv_client *c, const void *key, size_t klen, const void *val,

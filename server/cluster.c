@@ -1351,14 +1351,13 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 	    next_parse(nk, next, &base) || base != mk->mod_rev)
 		goto out; /* nothing we can act on: the coordinator cleans up */
 	if (loses(cur, next, cl->id)) {
-		if (cl->fence_rev != rev && cur->replicas > 1) {
-			hkv_info("cluster: %s is on lists a repair grows: fenced for its final pass",
-				 cl->id);
-		} else if (cl->fence_rev != rev) {
-			hkv_info("cluster: %s gives up %u partitions: fenced to %s them", cl->id,
-				 hkv_cmap_moved(cur, next), cl->store_mode ? "copy" : "purge");
-		}
 		if (cl->fence_rev != rev) {
+			if (cur->replicas > 1)
+				hkv_info("cluster: %s is on lists a repair grows: fenced for its final "
+					 "pass", cl->id);
+			else
+				hkv_info("cluster: %s gives up %u partitions: fenced to %s them", cl->id,
+					 hkv_cmap_moved(cur, next), cl->store_mode ? "copy" : "purge");
 			cl->fence_rev = rev;
 			cl->fence_ns = boot_ns();
 			cl->copy_failures = 0;
@@ -1401,13 +1400,12 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			}
 			if (cur->replicas > 1) { /* a repair's final pass */
 				job->fill_rev = cl->fill_rev;
-				job->tag = hkv_malloc(strlen(crs) + 1);
+				job->tag = hkv_strdup(crs);
 				if (!job->tag) {
 					hkv_cluster_job_free(job);
 					hkv_free(homes);
 					goto nomem;
 				}
-				memcpy(job->tag, crs, strlen(crs) + 1);
 			}
 			job->map = next;
 			job->cur = cur;

@@ -169,8 +169,10 @@ static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *bo
 	bufferevent_disable(cc->bev, EV_READ);
 }
 
-static void refuse(struct ctl_conn *cc, int status, const char *why)
+/* Refuse a client (counted by reason, `kind`) with status and why. */
+static void refuse(struct ctl_conn *cc, enum hkv_refusal kind, int status, const char *why)
 {
+	count_refused(cc->ctl, kind);
 	hkv_warn_limited("ctl: refused a client: %s", why);
 	reply(cc, HKV_CTL_ERROR, status, why, (uint32_t)strlen(why));
 }
@@ -206,15 +208,13 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 
 	if (!full && !ro) {
 		source_charge(cc);
-		count_refused(cc->ctl, HKV_REFUSED_TOKEN);
-		refuse(cc, HKV_EAUTH, "wrong token");
+		refuse(cc, HKV_REFUSED_TOKEN, HKV_EAUTH, "wrong token");
 		return;
 	}
 	ret = hkv_store_admit(cc->ctl->store, &w, !full);
 	if (ret) {
-		count_refused(cc->ctl, ret == HKV_EDISCONNECTED ? HKV_REFUSED_FENCED
-								: HKV_REFUSED_MAX_CLIENTS);
-		refuse(cc, ret, ret == HKV_EDISCONNECTED
+		refuse(cc, ret == HKV_EDISCONNECTED ? HKV_REFUSED_FENCED : HKV_REFUSED_MAX_CLIENTS,
+		       ret, ret == HKV_EDISCONNECTED
 					? "fenced: not serving for now (cluster: settling on the map, "
 					  "moving partitions, or lease in doubt)"
 					: "too many clients");
@@ -362,8 +362,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		refuse_limited(cc);
 	} else if (v == HKV_CTL_REJECT) {
 		source_charge(cc);
-		count_refused(cc->ctl, HKV_REFUSED_MALFORMED);
-		refuse(cc, req.status, req.why);
+		refuse(cc, HKV_REFUSED_MALFORMED, req.status, req.why);
 	} else if (req.type == HKV_CTL_GRANT) {
 		process_grant(cc, req.token);
 	} else if (req.type == HKV_CTL_CARVE) {

@@ -44,7 +44,7 @@ struct hkv_fill *hkv_fill_new(int64_t rev, const char *tag)
 	if (!f)
 		return NULL;
 	f->rev = rev;
-	f->tag = hkv_malloc(strlen(tag) + 1);
+	f->tag = hkv_strdup(tag);
 	f->cap = 1024;
 	f->t = hkv_calloc(f->cap, sizeof(*f->t));
 	if (!f->tag || !f->t) {
@@ -53,7 +53,6 @@ struct hkv_fill *hkv_fill_new(int64_t rev, const char *tag)
 		hkv_free(f);
 		return NULL;
 	}
-	memcpy(f->tag, tag, strlen(tag) + 1);
 	randombytes_buf(f->hkey, sizeof(f->hkey));
 	return f;
 }

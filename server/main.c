@@ -400,6 +400,24 @@ static void log_fill(const char *what, const struct hkv_fill_stats *st, uint64_t
 			 (unsigned long long)st->unseen, ms);
 }
 
+/* Wait for the fill thread to end (it has, or was told to); its state and
+ * handles are the loop's again. */
+static void join_fill(struct server *sv)
+{
+	if (sv->fill_thr_started) {
+		pthread_join(sv->fill_thr, NULL);
+		sv->fill_thr_started = 0;
+	}
+}
+
+/* shm: a client notices a closed socket at its next liveness check
+ * (1-4 ms); let such late writes land before a fenced copy reads. */
+static void let_late_writes_land(const struct server *sv)
+{
+	while (mono_ns() - sv->fenced_ns < 100000000ull)
+		nanosleep(&(struct timespec){0, 10000000}, NULL);
+}
+
 /* An online pass stops once we are fenced (a lost lease, a move) or its
  * fill is gone: a stale source must not go on writing into a new replica. */
 static int fill_halt(void *arg)
@@ -432,10 +450,7 @@ static void *fill_thread(void *arg)
 /* Start a repair's online pass (cluster.h HKV_JOB_FILL); 0 or an error. */
 static int start_fill(struct server *sv, struct hkv_cluster_job *job)
 {
-	if (sv->fill_thr_started) {
-		pthread_join(sv->fill_thr, NULL);
-		sv->fill_thr_started = 0;
-	}
+	join_fill(sv);
 	if (!hkv_fill_is(sv->fill, job->rev, job->tag)) { /* another fill: start over */
 		hkv_fill_free(sv->fill);
 		sv->fill = hkv_fill_new(job->rev, job->tag);
@@ -455,12 +470,9 @@ static int start_fill(struct server *sv, struct hkv_cluster_job *job)
 
 static void stop_fill(struct server *sv)
 {
-	if (sv->fill_thr_started) {
-		if (atomic_load(&sv->fill_busy))
-			hkv_fill_cancel(sv->fill);
-		pthread_join(sv->fill_thr, NULL);
-		sv->fill_thr_started = 0;
-	}
+	if (atomic_load(&sv->fill_busy))
+		hkv_fill_cancel(sv->fill);
+	join_fill(sv);
 	hkv_fill_free(sv->fill);
 	sv->fill = NULL;
 }
@@ -476,17 +488,13 @@ static int final_fill(struct server *sv, struct hkv_cluster_job *job)
 
 	if (!hkv_fill_source(job->cur, job->map, id))
 		return 0; /* on a list that grows, copying nothing: fenced only */
-	if (sv->fill_thr_started) { /* (done: fill_busy was 0) - its handles are ours now */
-		pthread_join(sv->fill_thr, NULL);
-		sv->fill_thr_started = 0;
-	}
+	join_fill(sv); /* (done: fill_busy was 0) - its handles are ours now */
 	if (!hkv_fill_is(sv->fill, job->fill_rev, job->tag ? job->tag : "")) {
 		hkv_warn("server: the repair's final pass finds no online passes of fill %lld to "
 			 "finish", (long long)job->fill_rev);
 		return -ESTALE;
 	}
-	while (mono_ns() - sv->fenced_ns < 100000000ull) /* shm: late writes land first */
-		nanosleep(&(struct timespec){0, 10000000}, NULL);
+	let_late_writes_land(sv);
 	t0 = mono_ns();
 	ret = hkv_fill_pass(sv->fill, &sv->store, job->cur, job->map, job->homes, id, sv->token,
 			    largest_value(sv), 1, NULL, NULL, &st);
@@ -525,10 +533,7 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 	case HKV_JOB_COPY:
 		if (job->cur && job->cur->replicas > 1)
 			return final_fill(sv, job);
-		/* shm: a client notices a closed socket at its next liveness check
-		 * (1-4 ms); let such late writes land before we copy */
-		while (mono_ns() - sv->fenced_ns < 100000000ull)
-			nanosleep(&(struct timespec){0, 10000000}, NULL);
+		let_late_writes_land(sv);
 		ret = hkv_move_copy(&sv->store, job->cur, job->map, job->homes, id, sv->token,
 				    largest_value(sv), &st);
 		if (!ret)
