@@ -495,49 +495,6 @@ static int mget_loc_ok(const struct hkv_client *c, const struct hkv_loc *loc)
 }
 
 /*
- * The first chain of a multi-get in two halves (hkv_mget_start, for a
- * cluster handle): up to 32 keys, a cached key's block READ or an uncached
- * key's two buckets' (statuses set: CONFLICT = being read). The rest of the
- * batch, and these keys' candidates, go in the rounds below.
- */
-static void mget_build(struct hkv_client *c, struct hkv_mget_item *items, size_t n, size_t *i,
-		       struct mget_chain *ch)
-{
-	size_t used = 0;
-
-	ch->nw = ch->ncold = ch->nwr = 0;
-	ch->first = *i;
-	for (; *i < n && ch->nw + ch->ncold < 32; (*i)++) {
-		struct hkv_loc *loc = &ch->locs[ch->nw];
-		struct key k;
-
-		items[*i].status = hkv_key_init(c, &k, items[*i].key, items[*i].klen);
-		if (items[*i].status)
-			continue;
-		items[*i].status = CONFLICT; /* not read yet */
-		if (!hkv_cached_loc(c, &k, loc, 0) || !mget_loc_ok(c, loc)) { /* cold: buckets */
-			if (ch->nwr && used + CANON_SLOTS * 8 > c->read_cap)
-				break;
-			c->stats.cache_misses++;
-			ch->cidx[ch->ncold] = *i;
-			ch->coff[ch->ncold++] = used;
-			ch->nwr = hkv_append_bucket_reads(c, ch->wrs, ch->nwr, &k, c->rblk + used);
-			used += CANON_SLOTS * 8;
-			continue;
-		}
-		if (ch->nwr && used + loc->blen + 64 > c->read_cap)
-			break;
-		ch->idx[ch->nw] = *i;
-		ch->offs[ch->nw] = used;
-		ch->wrs[ch->nwr++] = hkv_wr_read(c, c->rblk + used, hkv_slot_off(loc->slot), loc->blen);
-		used += (loc->blen + 63) & ~(size_t)63; /* keep headers aligned */
-		ch->nw++;
-	}
-	ch->end = *i;
-	ch->seen_ns = hkv_coarse_ns();
-}
-
-/*
  * Multi-get in rounds, each one chain and one round trip. A round READs
  * first the candidate blocks of the cold keys whose buckets the round
  * before read, then, in the room left, looks at keys not seen yet: a key
@@ -901,70 +858,68 @@ static int mget_run(struct hkv_client *c, struct mget_run *r)
 
 /*
  * A multi-get in two halves, so that a cluster handle posts every server's
- * first chain before it waits for any (client/router.c): start builds and
- * posts the first chain (up to 32 keys), finish waits for it and does
- * the rest in rounds (the first chain's cold keys' candidates ride in the
- * first of them). n must be the same for both; between them the handle
- * does nothing else.
+ * first round before it waits for any (client/router.c): start builds and
+ * posts the first round (as hkv_mget's: every key that fits the send queue
+ * and the read buffer), finish waits for it and does the rest of the rounds
+ * (the first round's cold keys' candidates ride in the second). Between
+ * them the handle does nothing else; after a failed start there is no
+ * finish.
  */
 int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		   struct hkv_mget_pending *pd)
 {
-	struct mget_chain *ch = &pd->chain;
-	size_t i = 0;
+	struct mget_run *r;
 	int ret = hkv_revive(c);
 
-	pd->posted = 0;
+	memset(pd, 0, sizeof(*pd));
 	if (ret)
 		return ret;
+	if (!(r = pd->run = hkv_malloc(sizeof(*r))))
+		return -ENOMEM;
 	op_begin(c, &pd->sc, HKV_OP_MGET);
-	mget_build(c, items, n, &i, ch);
-	if (!ch->nwr)
-		return 0;
-	ret = hkv_conn_post(c->conn, ch->wrs, ch->nwr);
-	if (ret == -EAGAIN)
-		ret = c->conn->error = HKV_ETRANSPORT;
-	if (ret)
-		return op_end(c, &pd->sc, ret);
-	pd->posted = 1;
-	return 0;
+	ret = mget_run_init(c, r, items, n, NULL, 0);
+	while (!ret) {
+		int progress = 0, nwr = mget_round(c, r, &pd->cand_end, &progress), signaled = 0;
+
+		if (!nwr) {
+			r->cold_head = pd->cand_end;
+			if (progress)
+				continue;
+			return 0; /* nothing to read: finish takes the single-key path */
+		}
+		pd->seen_ns = hkv_coarse_ns(); /* <= when the READs run: the views' age */
+		for (int i = 0; i < nwr - 1; i++)
+			signaled += !!(r->wrs[i].flags & HKV_WR_F_SIGNALED);
+		ret = hkv_conn_post(c->conn, r->wrs, nwr);
+		if (ret == -EAGAIN)
+			ret = c->conn->error = HKV_ETRANSPORT;
+		if (!ret) {
+			pd->want = signaled + 1;
+			return 0;
+		}
+		mget_fail(r, ret);
+	}
+	mget_run_fini(r);
+	hkv_free(r);
+	pd->run = NULL;
+	return op_end(c, &pd->sc, ret);
 }
 
-int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
-		    struct hkv_mget_pending *pd)
+int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_pending *pd)
 {
-	struct mget_chain *ch = &pd->chain;
-	uint64_t mem[MG_STACK_WORDS];
-	struct mget_run r;
-	/* (a chain of READs: one completion) */
-	int ret = pd->posted ? hkv_conn_wait(c->conn, NULL, 1) : 0;
+	struct mget_run *r = pd->run;
+	int ret = pd->want ? hkv_conn_wait(c->conn, NULL, pd->want) : 0;
 
-	if (!ret)
-		ret = mget_run_init(c, &r, items, n, mem, sizeof(mem));
-	if (ret) { /* every item not answered yet says why */
-		for (size_t j = 0; j < n; j++)
-			if (j >= ch->end || items[j].status == CONFLICT)
-				items[j].status = ret;
-		return op_end(c, &pd->sc, ret);
+	if (ret) {
+		mget_fail(r, ret);
+	} else {
+		if (pd->want)
+			mget_settle(c, r, pd->seen_ns, pd->cand_end);
+		ret = mget_run(c, r);
 	}
-	r.next = ch->end;
-	for (size_t j = ch->first; j < ch->end; j++)
-		r.tries[j] = 1;
-	for (int w = 0; w < ch->nw; w++)
-		if (!mget_take(c, &items[ch->idx[w]], &ch->locs[w], c->rblk + ch->offs[w],
-			       ch->seen_ns))
-			mget_stale_block(c, &r, ch->idx[w]);
-	for (int q = 0; q < ch->ncold; q++) { /* their candidates: in the first round */
-		struct key k;
-		struct mg_cold *e;
-
-		hkv_key_init(c, &k, items[ch->cidx[q]].key, items[ch->cidx[q]].klen);
-		e = mget_cold_add(&r, ch->cidx[q], &k);
-		memcpy(e->v.slot, c->rblk + ch->coff[q], sizeof(e->v.slot));
-		e->v.seen_ns = ch->seen_ns;
-	}
-	ret = mget_run(c, &r);
-	mget_run_fini(&r);
+	mget_run_fini(r);
+	hkv_free(r);
+	pd->run = NULL;
 	return op_end(c, &pd->sc, ret);
 }
 

@@ -214,32 +214,21 @@ struct op_scope {
 	enum hkv_op op;
 };
 
-/* One multi-get chain: up to 32 keys, each either warm (a cached location:
- * its block's READ) or cold (its two buckets' READs; its candidates' blocks
- * are read in one more chain for all the cold keys at once). */
-struct mget_chain {
-	struct hkv_wr wrs[64];
-	struct hkv_loc locs[32];
-	size_t idx[32], offs[32];  /* warm: item, where its block lands in rblk */
-	size_t cidx[32], coff[32]; /* cold: item, where its buckets land in rblk */
-	size_t first, end;
-	int nw, ncold, nwr;        /* warm keys, cold keys, work requests */
-	uint64_t seen_ns;          /* when the buckets' READs went out */
-};
-
+struct mget_run;
 struct hkv_mget_pending {
 	struct op_scope sc;
-	struct mget_chain chain;
-	int posted;
+	struct mget_run *run; /* the rounds' state (api.c) */
+	size_t cand_end;      /* the first round's cold keys */
+	uint64_t seen_ns;     /* when it was posted */
+	int want;             /* its completions; 0: nothing posted */
 };
-/* hkv_mget in two halves: start posts the first chain (no wait), finish
+/* hkv_mget in two halves: start posts the first round (no wait), finish
  * waits for it and reads the rest. The router posts every server's first
- * chain before it waits for any. Same items and n for both; nothing else on
- * the handle in between. 0 or the error (finish: as hkv_mget). */
+ * round before it waits for any. Nothing else on the handle in between; no
+ * finish after a failed start. 0 or the error (finish: as hkv_mget). */
 int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 		   struct hkv_mget_pending *pd);
-int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
-		    struct hkv_mget_pending *pd);
+int hkv_mget_finish(struct hkv_client *c, struct hkv_mget_pending *pd);
 
 /* ---- cluster routing (router.c) ---- */
 /* The location caches of a cluster's servers, by endpoint, shared by every

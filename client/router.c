@@ -840,9 +840,10 @@ void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, u
 }
 
 /*
- * Multi-get: the items grouped by server; every server's first chain (up to
- * 32 cached keys) is posted before any is waited for, so warm keys spread
- * over the servers take one round trip of wall time. A group whose server
+ * Multi-get: the items grouped by server; every server's first round (as
+ * many keys as its send queue and read buffer hold) is posted before any is
+ * waited for, so warm keys spread over the servers take one round trip of
+ * wall time, cold ones two. A group whose server
  * closed us is read again on a fresh route (reads are safe to repeat), up
  * to 3 rounds.
  */
@@ -896,7 +897,7 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 			}
 			count[mi] = k - start[mi];
 		}
-		for (uint32_t mi = 0; mi < r->nm; mi++) { /* post every first chain */
+		for (uint32_t mi = 0; mi < r->nm; mi++) { /* post every first round */
 			struct hkv_client *h;
 			int ret;
 
@@ -919,7 +920,7 @@ int hkv_router_mget(struct hkv_client *c, struct hkv_mget_item *items, size_t n)
 			if (!count[mi])
 				continue;
 			if (ret == 1)
-				ret = hkv_mget_finish(r->m[mi].h, group + start[mi], count[mi], &pd[mi]);
+				ret = hkv_mget_finish(r->m[mi].h, &pd[mi]);
 			if (ret == HKV_EDISCONNECTED) {
 				again = 1;
 				atomic_store(&r->dirty, 1);
