@@ -43,7 +43,7 @@ struct conn;
 /* A value buffer and a multi-get's: the worker's (depth 1) or a lane's. */
 struct bufs {
 	char *vbuf;                 /* one value (max_value + 1 bytes) */
-	char *mbuf;                 /* a multi-get's values: MC_MGET_KEYS x MC_MGET_VCAP */
+	char *mbuf;                 /* a multi-get's values: MC_MGET_BUF bytes */
 };
 
 struct worker {
@@ -292,11 +292,12 @@ static size_t conn_output(const struct ctx *x)
 /*
  * get/gets of several keys: MC_MGET_KEYS at a time through hkv_mget (one
  * round trip for keys whose location the handle knows, two for the others,
- * instead of one or two per key); a value larger than MC_MGET_VCAP is read
+ * instead of one or two per key). The batch shares MC_MGET_BUF bytes (4 KiB
+ * a key at 64 keys, 2 KiB at 128); a value larger than its share is read
  * again alone. Keys in order; the same output and counters as one by one.
  */
-#define MC_MGET_KEYS 32
-#define MC_MGET_VCAP 4096
+#define MC_MGET_KEYS 128
+#define MC_MGET_BUF  (256u << 10)
 
 static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p, const char *end)
 {
@@ -311,15 +312,20 @@ static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p,
 		const char *key;
 		size_t klen;
 
+		size_t share;
+
 		while (n < MC_MGET_KEYS && mc_key_next(&p, end, &key, &klen)) {
 			it[n].key = key;
 			it[n].klen = klen;
-			it[n].buf = x->b->mbuf + (size_t)n * MC_MGET_VCAP;
-			it[n].cap = MC_MGET_VCAP;
 			after[n++] = p;
 		}
 		if (!n)
 			break;
+		share = MC_MGET_BUF / (size_t)n & ~(size_t)63;
+		for (int i = 0; i < n; i++) {
+			it[i].buf = x->b->mbuf + (size_t)i * share;
+			it[i].cap = share;
+		}
 		rc = checked(x, hkv_mget(h, it, (size_t)n));
 		for (int i = 0; i < n && !rc; i++) {
 			const char *v = it[i].buf;
@@ -1494,7 +1500,7 @@ static int worker_init(struct mc_server *s, struct worker *w, int id)
 		return -1;
 	w->vcap = s->max_value;
 	w->own.vbuf = malloc(w->vcap + 1);
-	w->own.mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP); /* (NULL: one key at a time) */
+	w->own.mbuf = malloc(MC_MGET_BUF); /* (NULL: one key at a time) */
 	w->base = event_base_new();
 	if (!w->own.vbuf || !w->base)
 		return -1;
@@ -1511,7 +1517,7 @@ static int worker_init(struct mc_server *s, struct worker *w, int id)
 			return -1;
 		for (int i = 0; i < s->o.depth; i++) {
 			w->lane_bufs[i].vbuf = malloc(w->vcap + 1);
-			w->lane_bufs[i].mbuf = malloc((size_t)MC_MGET_KEYS * MC_MGET_VCAP);
+			w->lane_bufs[i].mbuf = malloc(MC_MGET_BUF);
 			if (!w->lane_bufs[i].vbuf)
 				return -1;
 		}
