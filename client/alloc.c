@@ -569,7 +569,7 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 		return; /* not the block we allocated last: leave it to the server */
 	hb.gen = c->cur.gen;
 	if (c->cur.written) {
-		uint64_t *hdr = &c->atom[56]; /* 24 bytes: meta, crc|vlen, stamp */
+		uint64_t *hdr = &c->atom[56]; /* 24 bytes: meta, sum|vlen, stamp */
 		struct hkv_wr wr;
 
 		/* (gen + 1 was written: the meta says so, and the next write is + 2) */

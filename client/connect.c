@@ -4,7 +4,7 @@
  *      (client id, one-time ticket, data endpoint);
  *   2. data plane: transport connection whose hello redeems the ticket; its
  *      accept carries the region's address and rkey;
- *   3. one RDMA Read of the region header, validated (magic, crc, version,
+ *   3. one RDMA Read of the region header, validated (magic, sum, version,
  *      sizes) before anything else is trusted;
  *   4. the registered scratch arena, location cache and allocator.
  */

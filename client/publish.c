@@ -159,7 +159,7 @@ static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_
 	memcpy(c->wblk, c->rblk, HKV_BLOCK_HDR + (size_t)h->klen + h->vlen);
 	w->meta = hkv_meta_make(HKV_BLK_LIVE, cls, gen);
 	w->owner = (uint16_t)c->client_id; /* ours until published; the wid stays g' write's */
-	w->crc = hkv_block_crc(w, c->wblk + HKV_BLOCK_HDR);
+	w->sum = hkv_block_sum(w, c->wblk + HKV_BLOCK_HDR);
 	copy = hkv_slot_make(hkv_slot_fp(old->slot), cls, gen, off);
 	if (hkv_alloc_write_ok(c, off))
 		return 0; /* held too long: abandoned */

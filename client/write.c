@@ -93,7 +93,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		return ret;
 	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
 	h->atime = hkv_now_ms32();
-	h->crc = hkv_block_crc(h, c->wblk + HKV_BLOCK_HDR);
+	h->sum = hkv_block_sum(h, c->wblk + HKV_BLOCK_HDR);
 	*slot = hkv_slot_make(k->fp, (uint32_t)cls, gen, off);
 	*blen = (uint32_t)total;
 	return 0;

@@ -30,7 +30,8 @@
  *   0  u64 meta     state(2) | class(7) | aborted(1) | retirer(16) | rsv(6) | gen(32)
  *                   -- CAS word; retirer: in an OBSOLETE meta, the client whose
  *                   CAS retired the block (it frees it, or keeps it to reuse)
- *   8  u32 crc      CRC32C of gen, bytes 12..27, the wid and key+value
+ *   8  u32 sum      XXH64 of gen, bytes 12..27, wid, pred and key+value,
+ *                   folded to 32 bits (hkv_block_sum)
  *   12 u32 vlen
  *   16 u32 flags    client flags (memcached)
  *   20 u16 klen
@@ -38,7 +39,7 @@
  *                   bytes 16..23 are its HELD stamp
  *   24 u32 exptime  absolute Unix seconds, 0 = never
  *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
- *                   (readers refresh it; not in crc)
+ *                   (readers refresh it; not in the sum)
  *   32 u64 wid      write id: fresh (never 0, below 2^62) for each logical
  *                   write, kept when the item is copied or moved; the item's
  *                   cas version
@@ -69,7 +70,7 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 5 /* 5: pred (replication) in blocks; 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
+#define HKV_LAYOUT_VERSION 6 /* 6: XXH64 sums (were CRC32C); 5: pred (replication) in blocks; 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
@@ -104,7 +105,7 @@ struct hkv_geometry {
 	uint64_t reserved[3];
 	uint32_t class_size[HKV_NCLASSES_MAX];
 	uint32_t pad;
-	uint32_t crc; /* CRC32C of everything above */
+	uint32_t sum; /* XXH64 of everything above, folded to 32 bits */
 };
 
 #define HKV_GEOM_F_CACHE 0x1 /* cache mode: evict instead of failing when full */
@@ -120,7 +121,7 @@ struct hkv_geometry {
 #define HKV_GROWTH_STORE 1125
 int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 		      uint64_t index_slots, uint32_t flags, uint32_t growth);
-/* Seal (compute crc) / check a geometry read from a region. 0 or HKV_ECORRUPT/EPROTO. */
+/* Seal (compute sum) / check a geometry read from a region. 0 or HKV_ECORRUPT/EPROTO. */
 void hkv_geometry_seal(struct hkv_geometry *g);
 int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len);
 /* Smallest class whose size holds `bytes`, or -1 if none. */
@@ -186,7 +187,7 @@ static inline uint32_t hkv_meta_retired_by(uint64_t m)
 
 struct hkv_block_hdr {
 	uint64_t meta;
-	uint32_t crc;
+	uint32_t sum;
 	uint32_t vlen;
 	uint32_t flags;
 	uint16_t klen;
@@ -227,13 +228,14 @@ static inline uint32_t hkv_meta_gen(uint64_t m)
 	return (uint32_t)(m >> 32);
 }
 
-/* The block's checksum over gen, lengths, flags, exptime, key and value. */
-uint32_t hkv_block_crc(const struct hkv_block_hdr *h, const void *kv);
+/* The block's sum over gen, lengths, flags, owner, exptime, wid, pred, key
+ * and value: what tells a torn or reused block from a whole one. */
+uint32_t hkv_block_sum(const struct hkv_block_hdr *h, const void *kv);
 
 /*
  * Validate a block read from remote memory against what the reader expects:
  * returns 0 if its header is sane, lengths fit `avail` bytes and the class,
- * the crc matches, and the key equals key/klen; HKV_ENOTFOUND if it is a
+ * the sum matches, and the key equals key/klen; HKV_ENOTFOUND if it is a
  * valid block of another key; HKV_ECORRUPT otherwise (torn, reused, garbage).
  */
 int hkv_block_check(const struct hkv_geometry *g, const void *blk, uint32_t avail,
@@ -314,15 +316,6 @@ uint64_t hkv_hash64(const void *key, size_t len);
  * crypto_shorthash) keyed with the region's secret g->hash_key.
  */
 uint64_t hkv_key_hash(const struct hkv_geometry *g, const void *key, size_t len);
-uint32_t hkv_crc32c(uint32_t crc, const void *buf, size_t len);
-/* The same by the bytewise table (the reference), for tests. */
-uint32_t hkv_crc32c_table(uint32_t crc, const void *buf, size_t len);
-/* One implementation by number (0: bytewise table, 1: slicing by 8, 2:
- * SSE4.2, or 1 without it): for tests. */
-uint32_t hkv_crc32c_with(int impl, uint32_t crc, const void *buf, size_t len);
-/* The one hkv_crc32c uses here ("sse4.2" or "slice8"): the faster, timed once. */
-const char *hkv_crc32c_impl(void);
-
 /* The two candidate buckets and the fingerprint of a key hash. */
 static inline void hkv_buckets_of(const struct hkv_geometry *g, uint64_t h, uint64_t *b1,
 				  uint64_t *b2)

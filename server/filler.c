@@ -322,7 +322,7 @@ static int walk(struct pass *ps, struct hkv_store *s, uint8_t *buf)
 #endif
 		if (__atomic_load_n((const uint64_t *)blk, __ATOMIC_ACQUIRE) != meta ||
 		    __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE) != sl ||
-		    h->meta != meta || h->crc != hkv_block_crc(h, buf + HKV_BLOCK_HDR)) {
+		    h->meta != meta || h->sum != hkv_block_sum(h, buf + HKV_BLOCK_HDR)) {
 			ps->st->skipped++; /* rewritten under us */
 			continue;
 		}

@@ -74,7 +74,7 @@ static int copy_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr
 	if (!strcmp(hkv_cmap_server(cp->map, p, 0), cp->self) ||
 	    strcmp(hkv_cmap_server(cp->cur, p, 0), cp->self))
 		return 0; /* staying, or never ours (a stray: not ours to hand on) */
-	if (h->crc != hkv_block_crc(h, key)) {
+	if (h->sum != hkv_block_sum(h, key)) {
 		hkv_err("cluster: a live item fails its CRC during a move's copy");
 		return HKV_ECORRUPT;
 	}

@@ -235,7 +235,7 @@ static int whole(const struct hkv_store *s, const struct hkv_block_hdr *h, uint3
 	memcpy(&c, h, sizeof(c));
 	return c.meta == meta && c.klen && c.klen <= HKV_MAX_KEY &&
 	       (uint64_t)HKV_BLOCK_HDR + c.klen + c.vlen <= s->geom->class_size[cls] &&
-	       c.crc == hkv_block_crc(&c, h + 1);
+	       c.sum == hkv_block_sum(&c, h + 1);
 }
 
 /*
@@ -363,7 +363,7 @@ static void carve(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t floo
 
 		__atomic_store_n(&h->meta, hkv_meta_make(HKV_BLK_UNUSED, cls, floor),
 				 __ATOMIC_RELAXED);
-		__atomic_store_n((uint64_t *)&h->crc, 0, __ATOMIC_RELAXED); /* crc, vlen */
+		__atomic_store_n((uint64_t *)&h->sum, 0, __ATOMIC_RELAXED); /* sum, vlen */
 		__atomic_store_n(stamp_word(h), 0, __ATOMIC_RELAXED);
 	}
 	__atomic_store_n(&table(s)[seg], hkv_seg_make(HKV_SEG_SHARED, cls, hkv_seg_epoch(was) + 1),
@@ -551,7 +551,7 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 	item = (uint64_t)HKV_BLOCK_HDR + oh->klen + (uint64_t)oh->vlen;
 	if (oh->meta != r->meta || oh->klen == 0 || oh->klen > HKV_MAX_KEY ||
 	    item > g->class_size[cls] || item > g->class_size[r->to_cls] ||
-	    oh->crc != hkv_block_crc(oh, buf + HKV_BLOCK_HDR)) {
+	    oh->sum != hkv_block_sum(oh, buf + HKV_BLOCK_HDR)) {
 		withdraw(s, r); /* changed since we looked, or garbage: left where it is */
 		return 0;
 	}
@@ -563,7 +563,7 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 	memcpy(&nh, oh, sizeof(nh));
 	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
 	nh.owner = 0; /* the server's copy (the wid, the item's version, is kept) */
-	nh.crc = hkv_block_crc(&nh, buf + HKV_BLOCK_HDR);
+	nh.sum = hkv_block_sum(&nh, buf + HKV_BLOCK_HDR);
 	memcpy(r->to + 1, buf + HKV_BLOCK_HDR, (size_t)item - HKV_BLOCK_HDR);
 	memcpy((uint8_t *)r->to + 8, (uint8_t *)&nh + 8, sizeof(nh) - 8);
 	__atomic_store_n(&r->to->meta, nh.meta, __ATOMIC_RELEASE);

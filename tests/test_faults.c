@@ -984,7 +984,7 @@ static uint32_t v_fake_header(struct vandal *v, uint64_t *off)
 	int k = (int)(rnd(&v->rs) % GKEYS);
 	size_t klen = strlen(v->key[k]);
 	uint32_t cls;
-	struct hkv_block_hdr h = {.crc = (uint32_t)rnd(&v->rs),
+	struct hkv_block_hdr h = {.sum = (uint32_t)rnd(&v->rs),
 				  .vlen = (uint32_t)(rnd(&v->rs) % 512),
 				  .klen = (uint16_t)klen};
 
@@ -2921,7 +2921,7 @@ static int raw_put_block(struct raw *r, uint64_t off, uint32_t cls, enum hkv_blo
 	h.atime = (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
 	memcpy(r->buf + HKV_BLOCK_HDR, key, h.klen);
 	memset(r->buf + HKV_BLOCK_HDR + h.klen, 'u', vlen);
-	h.crc = hkv_block_crc(&h, r->buf + HKV_BLOCK_HDR);
+	h.sum = hkv_block_sum(&h, r->buf + HKV_BLOCK_HDR);
 	memcpy(r->buf, &h, sizeof(h));
 	return raw_xfer(r, HKV_WR_WRITE, off, HKV_BLOCK_HDR + h.klen + vlen);
 }

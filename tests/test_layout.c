@@ -1,11 +1,14 @@
 /*
  * test_layout.c - the region's formats, without a server (unit tier):
  *
- *   test_crc32c   the published check value; each implementation (the
- *                 SSE4.2 path: three streams joined by shift tables; slicing
- *                 by 8; the one hkv_crc32c picked by timing them) against the
- *                 bytewise table for every length 0..2100 at every start
- *                 offset 0..7, and chained calls.
+ *   test_block_sum   a sealed block checks; one byte changed anywhere the
+ *                    sum covers (gen, lengths, flags, owner, exptime, wid,
+ *                    pred, key, value) is caught, one changed where it must
+ *                    not look (meta's state/retirer bits, the atime that
+ *                    readers refresh) is not; a block torn at any 64-byte
+ *                    line between two whole versions is caught; the sum is
+ *                    the XXH64 that clients and servers of other builds use.
+ *   test_geometry    a sealed geometry checks; one byte changed is caught.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,39 +16,108 @@
 #include <string.h>
 
 #include "common/layout.h"
+#include "hatchkv_err.h"
 #include "tests/hkv_test.h"
 
 HKV_TEST_MAIN_DEFS;
 
-static void test_crc32c(void)
+#define BLK 1088 /* a 1 KiB-class block: header, a 23-byte key, 1000 bytes of value */
+
+static struct hkv_geometry geo;
+
+static void make_block(uint8_t *blk, uint32_t gen, uint64_t wid, uint8_t fill)
 {
-	static uint8_t buf[2200];
-	int bad = 0;
+	struct hkv_block_hdr *h = (struct hkv_block_hdr *)blk;
+	int cls = hkv_class_for(&geo, BLK);
 
-	CHECK(hkv_crc32c(0, "123456789", 9) == 0xe3069283u); /* CRC-32C's check value */
-	CHECK(hkv_crc32c_table(0, "123456789", 9) == 0xe3069283u);
-	srand(7);
-	for (size_t i = 0; i < sizeof(buf); i++)
-		buf[i] = (uint8_t)rand();
-	printf("# hkv_crc32c uses %s here\n", hkv_crc32c_impl());
-	for (int impl = 1; impl <= 3; impl++)
-		for (size_t off = 0; off < 8; off++)
-			for (size_t len = 0; len + off <= 2100; len++) {
-				uint32_t want = hkv_crc32c_table(0x1234u, buf + off, len);
-				uint32_t got = impl == 3 ? hkv_crc32c(0x1234u, buf + off, len)
-							 : hkv_crc32c_with(impl, 0x1234u, buf + off, len);
+	memset(blk, 0, BLK);
+	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
+	h->vlen = 1000;
+	h->flags = 0xf1a9;
+	h->klen = 23;
+	h->owner = 7;
+	h->exptime = 1900000000u;
+	h->atime = 12345;
+	h->wid = wid;
+	h->pred = wid - 1;
+	memcpy(blk + HKV_BLOCK_HDR, "user:000000000000000042", 23);
+	memset(blk + HKV_BLOCK_HDR + 23, fill, 1000);
+	h->sum = hkv_block_sum(h, blk + HKV_BLOCK_HDR);
+}
 
-				if (got != want && bad++ < 5)
-					fprintf(stderr, "crc32c (%d) differs: offset %zu, length %zu\n",
-						impl, off, len);
-			}
-	CHECK(bad == 0);
-	/* a CRC continued over a second piece is the CRC of the whole */
-	CHECK(hkv_crc32c(hkv_crc32c(0, buf, 1000), buf + 1000, 1100) == hkv_crc32c(0, buf, 2100));
+static int check(const uint8_t *blk)
+{
+	return hkv_block_check(&geo, blk, BLK, "user:000000000000000042", 23);
+}
+
+static void test_block_sum(void)
+{
+	static uint8_t blk[BLK], v2[BLK], torn[BLK];
+	size_t end = HKV_BLOCK_HDR + 23 + 1000;
+	int missed = 0, cuts = 0;
+
+	CHECK_RC(hkv_geometry_init(&geo, 64ull << 20, 1u << 20, 1u << 16, 0, HKV_GROWTH_STORE), 0);
+	CHECK(hkv_class_for(&geo, BLK) >= 0);
+	make_block(blk, 9, 1000, 'a');
+	CHECK_RC(check(blk), 0);
+	/* every covered byte: bytes 4..7 (gen), 12..27, 32..47, the key and value */
+	for (size_t i = 4; i < end; i++) {
+		int covered = (i >= 4 && i < 8) || (i >= 12 && i < 28) || i >= 32;
+
+		if (!covered)
+			continue;
+		blk[i] ^= 0x20;
+		if (check(blk) != HKV_ECORRUPT && missed++ < 5)
+			fprintf(stderr, "byte %zu changed, block still checks\n", i);
+		blk[i] ^= 0x20;
+	}
+	CHECK(missed == 0);
+	/* what changes under a live block: atime (readers), meta's low word */
+	blk[28] ^= 0xff;
+	blk[31] ^= 0x01;
+	CHECK_RC(check(blk), 0);
+	((struct hkv_block_hdr *)blk)->meta |= HKV_META_ABORTED | hkv_meta_retirer(99);
+	CHECK_RC(check(blk), 0);
+	/* torn: the first k lines of one version, the rest of the next (same
+	 * key and lengths, a new value and write id; the same generation, as
+	 * a block rewritten in place would have) */
+	make_block(blk, 9, 1000, 'a');
+	make_block(v2, 9, 1001, 'b');
+	for (size_t k = 64; k < end; k += 64) {
+		memcpy(torn, blk, k);
+		memcpy(torn + k, v2 + k, BLK - k);
+		cuts++;
+		if (check(torn) != HKV_ECORRUPT && missed++ < 5)
+			fprintf(stderr, "torn at %zu, block still checks\n", k);
+	}
+	CHECK(missed == 0 && cuts == 16);
+	/* the sum is XXH64's (the published value for no input, seed 0), so
+	 * every build agrees on it */
+	CHECK(hkv_hash64("", 0) == 0xef46db3751d8e999ull);
+	printf("# block sum: %d one-byte changes and %d torn cuts caught\n",
+	       (int)(4 + 16 + (end - 32)), cuts);
+}
+
+static void test_geometry(void)
+{
+	struct hkv_geometry g;
+	uint8_t *p = (uint8_t *)&g;
+	int missed = 0;
+
+	CHECK_RC(hkv_geometry_init(&g, 64ull << 20, 1u << 20, 1u << 16, 0, HKV_GROWTH_CACHE), 0);
+	hkv_geometry_seal(&g);
+	CHECK_RC(hkv_geometry_check(&g, 64ull << 20), 0);
+	for (size_t i = 0; i < offsetof(struct hkv_geometry, sum); i++) {
+		p[i] ^= 0x04;
+		missed += hkv_geometry_check(&g, 64ull << 20) == 0;
+		p[i] ^= 0x04;
+	}
+	CHECK(missed == 0);
 }
 
 int main(void)
 {
-	RUN_TEST(test_crc32c);
+	RUN_TEST(test_block_sum);
+	RUN_TEST(test_geometry);
 	return hkv_test_finish();
 }

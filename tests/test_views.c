@@ -658,7 +658,7 @@ static void test_stuck_obsolete(void)
 
 		memcpy(F->wblk, xcopy, 64);
 		h->meta = (m & 0xffffffffull) | (uint64_t)(hkv_meta_gen(m) + 2048) << 32;
-		h->crc = hkv_block_crc(h, F->wblk + HKV_BLOCK_HDR);
+		h->sum = hkv_block_sum(h, F->wblk + HKV_BLOCK_HDR);
 		SX = hkv_slot_make(hkv_slot_fp(SX), hkv_slot_class(SX), hkv_meta_gen(h->meta),
 				   hkv_slot_off(SX));
 		wr = hkv_wr_write(F, F->wblk, x.blk_off, HKV_BLOCK_HDR + h->klen + h->vlen);

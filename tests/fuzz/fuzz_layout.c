@@ -7,9 +7,9 @@
  *
  *   mode u8   bit 0: raw header bytes, else one built by hkv_geometry_init
  *                    from fuzzed sizes and then patched field by field
- *             bit 1: keep the header's crc as given (else it is resealed,
- *                    so the checks behind the crc are reached)
- *             bit 2: copy the key into the block, bit 3: seal its crc
+ *             bit 1: keep the header's sum as given (else it is resealed,
+ *                    so the checks behind the sum are reached)
+ *             bit 2: copy the key into the block, bit 3: seal its sum
  *   header    raw: sizeof(struct hkv_geometry) bytes, then region_len u64;
  *             built: total u64, seg shift u8, index slots u64, patch count
  *             u8, patches (field u8, value u64)
@@ -20,7 +20,7 @@
  * outside total_size or the region, overlap, or are misaligned for the
  * atomics on them; when buckets, classes or slot ranges derived from such a
  * header leave their area; when hkv_geometry_init's own output fails the
- * check; or when hkv_block_check accepts a block whose lengths, class, crc
+ * check; or when hkv_block_check accepts a block whose lengths, class, sum
  * or key do not hold. The block sits in an exact-size heap buffer of
  * `avail` bytes, so any read beyond what the caller said is there is an
  * ASan report.
@@ -187,7 +187,7 @@ static void probe_block(const struct hkv_geometry *g, struct input *in, uint8_t 
 	if ((mode & 8) && avail >= HKV_BLOCK_HDR) {
 		memcpy(&h, blk, sizeof(h));
 		if ((uint64_t)HKV_BLOCK_HDR + h.klen + h.vlen <= avail) {
-			h.crc = hkv_block_crc(&h, blk + HKV_BLOCK_HDR);
+			h.sum = hkv_block_sum(&h, blk + HKV_BLOCK_HDR);
 			memcpy(blk, &h, sizeof(h));
 		}
 	}
@@ -203,7 +203,7 @@ static void probe_block(const struct hkv_geometry *g, struct input *in, uint8_t 
 		ASSERT(h.klen >= 1 && h.klen <= HKV_MAX_KEY);
 		ASSERT((uint64_t)HKV_BLOCK_HDR + h.klen + h.vlen <= avail);
 		ASSERT((uint64_t)HKV_BLOCK_HDR + h.klen + h.vlen <= g->class_size[cls]);
-		ASSERT(h.crc == hkv_block_crc(&h, blk + HKV_BLOCK_HDR));
+		ASSERT(h.sum == hkv_block_sum(&h, blk + HKV_BLOCK_HDR));
 		if (ret == 0)
 			ASSERT(h.klen == klen && !memcmp(blk + HKV_BLOCK_HDR, key, klen));
 		else
