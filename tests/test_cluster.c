@@ -700,8 +700,10 @@ static void test_kill(void)
 	}
 	printf("# b SIGKILLed: %d fast failures, then its key writable on a survivor after "
 	       "%llu ms (lease TTL %s s)\n", fast_fail, (unsigned long long)(t_ok - t0), TTL);
-	/* lease TTL, then the route lease clients may still hold (+0.5 s), then a round */
-	CHECK(t_ok && t_ok - t0 <= (uint64_t)atoi(TTL) * 1000 + HKV_CLUSTER_ROUTE_LEASE_MS + 2500);
+	/* lease TTL, then the route lease clients may still hold (+0.5 s), then a
+	 * round of the coordinator's and the watch's (~1 s seen; 4 s allowed on a
+	 * noisy machine: this bounds an outage, it does not time one) */
+	CHECK(t_ok && t_ok - t0 <= (uint64_t)atoi(TTL) * 1000 + HKV_CLUSTER_ROUTE_LEASE_MS + 4000);
 	CHECK_RC(wait_map(three, 5000, NULL), 0);
 	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
 	CHECK(!strcmp(buf, "after"));
