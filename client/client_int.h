@@ -180,6 +180,7 @@ struct hkv_client {
 	uint64_t table_ns;  /* when (0: never) */
 	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
 	uint64_t tidy_ns;   /* last pass over every class's held blocks */
+	uint64_t tidy_coarse_ns; /* ... by the coarse clock (hkv_alloc_tidy) */
 	struct hkv_cur_alloc cur;
 	uint64_t rng;
 	uint64_t wid_next; /* the next write id (hkv_next_wid) */
