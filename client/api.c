@@ -1115,6 +1115,80 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 	return c->readonly ? -EPERM : flush_all(c);
 }
 
+/*
+ * A replicated store's count (replica.h): the entries h holds that readers
+ * take as present - a LIVE block, or one retired by a write cut between its
+ * mark and its slot CAS; never a tombstone (a replicated delete), an insert
+ * not committed, or an entry changed under the walk - and, with a filter,
+ * whose key it says to count. Per index chunk: one READ of the slots, then
+ * chains of READs of each entry's header and key (one round trip per up to
+ * 128 entries).
+ */
+#define COUNT_BATCH 128
+#define COUNT_READ  320 /* a header and the longest key, 64-aligned */
+
+int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
+		      void *arg, uint64_t *items, uint64_t *bytes)
+{
+	uint64_t nslots = h->g.nbuckets * HKV_BUCKET_SLOTS, *slots = (uint64_t *)h->rblk;
+	uint8_t *blks = h->rblk + INDEX_CHUNK * sizeof(uint64_t);
+	int ret = hkv_revive(h);
+
+	*items = *bytes = 0;
+	for (uint64_t first = 0; !ret && first < nslots; first += INDEX_CHUNK) {
+		int chunk, i = 0;
+
+		if ((ret = read_index_chunk(h, first, slots, &chunk)))
+			break;
+		while (!ret && i < chunk) {
+			const struct hkv_conn *cn = h->conn;
+			int room = cn->sq_depth - (cn->quiet_out ? cn->carry : cn->sq_used), n = 0;
+			struct hkv_wr wrs[COUNT_BATCH];
+			int idx[COUNT_BATCH];
+
+			if (room > COUNT_BATCH)
+				room = COUNT_BATCH;
+			if (room < 1) /* (the post waits for the transport's quiet work) */
+				room = 1;
+			for (; i < chunk && n < room; i++) {
+				uint32_t len = HKV_BLOCK_HDR + HKV_MAX_KEY, cls;
+
+				if (!slots[i] || !hkv_slot_sane(h, slots[i]))
+					continue;
+				cls = hkv_slot_class(slots[i]);
+				if (len > h->g.class_size[cls])
+					len = h->g.class_size[cls];
+				idx[n] = i;
+				wrs[n] = hkv_wr_read(h, blks + (size_t)n * COUNT_READ,
+						     hkv_slot_off(slots[i]), len);
+				n++;
+			}
+			if (!n || (ret = hkv_exec(h, wrs, n)))
+				break;
+			for (int j = 0; j < n; j++) {
+				const struct hkv_block_hdr *bh =
+					(const struct hkv_block_hdr *)(blks + (size_t)j * COUNT_READ);
+				uint64_t s = slots[idx[j]], m = bh->meta;
+				uint32_t cls = hkv_slot_class(s);
+				int present = hkv_meta_state(m) == HKV_BLK_LIVE ||
+					      (hkv_meta_state(m) == HKV_BLK_OBSOLETE &&
+					       !(m & HKV_META_ABORTED));
+
+				if (!present || hkv_meta_class(m) != cls ||
+				    (hkv_meta_gen(m) & 0x7ff) != hkv_slot_ver(s) || hkv_block_tomb(bh) ||
+				    !bh->klen || bh->klen > HKV_MAX_KEY ||
+				    HKV_BLOCK_HDR + (uint32_t)bh->klen > h->g.class_size[cls])
+					continue;
+				if (mine && !mine(arg, (const uint8_t *)bh + HKV_BLOCK_HDR, bh->klen))
+					continue;
+				(*items)++;
+				*bytes += h->g.class_size[cls];
+			}
+		}
+	}
+	return ret;
+}
+
 HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
 {
 	uint64_t nslots = 0, *slots;
@@ -1122,8 +1196,8 @@ HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *
 
 	if (c->router)
 		return hkv_router_count_items(c, items, bytes);
-	if (c->repl)
-		return hkv_count_items(hkv_repl_primary(c), items, bytes);
+	if (c->repl) /* what its primary holds, but tombstones */
+		return hkv_count_present(hkv_repl_primary(c), NULL, NULL, items, bytes);
 	ret = hkv_revive(c);
 
 	*items = *bytes = 0;

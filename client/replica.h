@@ -49,6 +49,10 @@ struct hkv_client *hkv_repl_primary(const struct hkv_client *c);
 /* flush_all by replicated deletes of what h holds (api.c): mine filters. */
 int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,
 			 int (*mine)(void *arg, const void *key, size_t klen), void *arg);
+/* A replicated store's count of what h holds (api.c): entries readers take
+ * as present, not tombstones, that mine (if set) says to count. */
+int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
+		      void *arg, uint64_t *items, uint64_t *bytes);
 void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out);
 void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
 

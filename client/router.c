@@ -779,10 +779,39 @@ static int count_one(struct hkv_client *h, void *arg)
 	return ret;
 }
 
+/* A replicated cluster's count: each key on its primary's walk, once (a
+ * member holds its primaries' keys and its backups' copies, and tombstones). */
+static int count_replicated(struct hkv_client *c, struct counts *t)
+{
+	struct hkv_router *r = c->router;
+	int first = view_fresh(r, hkv_coarse_ns());
+
+	if (first)
+		return first;
+	for (uint32_t i = 0; i < r->nm; i++) {
+		struct primary_of po = {.r = r};
+		struct hkv_client *h;
+		uint64_t items, bytes;
+		int ret = member_handle(r, i, &h);
+
+		snprintf(po.id, sizeof(po.id), "%s", r->m[i].id);
+		if (!ret)
+			ret = hkv_count_present(h, is_primary, &po, &items, &bytes);
+		if (!ret) {
+			t->items += items;
+			t->bytes += bytes;
+		}
+		if (ret && !first)
+			first = ret;
+	}
+	return first;
+}
+
 int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
 {
 	struct counts t = {0};
-	int ret = each_member(c, count_one, &t);
+	int ret = c->router->map.replicas > 1 ? count_replicated(c, &t)
+					      : each_member(c, count_one, &t);
 
 	*items = t.items;
 	*bytes = t.bytes;

@@ -195,6 +195,10 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c);
  * name (*bytes: block sizes, header and class rounding included). Walks the
  * whole index (index size / 8 KiB round trips): for stats, not the data
  * path. Entries being inserted or removed at that moment may be off by one.
+ * Through a replicated handle or cluster it counts keys: each once (on its
+ * primary), and not a deleted one, whose tombstones stay in the replicas'
+ * indexes; that walk also reads each entry's header and key (one more round
+ * trip per 128 entries).
  */
 HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes);
 
