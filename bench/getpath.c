@@ -11,7 +11,7 @@
  * both timed per iteration with the TSC (as perftest does), medians over
  * the rounds; and the client work of a GET, each piece timed in a loop of
  * its own on the same data: the key's hash (SipHash), the location-cache
- * lookup, the block check (header, key compare, CRC32C), the copy into the
+ * lookup, the block check (header, key compare, XXH64 sum), the copy into the
  * caller's buffer, the operation's counters and clock reads. What the
  * pieces do not explain is posting, polling and the rest of the call.
  *
