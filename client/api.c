@@ -695,11 +695,7 @@ static size_t mget_round_cands(struct hkv_client *c, struct mget_run *r, int roo
  * length; *cand_end as mget_round_cands. */
 static int mget_round(struct hkv_client *c, struct mget_run *r, size_t *cand_end, int *progress)
 {
-	const struct hkv_conn *cn = c->conn;
-	/* the send queue's places: nothing of ours is in flight, so all but the
-	 * unsignaled WRs not yet covered by a signaled one (a GET's atime CAS)
-	 * come back as the post reaps the transport's quiet completions */
-	int room = cn->sq_depth - (cn->quiet_out ? cn->carry : cn->sq_used), nwr = 0, deferred = 0;
+	int room = hkv_room(c), nwr = 0, deferred = 0;
 	size_t used = 0;
 
 	if (room > r->max_wr)
@@ -879,7 +875,7 @@ int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 	op_begin(c, &pd->sc, HKV_OP_MGET);
 	ret = mget_run_init(c, r, items, n, NULL, 0);
 	while (!ret) {
-		int progress = 0, nwr = mget_round(c, r, &pd->cand_end, &progress), signaled = 0;
+		int progress = 0, nwr = mget_round(c, r, &pd->cand_end, &progress);
 
 		if (!nwr) {
 			r->cold_head = pd->cand_end;
@@ -888,15 +884,10 @@ int hkv_mget_start(struct hkv_client *c, struct hkv_mget_item *items, size_t n,
 			return 0; /* nothing to read: finish takes the single-key path */
 		}
 		pd->seen_ns = hkv_coarse_ns(); /* <= when the READs run: the views' age */
-		for (int i = 0; i < nwr - 1; i++)
-			signaled += !!(r->wrs[i].flags & HKV_WR_F_SIGNALED);
-		ret = hkv_conn_post(c->conn, r->wrs, nwr);
-		if (ret == -EAGAIN)
-			ret = c->conn->error = HKV_ETRANSPORT;
-		if (!ret) {
-			pd->want = signaled + 1;
+		ret = hkv_post(c, r->wrs, nwr, &pd->want);
+		if (!ret)
 			return 0;
-		}
+		pd->want = 0;
 		mget_fail(r, ret);
 	}
 	mget_run_fini(r);
@@ -1141,8 +1132,7 @@ int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *k
 		if ((ret = read_index_chunk(h, first, slots, &chunk)))
 			break;
 		while (!ret && i < chunk) {
-			const struct hkv_conn *cn = h->conn;
-			int room = cn->sq_depth - (cn->quiet_out ? cn->carry : cn->sq_used), n = 0;
+			int room = hkv_room(h), n = 0;
 			struct hkv_wr wrs[COUNT_BATCH];
 			int idx[COUNT_BATCH];
 

@@ -46,16 +46,33 @@ struct hkv_wr hkv_wr_faa(struct hkv_client *c, uint64_t *res, uint64_t off, uint
 			       .remote_addr = hkv_raddr(c, off), .rkey = c->akey, .compare_add = add};
 }
 
+/* -EAGAIN (room held by signaled work nobody waits for) cannot happen for
+ * a client's chain; if it did, it must not be an answer: fail the
+ * connection, so the next operation connects again (hkv_revive). */
+static int no_eagain(struct hkv_client *c, int ret)
+{
+	return ret == -EAGAIN ? (c->conn->error = HKV_ETRANSPORT) : ret;
+}
+
 int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)
 {
-	int ret = hkv_conn_exec(c->conn, wrs, n);
+	return no_eagain(c, hkv_conn_exec(c->conn, wrs, n));
+}
 
-	/* -EAGAIN (room held by signaled work nobody waits for) cannot happen
-	 * here; if it did, it must not be an answer: fail the connection, so the
-	 * next operation connects again (hkv_revive) */
-	if (ret == -EAGAIN)
-		ret = c->conn->error = HKV_ETRANSPORT;
-	return ret;
+int hkv_post(struct hkv_client *c, struct hkv_wr *wrs, int n, int *want)
+{
+	*want = hkv_conn_completions(wrs, n);
+	return no_eagain(c, hkv_conn_post(c->conn, wrs, n));
+}
+
+int hkv_room(const struct hkv_client *c)
+{
+	const struct hkv_conn *cn = c->conn;
+
+	/* the send queue's places: nothing of ours is in flight, so all but the
+	 * unsignaled WRs not yet covered by a signaled one (a GET's atime CAS)
+	 * come back as the post reaps the transport's quiet completions */
+	return cn->sq_depth - (cn->quiet_out ? cn->carry : cn->sq_used);
 }
 
 /* ---- views and retries ------------------------------------------------------- */

@@ -308,6 +308,10 @@ static inline int hkv_block_range_ok(const struct hkv_geometry *g, uint64_t off,
 
 /* Run a chain and wait: one round trip. Fails the handle's connection on error. */
 int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n);
+/* The same chain posted without waiting: wait for *want completions. */
+int hkv_post(struct hkv_client *c, struct hkv_wr *wrs, int n, int *want);
+/* How many WRs a chain may have now (nothing of ours in flight). */
+int hkv_room(const struct hkv_client *c);
 struct hkv_wr hkv_wr_read(struct hkv_client *c, void *local, uint64_t off, uint32_t len);
 struct hkv_wr hkv_wr_write(struct hkv_client *c, const void *local, uint64_t off, uint32_t len);
 struct hkv_wr hkv_wr_cas(struct hkv_client *c, uint64_t *res, uint64_t off, uint64_t expect,

@@ -684,9 +684,10 @@ void hkv_router_close(struct hkv_client *c)
 	c->router = NULL;
 }
 
-/* Every member's handle, opened if need be (flush_all, counts): the first
- * error, after trying them all. */
-static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, void *arg), void *arg)
+/* Every member's handle (and its id), opened if need be (flush_all,
+ * counts): the first error, after trying them all. */
+static int each_member(struct hkv_client *c,
+		       int (*fn)(struct hkv_client *h, const char *id, void *arg), void *arg)
 {
 	struct hkv_router *r = c->router;
 	int first = view_fresh(r, hkv_coarse_ns());
@@ -698,14 +699,14 @@ static int each_member(struct hkv_client *c, int (*fn)(struct hkv_client *h, voi
 		int ret = member_handle(r, i, &h);
 
 		if (!ret)
-			ret = fn(h, arg);
+			ret = fn(h, r->m[i].id, arg);
 		if (ret && !first)
 			first = ret;
 	}
 	return first;
 }
 
-static int flush_one(struct hkv_client *h, void *arg)
+static int flush_one(struct hkv_client *h, const char *id, void *arg)
 {
 	return hkv_flush_all(h);
 }
@@ -763,15 +764,23 @@ int hkv_router_flush_all(struct hkv_client *c)
 }
 
 struct counts {
+	struct hkv_router *r;
 	uint64_t items, bytes;
 };
 
-static int count_one(struct hkv_client *h, void *arg)
+/* A member's count. In a replicated cluster a member holds its primaries'
+ * keys, its backups' copies and tombstones: each key is counted once, on
+ * its primary's walk, and a tombstone never. */
+static int count_one(struct hkv_client *h, const char *id, void *arg)
 {
 	struct counts *t = arg;
+	struct primary_of po = {.r = t->r};
 	uint64_t items, bytes;
-	int ret = hkv_count_items(h, &items, &bytes);
+	int ret;
 
+	snprintf(po.id, sizeof(po.id), "%s", id);
+	ret = t->r->map.replicas > 1 ? hkv_count_present(h, is_primary, &po, &items, &bytes)
+				     : hkv_count_items(h, &items, &bytes);
 	if (!ret) {
 		t->items += items;
 		t->bytes += bytes;
@@ -779,46 +788,17 @@ static int count_one(struct hkv_client *h, void *arg)
 	return ret;
 }
 
-/* A replicated cluster's count: each key on its primary's walk, once (a
- * member holds its primaries' keys and its backups' copies, and tombstones). */
-static int count_replicated(struct hkv_client *c, struct counts *t)
-{
-	struct hkv_router *r = c->router;
-	int first = view_fresh(r, hkv_coarse_ns());
-
-	if (first)
-		return first;
-	for (uint32_t i = 0; i < r->nm; i++) {
-		struct primary_of po = {.r = r};
-		struct hkv_client *h;
-		uint64_t items, bytes;
-		int ret = member_handle(r, i, &h);
-
-		snprintf(po.id, sizeof(po.id), "%s", r->m[i].id);
-		if (!ret)
-			ret = hkv_count_present(h, is_primary, &po, &items, &bytes);
-		if (!ret) {
-			t->items += items;
-			t->bytes += bytes;
-		}
-		if (ret && !first)
-			first = ret;
-	}
-	return first;
-}
-
 int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
 {
-	struct counts t = {0};
-	int ret = c->router->map.replicas > 1 ? count_replicated(c, &t)
-					      : each_member(c, count_one, &t);
+	struct counts t = {.r = c->router};
+	int ret = each_member(c, count_one, &t);
 
 	*items = t.items;
 	*bytes = t.bytes;
 	return ret;
 }
 
-static int info_one(struct hkv_client *h, void *arg)
+static int info_one(struct hkv_client *h, const char *id, void *arg)
 {
 	struct hkv_server_info *t = arg, one;
 

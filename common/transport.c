@@ -322,16 +322,20 @@ int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
 	return 0;
 }
 
-int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+int hkv_conn_completions(const struct hkv_wr *wrs, int n)
 {
-	int signaled = 0, ret;
+	int signaled = 0;
 
 	for (int i = 0; i < n - 1; i++)
 		signaled += !!(wrs[i].flags & HKV_WR_F_SIGNALED);
-	ret = hkv_conn_post(c, wrs, n);
-	if (ret)
-		return ret;
-	return hkv_conn_wait(c, NULL, signaled + 1);
+	return signaled + 1;
+}
+
+int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n)
+{
+	int ret = hkv_conn_post(c, wrs, n);
+
+	return ret ? ret : hkv_conn_wait(c, NULL, hkv_conn_completions(wrs, n));
 }
 
 struct hkv_listener *hkv_listener_create(const struct hkv_listener_cfg *cfg)

@@ -228,6 +228,9 @@ int hkv_conn_check(struct hkv_conn *c);
 
 /* Post a chain and wait for it: one round trip. Only the last WR is signaled. */
 int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n);
+/* How many completions a chain of n posts: the last WR's, and those of the
+ * WRs before it marked HKV_WR_F_SIGNALED. */
+int hkv_conn_completions(const struct hkv_wr *wrs, int n);
 
 static inline const struct hkv_region_desc *hkv_conn_region(const struct hkv_conn *c)
 {

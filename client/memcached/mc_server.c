@@ -310,9 +310,7 @@ static void process_get_many(struct ctx *x, struct hkv_client *h, const char *p,
 	while (p < end) {
 		int n = 0, rc = 0;
 		const char *key;
-		size_t klen;
-
-		size_t share;
+		size_t klen, share;
 
 		while (n < MC_MGET_KEYS && mc_key_next(&p, end, &key, &klen)) {
 			it[n].key = key;
