@@ -18,9 +18,12 @@
  * Holding is bounded in time: we hand a held block out only within
  * HOLD_USE_NS of posting its claim, and post the first chain that writes it
  * only within HKV_HOLD_MS (hkv_alloc_write_ok); blocks held longer are
- * given back (FAA of the bit, within the bound) or abandoned. The server
- * reclaims a block whose bit stays clear under one unchanged HELD stamp for
- * HKV_HOLD_RECLAIM_MS: a dead or stopped client strands nothing for long.
+ * given back: within HOLD_GIVE_NS by clearing the stamp and an FAA of the
+ * bit, later only by a CAS that finds our stamp still there (give_late).
+ * The server reclaims a block whose bit stays clear under one unchanged
+ * HELD stamp for HKV_HOLD_RECLAIM_MS, clearing the stamp by CAS too: a dead
+ * or stopped client strands nothing for long, and exactly one of us sets
+ * the bit.
  *
  * Freeing is as before: the writer that retired a block (its mark CAS took
  * it LIVE -> OBSOLETE) sets its bit with an unsignaled FAA.
@@ -45,6 +48,7 @@
 #define CLAIM_START 4
 #define HOLD_BYTES  65536
 #define MAX_HINTS   64
+#define LATE_CHAIN  16 /* give_late's CASes per chain: their results in atom[32..48) */
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
 #define SURVEY_EVERY_NS  (1000ull * 1000000ull)
 
@@ -63,6 +67,8 @@ int hkv_alloc_init(struct hkv_client *c)
 	c->classes = hkv_calloc(c->g.nclasses, sizeof(*c->classes));
 	c->table = hkv_calloc(c->g.nsegs, sizeof(*c->table));
 	c->table_ns = 0;
+	c->table_free = UINT32_MAX;
+	c->nlate = 0;
 	memset(&c->cur, 0, sizeof(c->cur));
 	return c->classes && c->table ? 0 : -ENOMEM;
 }
@@ -123,15 +129,15 @@ int hkv_alloc_table(struct hkv_client *c, uint64_t max_age_ns)
 	if (ret)
 		return ret;
 	memcpy(c->table, c->scr, (size_t)c->g.nsegs * 8);
+	c->table_free = 0;
+	for (uint32_t i = 0; i < c->g.nsegs; i++)
+		c->table_free += hkv_seg_state(c->table[i]) == HKV_SEG_FREE;
 	return 0;
 }
 
 int hkv_alloc_any_free(const struct hkv_client *c)
 {
-	for (uint32_t i = 0; i < c->g.nsegs; i++)
-		if (hkv_seg_state(c->table[i]) == HKV_SEG_FREE)
-			return 1;
-	return 0;
+	return c->table_free > 0;
 }
 
 uint32_t hkv_alloc_class_segs(const struct hkv_client *c, uint32_t cls)
@@ -284,7 +290,9 @@ uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
  * every claim that follows the last one of the class within CLAIM_RAMP_NS
  * (a busy writer), up to CLAIM_BYTES' worth (at most CLAIM_MAX); one once
  * a survey saw the class scarce. So a writer that stops holds little, and a
- * busy one pays a claim's round trip per up to 16 writes.
+ * busy one pays a claim's round trip per up to 16 writes. A store with no
+ * segment left to carve starts at one after a pause: what many occasional
+ * writers hold at once is what a full store's last writes cannot have.
  */
 static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 {
@@ -296,7 +304,8 @@ static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 	if (ca->scarce || max < 1)
 		ca->batch = 1;
 	else if (now - ca->last_claim_ns > CLAIM_RAMP_NS)
-		ca->batch = max < CLAIM_START ? max : CLAIM_START;
+		ca->batch = !(c->g.flags & HKV_GEOM_F_CACHE) && !c->table_free ? 1
+			    : max < CLAIM_START ? max : CLAIM_START;
 	else if (ca->batch < max)
 		ca->batch = 2 * ca->batch < max ? 2 * ca->batch : max;
 	ca->last_claim_ns = now;
@@ -305,23 +314,69 @@ static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
 
 /* Give back held block h (only within the hold: see the top): its stamp is
  * cleared first (the same QP runs the FAA after the WRITE), so a free block
- * never carries a HELD stamp and an unchanged stamp means one unbroken hold. */
+ * never carries a HELD stamp and an unchanged stamp means one unbroken hold.
+ * (The zero comes from atom[59]: atom[48..56) are the claims' stamps, whose
+ * unsignaled WRITEs may not have read them yet.) */
 static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held *h)
 {
 	uint32_t seg, blk;
 	struct hkv_wr wr[2];
 
 	block_pos(c, h->off, cls, &seg, &blk);
-	c->atom[55] = 0;
-	wr[0] = hkv_wr_write(c, &c->atom[55], h->off + 16, 8);
+	c->atom[59] = 0;
+	wr[0] = hkv_wr_write(c, &c->atom[59], h->off + 16, 8);
 	wr[0].flags = HKV_WR_F_NO_COMPLETION;
 	wr[1] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
 	wr[1].flags = HKV_WR_F_NO_COMPLETION;
-	if (h->stamped)
+	if (h->stamp)
 		(void)hkv_conn_post(c->conn, wr, 2);
 	else
 		(void)hkv_conn_post(c->conn, &wr[1], 1);
 	c->stats.blocks_given_back++;
+}
+
+/*
+ * The late ones (held past HOLD_GIVE_NS: the server's sweep may be taking
+ * them): one chain of CASes, each clearing our stamp only if it is still
+ * there, then an unsignaled FAA of the bit for every CAS won. The sweep
+ * clears a stamp by CAS before it sets the bit, so each block is freed
+ * once. From allocation only (a write's claims are round trips already;
+ * a GET's end never waits on this). Without it a writer that paused
+ * (a long carve, a descheduled thread) left its holds to the sweep, and a
+ * full store refused while they waited.
+ */
+static void give_late(struct hkv_client *c)
+{
+	struct hkv_wr wrs[LATE_CHAIN];
+	uint64_t *was = &c->atom[32];
+
+	for (uint32_t at = 0; at < c->nlate; at += LATE_CHAIN) {
+		const struct hkv_late *l = c->late + at;
+		uint32_t n = c->nlate - at < LATE_CHAIN ? c->nlate - at : LATE_CHAIN, won = 0;
+
+		for (uint32_t i = 0; i < n; i++)
+			wrs[i] = hkv_wr_cas(c, &was[i], l[i].off + 16, l[i].stamp, 0);
+		if (hkv_exec(c, wrs, (int)n)) {
+			c->stats.blocks_abandoned += c->nlate - at;
+			break;
+		}
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t seg, blk;
+
+			if (was[i] != l[i].stamp) { /* the sweep's now */
+				c->stats.blocks_abandoned++;
+				continue;
+			}
+			block_pos(c, l[i].off, l[i].cls, &seg, &blk);
+			wrs[won] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64),
+					      1ull << (blk % 64));
+			wrs[won++].flags = HKV_WR_F_NO_COMPLETION;
+			c->stats.blocks_given_back++;
+		}
+		if (won)
+			(void)hkv_conn_post(c->conn, wrs, (int)won);
+	}
+	c->nlate = 0;
 }
 
 /*
@@ -407,7 +462,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 			continue;
 		}
 		hb = (struct hkv_held){.off = seg_base(c, h->seg) + (uint64_t)blks[i] * csize,
-				       .gen = hkv_meta_gen(meta), .stamped = 1, .claim_ns = t_post,
+				       .gen = hkv_meta_gen(meta), .stamp = *stamp, .claim_ns = t_post,
 				       .ready_ns = st == HKV_BLK_UNUSED ? 0
 									: t_done + HKV_QUARANTINE_NS};
 		if (push_held(ca, &hb))
@@ -428,14 +483,17 @@ static int claim(struct hkv_client *c, uint32_t cls)
 
 /*
  * A held block that waited HOLD_USE_NS goes back: a claimed (stamped) one
- * only within HOLD_GIVE_NS of its claim, else it is abandoned to the
- * server's sweep; a kept one at any age (the sweep never takes a connected
- * client's kept blocks, so nothing can have set its bit meanwhile).
+ * within HOLD_GIVE_NS of its claim at once, a later one by give_late (if
+ * its list is full, it is abandoned to the server's sweep); a kept one at
+ * any age (the sweep never takes a connected client's kept blocks, so
+ * nothing can have set its bit meanwhile).
  */
 static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h, uint64_t now)
 {
-	if (!h->stamped || now - h->claim_ns < HOLD_GIVE_NS)
+	if (!h->stamp || now - h->claim_ns < HOLD_GIVE_NS)
 		give_back(c, cls, h);
+	else if (c->nlate < HKV_LATE_MAX)
+		c->late[c->nlate++] = (struct hkv_late){h->off, h->stamp, cls};
 	else
 		c->stats.blocks_abandoned++;
 }
@@ -490,6 +548,7 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 
 		tidy(c, now);
 		drop_class(c, cls, now, 0); /* expired holds first */
+		give_late(c);
 		/* the first held block that has rested; if none has, and we hold
 		 * less than hold_cap, claim more (a never-used block needs no
 		 * rest) rather than wait; else wait for the first (<= 200 us) */
@@ -523,7 +582,7 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 				*off = hb.off;
 				*gen = hb.gen + 1 ? hb.gen + 1 : 1;
 				c->cur = (struct hkv_cur_alloc){hb.off, hb.claim_ns, cls, hb.gen, 0,
-								hb.stamped};
+								hb.stamp};
 				return 0;
 			}
 		}
@@ -574,7 +633,7 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off)
  */
 void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
-	struct hkv_held hb = {.off = off, .stamped = c->cur.stamped, .claim_ns = hkv_now_ns()};
+	struct hkv_held hb = {.off = off, .stamp = c->cur.stamp, .claim_ns = hkv_now_ns()};
 
 	if (cls >= c->g.nclasses || c->cur.off != off)
 		return; /* not the block we allocated last: leave it to the server */
@@ -589,7 +648,7 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 		hdr[0] = hkv_meta_make(HKV_BLK_OBSOLETE, cls, hb.gen);
 		hdr[1] = 0;
 		hdr[2] = hkv_held_make(c->client_id, c->hold_seq);
-		hb.stamped = 1;
+		hb.stamp = hdr[2];
 		wr = hkv_wr_write(c, hdr, off, 24);
 		if (hkv_exec(c, &wr, 1)) /* (the next one overwrites these words) */
 			return;
@@ -661,6 +720,7 @@ void hkv_alloc_release(struct hkv_client *c)
 
 	for (uint32_t cls = 0; cls < c->g.nclasses; cls++)
 		drop_class(c, cls, now, 1);
+	give_late(c);
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
 	hkv_exec(c, &wr, 1);
 }
@@ -683,6 +743,7 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 	for (uint32_t k = 0; k < c->g.nclasses; k++)
 		if (k != cls)
 			drop_class(c, k, now, 1);
+	give_late(c);
 	ret = hkv_ctl_carve(c, cls, c->protect_off, move ? HKV_CARVE_F_MOVE : 0, &seg);
 	c->stats.carves++;
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)

@@ -105,11 +105,15 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
 /* ---- allocator (alloc.c) ------------------------------------------------------ */
 
+/* Held blocks past the give-back bound that the next allocation gives back
+ * (alloc.c, give_late); more at once are abandoned to the server's sweep. */
+#define HKV_LATE_MAX 64
+
 /* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
 struct hkv_held {
 	uint64_t off;
 	uint32_t gen;      /* generation in its meta when claimed: we write gen + 1 */
-	uint32_t stamped;  /* it carries our HELD stamp (a kept block does not) */
+	uint64_t stamp;    /* our HELD stamp in its bytes 16..23 (0: a kept block, none) */
 	uint64_t claim_ns; /* clock read before the claim (or re-stamp) was posted */
 	uint64_t ready_ns; /* not written before: the rest after its free */
 };
@@ -141,7 +145,7 @@ struct hkv_cur_alloc {
 	uint64_t claim_ns;
 	uint32_t cls, gen; /* gen: as claimed (the block is written with gen + 1) */
 	int written;       /* a chain that writes it was posted */
-	uint32_t stamped;  /* as held (a kept block is not) */
+	uint64_t stamp;    /* as held (0: a kept block) */
 };
 
 /* ---- the handle ---------------------------------------------------------- */
@@ -178,6 +182,12 @@ struct hkv_client {
 	struct hkv_class_alloc *classes;
 	uint64_t *table;    /* the segment table as last read */
 	uint64_t table_ns;  /* when (0: never) */
+	uint32_t table_free; /* FREE segments in it (UINT32_MAX: not read yet) */
+	struct hkv_late {    /* held past the give-back bound: back by CAS (alloc.c) */
+		uint64_t off, stamp;
+		uint32_t cls;
+	} late[HKV_LATE_MAX];
+	uint32_t nlate;
 	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
 	uint64_t tidy_ns;   /* last pass over every class's held blocks */
 	uint64_t tidy_coarse_ns; /* ... by the coarse clock (hkv_alloc_tidy) */
