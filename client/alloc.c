@@ -19,11 +19,10 @@
  * HOLD_USE_NS of posting its claim, and post the first chain that writes it
  * only within HKV_HOLD_MS (hkv_alloc_write_ok); blocks held longer are
  * given back: within HOLD_GIVE_NS by clearing the stamp and an FAA of the
- * bit, later only by a CAS that finds our stamp still there (give_late).
- * The server reclaims a block whose bit stays clear under one unchanged
- * HELD stamp for HKV_HOLD_RECLAIM_MS, clearing the stamp by CAS too: a dead
- * or stopped client strands nothing for long, and exactly one of us sets
- * the bit.
+ * bit, up to LATE_GIVE_NS only by a CAS that finds our stamp still there
+ * (give_late), abandoned after. The server reclaims a block whose bit stays
+ * clear under one unchanged HELD stamp for HKV_HOLD_RECLAIM_MS, clearing
+ * the stamp by CAS too: a dead or stopped client strands nothing for long.
  *
  * Freeing is as before: the writer that retired a block (its mark CAS took
  * it LIVE -> OBSOLETE) sets its bit with an unsignaled FAA.
@@ -38,9 +37,12 @@
 #include "common/transport_int.h"
 
 /* Held blocks are handed out only this soon after their claim, given back
- * up to HOLD_GIVE_NS, and abandoned after (the server reclaims them). */
+ * up to HOLD_GIVE_NS at once, up to LATE_GIVE_NS by CAS (give_late), and
+ * abandoned after (the server reclaims them, no sooner than
+ * HKV_HOLD_RECLAIM_MS after the claim). */
 #define HOLD_USE_NS  (250ull * 1000000ull)
 #define HOLD_GIVE_NS (400ull * 1000000ull)
+#define LATE_GIVE_NS (1000ull * 1000000ull)
 /* Bytes of one class a claim takes at once (at least one block, at most 16). */
 #define CLAIM_BYTES 16384
 #define CLAIM_MAX   16
@@ -336,28 +338,42 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 }
 
 /*
- * The late ones (held past HOLD_GIVE_NS: the server's sweep may be taking
- * them): one chain of CASes, each clearing our stamp only if it is still
- * there, then an unsignaled FAA of the bit for every CAS won. The sweep
- * clears a stamp by CAS before it sets the bit, so each block is freed
- * once. From allocation only (a write's claims are round trips already;
- * a GET's end never waits on this). Without it a writer that paused
- * (a long carve, a descheduled thread) left its holds to the sweep, and a
- * full store refused while they waited.
+ * The late ones (held past HOLD_GIVE_NS): one chain of CASes, each clearing
+ * our stamp only if it is still there, then an unsignaled FAA of the bit for
+ * every CAS won. The sweep clears a stamp by CAS before it sets the bit, so
+ * where the server's CPU atomics and the NIC's are atomic together (shm,
+ * IBV_ATOMIC_GLOB) each block is freed once by whichever wins. Elsewhere
+ * (rxe, most NICs) they are not, so the CASes are posted only within
+ * LATE_GIVE_NS of the claim, 500 ms before the sweep may take the block:
+ * the time bound the early give-back and hkv_alloc_write_ok rest on too.
+ * From allocation only (a write's claims are round trips already; a GET's
+ * end never waits on this). Without it a writer that paused (a long carve,
+ * a descheduled thread) left its holds to the sweep, and a full store
+ * refused while they waited.
  */
 static void give_late(struct hkv_client *c)
 {
 	struct hkv_wr wrs[LATE_CHAIN];
 	uint64_t *was = &c->atom[32];
 
-	for (uint32_t at = 0; at < c->nlate; at += LATE_CHAIN) {
-		const struct hkv_late *l = c->late + at;
-		uint32_t n = c->nlate - at < LATE_CHAIN ? c->nlate - at : LATE_CHAIN, won = 0;
+	for (uint32_t at = 0; at < c->nlate;) {
+		uint64_t now = hkv_now_ns();
+		struct hkv_late l[LATE_CHAIN];
+		uint32_t n = 0, won = 0;
 
+		for (; at < c->nlate && n < LATE_CHAIN; at++) /* (the bound: see above) */
+			if (now - c->late[at].claim_ns < LATE_GIVE_NS)
+				l[n++] = c->late[at];
+			else
+				c->stats.blocks_abandoned++;
+		if (!n)
+			continue;
 		for (uint32_t i = 0; i < n; i++)
 			wrs[i] = hkv_wr_cas(c, &was[i], l[i].off + 16, l[i].stamp, 0);
 		if (hkv_exec(c, wrs, (int)n)) {
-			c->stats.blocks_abandoned += c->nlate - at;
+			/* the connection failed: a CAS that ran leaves its block with
+			 * no stamp and its bit clear until a warm restart (Known gaps) */
+			c->stats.blocks_abandoned += n + (c->nlate - at);
 			break;
 		}
 		for (uint32_t i = 0; i < n; i++) {
@@ -371,10 +387,11 @@ static void give_late(struct hkv_client *c)
 			wrs[won] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64),
 					      1ull << (blk % 64));
 			wrs[won++].flags = HKV_WR_F_NO_COMPLETION;
-			c->stats.blocks_given_back++;
 		}
-		if (won)
-			(void)hkv_conn_post(c->conn, wrs, (int)won);
+		if (won && !hkv_conn_post(c->conn, wrs, (int)won))
+			c->stats.blocks_given_back += won;
+		else if (won)
+			c->stats.blocks_abandoned += won;
 	}
 	c->nlate = 0;
 }
@@ -483,8 +500,9 @@ static int claim(struct hkv_client *c, uint32_t cls)
 
 /*
  * A held block that waited HOLD_USE_NS goes back: a claimed (stamped) one
- * within HOLD_GIVE_NS of its claim at once, a later one by give_late (if
- * its list is full, it is abandoned to the server's sweep); a kept one at
+ * within HOLD_GIVE_NS of its claim at once, one within LATE_GIVE_NS by
+ * give_late, an older one (or one more than its list holds) is abandoned
+ * to the server's sweep; a kept one at
  * any age (the sweep never takes a connected client's kept blocks, so
  * nothing can have set its bit meanwhile).
  */
@@ -492,8 +510,8 @@ static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 {
 	if (!h->stamp || now - h->claim_ns < HOLD_GIVE_NS)
 		give_back(c, cls, h);
-	else if (c->nlate < HKV_LATE_MAX)
-		c->late[c->nlate++] = (struct hkv_late){h->off, h->stamp, cls};
+	else if (now - h->claim_ns < LATE_GIVE_NS && c->nlate < HKV_LATE_MAX)
+		c->late[c->nlate++] = (struct hkv_late){h->off, h->stamp, h->claim_ns, cls};
 	else
 		c->stats.blocks_abandoned++;
 }

@@ -184,7 +184,7 @@ struct hkv_client {
 	uint64_t table_ns;  /* when (0: never) */
 	uint32_t table_free; /* FREE segments in it (UINT32_MAX: not read yet) */
 	struct hkv_late {    /* held past the give-back bound: back by CAS (alloc.c) */
-		uint64_t off, stamp;
+		uint64_t off, stamp, claim_ns;
 		uint32_t cls;
 	} late[HKV_LATE_MAX];
 	uint32_t nlate;

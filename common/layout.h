@@ -276,10 +276,10 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
  * stamps each one it holds: bytes 16..23 (flags | klen | rsv) become
  * seq | 0xFFFF | holder id, a klen no written block has. It posts a chain
  * that writes a held block only within HKV_HOLD_MS of posting the claim,
- * and gives back (stamp cleared, then bit set) only within that time too.
- * After that a held block is abandoned: the server reclaims a free block
- * whose bit has stayed clear under one unchanged stamp for
- * HKV_HOLD_RECLAIM_MS (a disconnected client's holds likewise).
+ * and gives one back (stamp cleared, then bit set) only within 1 s of it
+ * (client/alloc.c). After that a held block is abandoned: the server
+ * reclaims a free block whose bit has stayed clear under one unchanged
+ * stamp for HKV_HOLD_RECLAIM_MS (a disconnected client's holds likewise).
  */
 #define HKV_HOLD_MS         500
 #define HKV_HOLD_RECLAIM_MS 1500
