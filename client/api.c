@@ -1042,53 +1042,140 @@ static int flush_all(struct hkv_client *c)
 }
 
 /*
- * A replicated store's flush_all: every key h holds a live entry of (and,
- * with a filter, that it says to) is deleted through del - a replicated
- * write each, which leaves tombstones; an index walk of each replica would
- * change one replica behind the others' backs. Keys written meanwhile may
- * survive, as with any flush. One READ per entry plus the delete.
+ * A replicated store's walks (replica.h): every entry h holds that readers
+ * take as present - a LIVE block, or one retired by a write cut between its
+ * mark and its slot CAS; never a tombstone (a replicated delete), an insert
+ * not committed, or an entry changed under the walk - and that mine (if
+ * set) says to take, is handed to visit with its key and block size. Per
+ * index chunk: one READ of the slots, then chains of READs of each entry's
+ * header and key (one round trip per up to WALK_BATCH entries). The slots
+ * and a batch's keys are copied out first, so visit may use h's buffers (a
+ * delete through a handle that shares them).
+ */
+#define WALK_BATCH 128
+#define WALK_READ  320 /* a header and the longest key, 64-aligned */
+
+struct walk_buf {
+	uint64_t slots[INDEX_CHUNK];
+	uint8_t keys[WALK_BATCH][HKV_MAX_KEY];
+	uint16_t klen[WALK_BATCH];
+	uint32_t bytes[WALK_BATCH];
+};
+
+typedef int (*walk_visit)(void *arg, const uint8_t *key, uint16_t klen, uint32_t bytes);
+
+static int walk_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
+			void *marg, walk_visit visit, void *varg)
+{
+	uint64_t nslots = h->g.nbuckets * HKV_BUCKET_SLOTS;
+	struct walk_buf *w = hkv_malloc(sizeof(*w));
+	int ret = w ? hkv_revive(h) : -ENOMEM;
+
+	for (uint64_t first = 0; !ret && first < nslots; first += INDEX_CHUNK) {
+		int chunk, i = 0;
+
+		if ((ret = read_index_chunk(h, first, (uint64_t *)h->rblk, &chunk)))
+			break;
+		memcpy(w->slots, h->rblk, (size_t)chunk * sizeof(uint64_t));
+		while (!ret && i < chunk) {
+			int room = hkv_room(h), n = 0, got = 0;
+			struct hkv_wr wrs[WALK_BATCH];
+			int idx[WALK_BATCH];
+
+			if (room > WALK_BATCH)
+				room = WALK_BATCH;
+			if (room < 1) /* (the post waits for the transport's quiet work) */
+				room = 1;
+			for (; i < chunk && n < room; i++) {
+				uint64_t s = w->slots[i];
+				uint32_t len = HKV_BLOCK_HDR + HKV_MAX_KEY, cls;
+
+				if (!s || !hkv_slot_sane(h, s))
+					continue;
+				cls = hkv_slot_class(s);
+				if (len > h->g.class_size[cls])
+					len = h->g.class_size[cls];
+				idx[n] = i;
+				wrs[n] = hkv_wr_read(h, h->rblk + (size_t)n * WALK_READ, hkv_slot_off(s),
+						     len);
+				n++;
+			}
+			if (!n || (ret = hkv_exec(h, wrs, n)))
+				break;
+			for (int j = 0; j < n; j++) {
+				const struct hkv_block_hdr *bh =
+					(const struct hkv_block_hdr *)(h->rblk + (size_t)j * WALK_READ);
+				uint64_t s = w->slots[idx[j]], m = bh->meta;
+				uint32_t cls = hkv_slot_class(s);
+				int present = hkv_meta_state(m) == HKV_BLK_LIVE ||
+					      (hkv_meta_state(m) == HKV_BLK_OBSOLETE &&
+					       !(m & HKV_META_ABORTED));
+
+				if (!present || hkv_meta_class(m) != cls ||
+				    (hkv_meta_gen(m) & 0x7ff) != hkv_slot_ver(s) || hkv_block_tomb(bh) ||
+				    !bh->klen || bh->klen > HKV_MAX_KEY ||
+				    HKV_BLOCK_HDR + (uint32_t)bh->klen > h->g.class_size[cls])
+					continue; /* (torn or garbage: a bad key only misses) */
+				if (mine && !mine(marg, (const uint8_t *)bh + HKV_BLOCK_HDR, bh->klen))
+					continue;
+				memcpy(w->keys[got], (const uint8_t *)bh + HKV_BLOCK_HDR, bh->klen);
+				w->klen[got] = bh->klen;
+				w->bytes[got++] = h->g.class_size[cls];
+			}
+			for (int j = 0; j < got && !ret; j++)
+				ret = visit(varg, w->keys[j], w->klen[j], w->bytes[j]);
+		}
+	}
+	hkv_free(w);
+	return ret;
+}
+
+/* flush_all's visit: a replicated delete through the handle arg. */
+static int flush_one(void *arg, const uint8_t *key, uint16_t klen, uint32_t bytes)
+{
+	int ret = hkv_delete(arg, key, klen);
+
+	(void)bytes;
+	return ret == HKV_ENOTFOUND || ret == -EINVAL ? 0 : ret;
+}
+
+/*
+ * A replicated store's flush_all: every key h holds (and, with a filter,
+ * that it says to) is deleted through del - a replicated write each, which
+ * leaves tombstones; an index walk of each replica would change one replica
+ * behind the others' backs. Keys written meanwhile may survive, as with any
+ * flush.
  */
 int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,
 			 int (*mine)(void *arg, const void *key, size_t klen), void *arg)
 {
-	uint64_t nslots, *slots = hkv_malloc(INDEX_CHUNK * sizeof(*slots));
-	uint8_t key[HKV_MAX_KEY];
-	int ret = slots ? hkv_revive(h) : -ENOMEM;
+	return walk_present(h, mine, arg, flush_one, del);
+}
 
-	nslots = h->g.nbuckets * HKV_BUCKET_SLOTS;
-	for (uint64_t first = 0; !ret && first < nslots; first += INDEX_CHUNK) {
-		int chunk;
+struct count_sum {
+	uint64_t items, bytes;
+};
 
-		if ((ret = read_index_chunk(h, first, (uint64_t *)h->rblk, &chunk)))
-			break;
-		memcpy(slots, h->rblk, (size_t)chunk * sizeof(*slots));
-		for (int i = 0; i < chunk && !ret; i++) {
-			const struct hkv_block_hdr *bh = (const struct hkv_block_hdr *)h->rblk;
-			uint32_t len = HKV_BLOCK_HDR + HKV_MAX_KEY, cls;
-			struct hkv_wr wr;
-			uint16_t klen;
+static int count_one(void *arg, const uint8_t *key, uint16_t klen, uint32_t bytes)
+{
+	struct count_sum *t = arg;
 
-			if (!slots[i] || !hkv_slot_sane(h, slots[i]))
-				continue;
-			cls = hkv_slot_class(slots[i]);
-			if (len > h->g.class_size[cls])
-				len = h->g.class_size[cls];
-			wr = hkv_wr_read(h, h->rblk, hkv_slot_off(slots[i]), len);
-			if ((ret = hkv_exec(h, &wr, 1)))
-				break;
-			klen = bh->klen;
-			if (hkv_meta_state(bh->meta) != HKV_BLK_LIVE || hkv_block_tomb(bh) || !klen ||
-			    klen > HKV_MAX_KEY || HKV_BLOCK_HDR + (uint32_t)klen > len)
-				continue; /* (torn, or a tombstone: a bad key only misses) */
-			memcpy(key, h->rblk + HKV_BLOCK_HDR, klen);
-			if (mine && !mine(arg, key, klen))
-				continue;
-			ret = hkv_delete(del, key, klen);
-			if (ret == HKV_ENOTFOUND || ret == -EINVAL)
-				ret = 0;
-		}
-	}
-	hkv_free(slots);
+	(void)key;
+	(void)klen;
+	t->items++;
+	t->bytes += bytes;
+	return 0;
+}
+
+/* A replicated store's count: what h holds that readers take as present. */
+int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
+		      void *arg, uint64_t *items, uint64_t *bytes)
+{
+	struct count_sum t = {0, 0};
+	int ret = walk_present(h, mine, arg, count_one, &t);
+
+	*items = t.items;
+	*bytes = t.bytes;
 	return ret;
 }
 
@@ -1104,79 +1191,6 @@ HKV_EXPORT int hkv_flush_all(struct hkv_client *c)
 	if (ret)
 		return ret;
 	return c->readonly ? -EPERM : flush_all(c);
-}
-
-/*
- * A replicated store's count (replica.h): the entries h holds that readers
- * take as present - a LIVE block, or one retired by a write cut between its
- * mark and its slot CAS; never a tombstone (a replicated delete), an insert
- * not committed, or an entry changed under the walk - and, with a filter,
- * whose key it says to count. Per index chunk: one READ of the slots, then
- * chains of READs of each entry's header and key (one round trip per up to
- * 128 entries).
- */
-#define COUNT_BATCH 128
-#define COUNT_READ  320 /* a header and the longest key, 64-aligned */
-
-int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
-		      void *arg, uint64_t *items, uint64_t *bytes)
-{
-	uint64_t nslots = h->g.nbuckets * HKV_BUCKET_SLOTS, *slots = (uint64_t *)h->rblk;
-	uint8_t *blks = h->rblk + INDEX_CHUNK * sizeof(uint64_t);
-	int ret = hkv_revive(h);
-
-	*items = *bytes = 0;
-	for (uint64_t first = 0; !ret && first < nslots; first += INDEX_CHUNK) {
-		int chunk, i = 0;
-
-		if ((ret = read_index_chunk(h, first, slots, &chunk)))
-			break;
-		while (!ret && i < chunk) {
-			int room = hkv_room(h), n = 0;
-			struct hkv_wr wrs[COUNT_BATCH];
-			int idx[COUNT_BATCH];
-
-			if (room > COUNT_BATCH)
-				room = COUNT_BATCH;
-			if (room < 1) /* (the post waits for the transport's quiet work) */
-				room = 1;
-			for (; i < chunk && n < room; i++) {
-				uint32_t len = HKV_BLOCK_HDR + HKV_MAX_KEY, cls;
-
-				if (!slots[i] || !hkv_slot_sane(h, slots[i]))
-					continue;
-				cls = hkv_slot_class(slots[i]);
-				if (len > h->g.class_size[cls])
-					len = h->g.class_size[cls];
-				idx[n] = i;
-				wrs[n] = hkv_wr_read(h, blks + (size_t)n * COUNT_READ,
-						     hkv_slot_off(slots[i]), len);
-				n++;
-			}
-			if (!n || (ret = hkv_exec(h, wrs, n)))
-				break;
-			for (int j = 0; j < n; j++) {
-				const struct hkv_block_hdr *bh =
-					(const struct hkv_block_hdr *)(blks + (size_t)j * COUNT_READ);
-				uint64_t s = slots[idx[j]], m = bh->meta;
-				uint32_t cls = hkv_slot_class(s);
-				int present = hkv_meta_state(m) == HKV_BLK_LIVE ||
-					      (hkv_meta_state(m) == HKV_BLK_OBSOLETE &&
-					       !(m & HKV_META_ABORTED));
-
-				if (!present || hkv_meta_class(m) != cls ||
-				    (hkv_meta_gen(m) & 0x7ff) != hkv_slot_ver(s) || hkv_block_tomb(bh) ||
-				    !bh->klen || bh->klen > HKV_MAX_KEY ||
-				    HKV_BLOCK_HDR + (uint32_t)bh->klen > h->g.class_size[cls])
-					continue;
-				if (mine && !mine(arg, (const uint8_t *)bh + HKV_BLOCK_HDR, bh->klen))
-					continue;
-				(*items)++;
-				*bytes += h->g.class_size[cls];
-			}
-		}
-	}
-	return ret;
 }
 
 HKV_EXPORT int hkv_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes)
