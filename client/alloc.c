@@ -118,6 +118,18 @@ static void block_pos(const struct hkv_client *c, uint64_t off, uint32_t cls, ui
 	*blk = (uint32_t)((off - c->g.data_off) % c->g.seg_size / c->g.class_size[cls]);
 }
 
+/* The unsignaled FAA that sets the bit of block off (class cls): a free. */
+static struct hkv_wr free_bit(struct hkv_client *c, uint64_t off, uint32_t cls)
+{
+	uint32_t seg, blk;
+	struct hkv_wr wr;
+
+	block_pos(c, off, cls, &seg, &blk);
+	wr = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
+	wr.flags = HKV_WR_F_NO_COMPLETION;
+	return wr;
+}
+
 int hkv_alloc_table(struct hkv_client *c, uint64_t max_age_ns)
 {
 	struct hkv_wr wr;
@@ -321,15 +333,12 @@ static uint32_t claim_batch(struct hkv_client *c, uint32_t cls, uint64_t now)
  * unsignaled WRITEs may not have read them yet.) */
 static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held *h)
 {
-	uint32_t seg, blk;
 	struct hkv_wr wr[2];
 
-	block_pos(c, h->off, cls, &seg, &blk);
 	c->atom[59] = 0;
 	wr[0] = hkv_wr_write(c, &c->atom[59], h->off + 16, 8);
 	wr[0].flags = HKV_WR_F_NO_COMPLETION;
-	wr[1] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
-	wr[1].flags = HKV_WR_F_NO_COMPLETION;
+	wr[1] = free_bit(c, h->off, cls);
 	if (h->stamp)
 		(void)hkv_conn_post(c->conn, wr, 2);
 	else
@@ -377,16 +386,11 @@ static void give_late(struct hkv_client *c)
 			break;
 		}
 		for (uint32_t i = 0; i < n; i++) {
-			uint32_t seg, blk;
-
 			if (was[i] != l[i].stamp) { /* the sweep's now */
 				c->stats.blocks_abandoned++;
 				continue;
 			}
-			block_pos(c, l[i].off, l[i].cls, &seg, &blk);
-			wrs[won] = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64),
-					      1ull << (blk % 64));
-			wrs[won++].flags = HKV_WR_F_NO_COMPLETION;
+			wrs[won++] = free_bit(c, l[i].off, l[i].cls);
 		}
 		if (won && !hkv_conn_post(c->conn, wrs, (int)won))
 			c->stats.blocks_given_back += won;
@@ -502,9 +506,9 @@ static int claim(struct hkv_client *c, uint32_t cls)
  * A held block that waited HOLD_USE_NS goes back: a claimed (stamped) one
  * within HOLD_GIVE_NS of its claim at once, one within LATE_GIVE_NS by
  * give_late, an older one (or one more than its list holds) is abandoned
- * to the server's sweep; a kept one at
- * any age (the sweep never takes a connected client's kept blocks, so
- * nothing can have set its bit meanwhile).
+ * to the server's sweep; a kept one at any age (the sweep never takes a
+ * connected client's kept blocks, so nothing can have set its bit
+ * meanwhile).
  */
 static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h, uint64_t now)
 {
@@ -685,8 +689,7 @@ void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	if (cls >= c->g.nclasses || !hkv_block_range_ok(&c->g, off, c->g.class_size[cls]))
 		return; /* not a block we could have validated: never touch it */
 	block_pos(c, off, cls, &seg, &blk);
-	wr = hkv_wr_faa(c, &c->atom[63], bitmap_word(c, seg, blk / 64), 1ull << (blk % 64));
-	wr.flags = HKV_WR_F_NO_COMPLETION;
+	wr = free_bit(c, off, cls);
 	/* the transport keeps room for it (signaling now and then); if the
 	 * connection failed, the free is lost with it (docs/design.md, Known gaps) */
 	(void)hkv_conn_post(c->conn, &wr, 1);
