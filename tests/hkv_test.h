@@ -7,6 +7,7 @@
 #ifndef HKV_TEST_H
 #define HKV_TEST_H
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,41 @@ static inline void hkv_test_need_rdma(int available, const char *why)
 		exit(1);
 	}
 	printf("SKIP: %s (run through scripts/softroce-run for the Soft-RoCE tier)\n", why);
+	fflush(stdout);
 	exit(77);
 }
+
+/* How many RDMA devices the kernel lists (sysfs: opens no device, so a
+ * process that must hold none can ask). */
+static inline int hkv_test_rdma_devices(void)
+{
+	struct dirent *e;
+	int n = 0;
+	DIR *d = opendir("/sys/class/infiniband");
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/*
+ * CHECK_PASSES(helper(...)): run a helper that CHECKs (a void function that
+ * returns at its first failed check) and return from the caller too if any
+ * of its checks failed, saying where: no test carries on from a failed setup
+ * into a crash.
+ */
+#define CHECK_PASSES(call)                                                                  \
+	do {                                                                                \
+		int failures_ = hkv_test_failures;                                          \
+		call;                                                                       \
+		if (hkv_test_failures != failures_) {                                       \
+			fprintf(stderr, "%s:%d: failed in %s\n", __FILE__, __LINE__, #call); \
+			return;                                                             \
+		}                                                                           \
+	} while (0)
 
 static inline int hkv_test_finish(void)
 {

@@ -1219,7 +1219,7 @@ static void test_store_moves(void)
 	t_drain = now_ms() - t0;
 	printf("# sd drained in %llu ms\n", (unsigned long long)t_drain);
 	sleep_ms(300);
-	hot_stop_and_check(thr);
+	CHECK_PASSES(hot_stop_and_check(thr));
 	CHECK(preload_intact(c, 2000) == 0);
 	/* sd gave everything away, and dropped it after the commit */
 	direct = direct_client(&ssrv[3]);
@@ -1431,7 +1431,7 @@ static void test_repl_kill(void)
 	CHECK(c);
 	CHECK(map.replicas == 2 && lists_all(&map, 2));
 	/* the first server's identity: a replicated store; every write on both */
-	repl_preload(c, 2000);
+	CHECK_PASSES(repl_preload(c, 2000));
 	key_on(&map, "kp:", "rb", 0, kp, sizeof(kp));
 	key_on(&map, "kb:", "rb", 1, kb, sizeof(kb));
 	CHECK(kp[0] && kb[0]);
@@ -1491,7 +1491,7 @@ static void test_repl_kill(void)
 	CHECK(t_write - t0 <= (uint64_t)atoi(TTL) * 1000 + 3000);
 	CHECK_RC(set_str(c, kb, "after-b"), 0);
 	sleep_ms(use_verbs ? 5000 : 1000);
-	hot_stop_and_check(thr);
+	CHECK_PASSES(hot_stop_and_check(thr));
 	CHECK_RC(wait_dropped("rb", 20000, &after), 0);
 	CHECK(after.epoch != map.epoch);
 	CHECK(preload_intact(c, 2000) == 0);
@@ -1543,7 +1543,7 @@ static void test_repl_freeze(void)
 	kill(rsrv[2].pid, SIGCONT);
 	CHECK_RC(ret, 0);
 	sleep_ms(2000);
-	hot_stop_and_check(thr);
+	CHECK_PASSES(hot_stop_and_check(thr));
 	CHECK(preload_intact(c, 2000) == 0);
 	/* kp's partition had rc as primary: ra serves it now, with its value */
 	CHECK_RC(get_str(c, kp, buf, sizeof(buf), NULL), 0);
@@ -1661,7 +1661,7 @@ static void test_repl_repair(void)
 	sleep_ms(use_verbs ? 3000 : 1000);
 	atomic_store(&rw_stop, 1);
 	pthread_join(rw, NULL);
-	hot_stop_and_check(thr);
+	CHECK_PASSES(hot_stop_and_check(thr));
 	CHECK(rw_intact(c) == 0);
 	CHECK(preload_intact(c, 2000) == 0);
 	if (da) /* (the final pass's fence closed its connection) */
@@ -1680,7 +1680,7 @@ static void test_repl_repair(void)
 	hkvserver_kill(&rsrv[0]);
 	CHECK_RC(wait_dropped("ra", use_verbs ? 60000 : 20000, &m3), 0);
 	sleep_ms(use_verbs ? 3000 : 1000);
-	hot_stop_and_check(thr);
+	CHECK_PASSES(hot_stop_and_check(thr));
 	CHECK(rw_intact(c) == 0);
 	CHECK(preload_intact(c, 2000) == 0);
 	for (uint32_t p = 0; p < m3.partitions; p++)

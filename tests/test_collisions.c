@@ -209,8 +209,8 @@ static void pairs_on(const char *const *mode)
 	CHECK_RC(hkv_open(c1, &h[1]), 0);
 	CHECK_RC(hkv_open(c2, &h[2]), 0);
 	for (int p = 0; p < NPAIRS; p++) {
-		pair_ops(h, pairs[p][0], pairs[p][1]);
-		pair_ops(h, pairs[p][1], pairs[p][0]);
+		CHECK_PASSES(pair_ops(h, pairs[p][0], pairs[p][1]));
+		CHECK_PASSES(pair_ops(h, pairs[p][1], pairs[p][0]));
 	}
 	CHECK_RC(hkv_count_items(h[0], &items, &bytes), 0);
 	printf("# %s: items left %llu\n", mode ? mode[0] : "store mode",

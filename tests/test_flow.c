@@ -160,7 +160,7 @@ static void test_flush_then_fresh(void)
 		written += len;
 	}
 	CHECK_RC(hkv_flush_all(a), 0);
-	fleet_open(&f, NHANDLES);
+	CHECK_PASSES(fleet_open(&f, NHANDLES));
 	for (int i = 0; i < f.n; i++) {
 		uint64_t ms;
 		int ret;
@@ -218,7 +218,7 @@ static void test_many_sizes(void)
 	CHECK(v != NULL && got != NULL);
 	memset(seed, 0, sizeof(seed));
 	CHECK(hkvserver_start(&f.s, use_verbs, "32M", "256K", cache) == 0);
-	fleet_open(&f, NHANDLES);
+	CHECK_PASSES(fleet_open(&f, NHANDLES));
 	/* (the Soft-RoCE guest is ~100x slower: it writes 48 MB there) */
 	uint64_t target = use_verbs ? (48u << 20) : (160u << 20);
 
@@ -367,7 +367,7 @@ static void test_store_fill(void)
 	/* 989 segments, as many as the default 1 GiB / 1 MiB: a class costs
 	 * one partly used segment (docs/design.md, "What a segment costs") */
 	CHECK(hkvserver_start(&f.s, use_verbs, "256M", "256K", NULL) == 0);
-	fleet_open(&f, NHANDLES);
+	CHECK_PASSES(fleet_open(&f, NHANDLES));
 	probe = f.h[0];
 	g = probe->g; /* (a test may look inside the handle) */
 	area = (uint64_t)g.nsegs * g.seg_size;

@@ -596,7 +596,7 @@ static void test_basic(void)
 		for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
 			int f = hkv_test_failures;
 
-			basic_seq(c, r, sizes[s]);
+			CHECK_PASSES(basic_seq(c, r, sizes[s]));
 			if (hkv_test_failures != f)
 				fprintf(stderr, "# (r = %d, values of %zu bytes)\n", r, sizes[s]);
 		}

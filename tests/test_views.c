@@ -164,7 +164,7 @@ static void setup(struct hkvserver *s, struct hkv_config **cfg)
 	cfg[1] = hkvserver_config(s);
 	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
 	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
-	tighten(st.churner, 8);
+	CHECK_PASSES(tighten(st.churner, 8));
 	CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1000), VLEN, NULL), 0);
 	st.next = 2000;
 	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
@@ -195,7 +195,7 @@ static void test_stale_incr(void)
 	int64_t t;
 	int ret;
 
-	setup(&s, cfg);
+	CHECK_PASSES(setup(&s, cfg));
 	st.at = HKV_TP_MODIFY_PUBLISH;
 	hkv_test_hook = churn_hook;
 	t = now_ns();
@@ -250,7 +250,7 @@ static void test_stale_cas(void)
 	size_t vlen;
 	int ret;
 
-	setup(&s, cfg);
+	CHECK_PASSES(setup(&s, cfg));
 	CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, &info), -ENOSPC);
 	st.at = HKV_TP_STORE_PUBLISH;
 	hkv_test_hook = churn_hook;
@@ -348,7 +348,7 @@ static void test_stale_flush(void)
 	CHECK_RC(hkv_open(cfg[0], &st.writer), 0);
 	CHECK_RC(hkv_open(cfg[1], &st.churner), 0);
 	st.ops = calloc(1, sizeof(*st.ops));
-	tighten(st.churner, 4);
+	CHECK_PASSES(tighten(st.churner, 4));
 	CHECK_RC(hkv_set(st.churner, "flush-k1", 8, number_value(0), VLEN, NULL), 0);
 	CHECK_RC(hkv_get(st.churner, "flush-k1", 8, buf, sizeof(buf), &vlen, &info), -ENOSPC);
 	hkvserver_block_of(st.churner, "flush-k1", &st.off0, &st.gen0);
@@ -476,7 +476,7 @@ static void stale_undo(int with_w)
 	CHECK(v != NULL);
 	memset(&un, 0, sizeof(un));
 	un.with_w = with_w;
-	setup(&s, cfg);
+	CHECK_PASSES(setup(&s, cfg));
 	wcfg = hkvserver_config(&s);
 	CHECK(wcfg != NULL);
 	hkv_config_set_timeout_ms(wcfg, 30000);
@@ -620,11 +620,11 @@ static void test_stuck_obsolete(void)
 	CHECK_RC(hkv_open(cfg, &G), 0);
 	/* X: K's block, then retired by F's update (OBSOLETE, retirer F, not aborted) */
 	CHECK_RC(hkv_set(F, RK, strlen(RK), "v1", 2, NULL), 0);
-	rival_item(F, &x);
+	CHECK_PASSES(rival_item(F, &x));
 	soffX = x.slot_off;
 	SX = x.slot;
 	CHECK_RC(hkv_set(F, RK, strlen(RK), "v2", 2, NULL), 0);
-	rival_item(F, &y);
+	CHECK_PASSES(rival_item(F, &y));
 	CHECK(y.slot_off == soffX && y.blk_off != x.blk_off);
 	wr = hkv_wr_read(F, F->rblk, x.blk_off, 64);
 	CHECK_RC(hkv_exec(F, &wr, 1), 0);
@@ -632,7 +632,7 @@ static void test_stuck_obsolete(void)
 	printf("# X at 0x%llx gen %u: state %d retirer %u\n", (unsigned long long)x.blk_off, x.gen,
 	       (int)hkv_meta_state(*(uint64_t *)xcopy), hkv_meta_retired_by(*(uint64_t *)xcopy));
 	/* phase 1: Y made an abandoned insert; H's add aborts it, then sees SX (X OBSOLETE) */
-	make_stale_pending(F, &y);
+	CHECK_PASSES(make_stale_pending(F, &y));
 	swap_from = y.slot;
 	hkv_test_hook = rival_hook;
 	rc = hkv_add(H, RK, strlen(RK), big, sizeof(big), NULL);
@@ -646,7 +646,7 @@ static void test_stuck_obsolete(void)
 	CHECK(raw_cas(F, soffX, SX, 0) == SX);
 	usleep(1200 * 1000);
 	CHECK_RC(hkv_set(G, RK, strlen(RK), big, sizeof(big), NULL), 0);
-	rival_item(G, &z);
+	CHECK_PASSES(rival_item(G, &z));
 	if (z.slot_off != soffX) { /* (put Z's slot value where X's was) */
 		CHECK(raw_cas(G, z.slot_off, z.slot, 0) == z.slot);
 		CHECK(raw_cas(G, soffX, 0, z.slot) == 0);
@@ -667,7 +667,7 @@ static void test_stuck_obsolete(void)
 		       hkv_meta_gen(h->meta), (unsigned long long)SX,
 		       SX == H->stuck_slot ? "yes" : "no");
 	}
-	make_stale_pending(G, &z);
+	CHECK_PASSES(make_stale_pending(G, &z));
 	swap_from = z.slot;
 	hook_fired = 0;
 	hkv_test_hook = rival_hook;
@@ -709,7 +709,7 @@ static void test_flush_obsolete(void)
 	CHECK_RC(hkv_open(cfg, &H), 0);
 	CHECK_RC(hkv_open(cfg, &F), 0);
 	CHECK_RC(hkv_set(F, RK, strlen(RK), "v1", 2, NULL), 0);
-	rival_item(F, &x);
+	CHECK_PASSES(rival_item(F, &x));
 	live = hkv_meta_make(HKV_BLK_LIVE, x.cls, x.gen);
 	dead = hkv_meta_make(HKV_BLK_OBSOLETE, x.cls, x.gen) | hkv_meta_retirer(777);
 	CHECK(raw_cas(F, x.blk_off, live, dead) == live); /* client 777 marked it, then died */

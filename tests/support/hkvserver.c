@@ -1,5 +1,6 @@
 /* hkvserver.c - see hkvserver.h. */
 #include "tests/support/hkvserver.h"
+#include "tests/hkv_test.h"
 #include "client/client_int.h"
 #include "client/ops_int.h"
 
@@ -328,7 +329,11 @@ void hkvserver_kill(struct hkvserver *s)
 
 int hkvserver_want_verbs(int argc, char **argv)
 {
-	return argc > 1 && !strcmp(argv[1], "verbs");
+	int verbs = argc > 1 && !strcmp(argv[1], "verbs");
+
+	if (verbs) /* before any server, etcd or child starts */
+		hkv_test_need_rdma(hkv_test_rdma_devices() > 0, "no RDMA device on this host");
+	return verbs;
 }
 
 int get_str(struct hkv_client *c, const char *key, char *buf, size_t cap,

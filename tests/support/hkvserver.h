@@ -60,7 +60,9 @@ int set_str(struct hkv_client *c, const char *key, const char *val);
 int hkvserver_block_of(struct hkv_client *c, const char *key, uint64_t *off, uint64_t *gen);
 /* The segment holding key's block, as c finds it now (-1: not found). */
 int64_t hkvserver_seg_of(struct hkv_client *c, const char *key);
-/* Does the environment ask for / offer the verbs transport? */
+/* Does argv ask for the verbs transport? If it does and the host has no
+ * RDMA device, the test skips here (exit 77, saying why) or, with
+ * HKV_REQUIRE_RDMA, fails. */
 int hkvserver_want_verbs(int argc, char **argv);
 
 #endif
