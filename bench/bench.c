@@ -16,6 +16,7 @@
  * histograms, merged at the end. Output: YCSB's text report, optional JSON.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -59,12 +60,16 @@ struct opts {
 	int replicas;              /* --replicas N: also run hatchkv-rN (0: not) */
 	const char *repl_uris;     /* --compare: hatchkv-rN's servers, comma-separated */
 	const char *child_result;  /* child mode: write the phase's result here */
+	int gate_ready, gate_go;   /* child mode: the start gate's pipe ends (-1: none) */
 	pid_t server_pid;
 };
 
 struct result {
 	char system[16], workload, transport[8];
 	double runtime_ms, throughput, server_cpu;
+	/* the work's own time (CLOCK_MONOTONIC, one clock for every process of
+	 * the host): the start all workers were released at, the last one's end */
+	uint64_t start_ns, end_ns, ops;
 	struct hist h[YOP_N];
 	uint64_t ok[YOP_N], notfound[YOP_N], err[YOP_N];
 	struct drv_counters cnt[YOP_N];
@@ -86,6 +91,7 @@ struct worker {
 	struct drv_counters cnt[YOP_N];
 	uint8_t *val, *buf;
 	struct hkv_pipe *pipe; /* --depth: opened before the clock starts */
+	uint64_t end_ns;       /* when this worker's last operation ended */
 	int failed;
 };
 
@@ -98,6 +104,13 @@ struct run {
 	uint64_t insert_base;             /* this process's first insert key number */
 	atomic_uint_fast64_t done;
 	uint64_t ops_per_thread;
+	/* Workers start together: each waits at `ready` once connected and warm,
+	 * the main thread then opens the processes' gate, takes start_ns and
+	 * meets them at `go`. The run time is the last worker's end_ns minus
+	 * start_ns, whatever the main thread does meanwhile (the progress line). */
+	pthread_barrier_t ready, go;
+	uint64_t start_ns;
+	atomic_int finished; /* workers past their last operation */
 	struct worker wk[MAX_THREADS];
 };
 
@@ -222,11 +235,28 @@ static void one_op(struct worker *w, int measure)
 
 /* ---- phases ------------------------------------------------------------------ */
 
+/* A worker's wait for the start: all workers of all processes leave it
+ * together; returns the run's start time. */
+static uint64_t start_together(struct run *r)
+{
+	pthread_barrier_wait(&r->ready);
+	pthread_barrier_wait(&r->go);
+	return r->start_ns;
+}
+
+static void *worker_done(struct worker *w)
+{
+	w->end_ns = now_ns();
+	atomic_fetch_add(&w->run->finished, 1);
+	return NULL;
+}
+
 static void *load_main(void *arg)
 {
 	struct worker *w = arg;
 	const struct opts *o = w->run->o;
 
+	start_together(w->run);
 	for (uint64_t k = (uint64_t)w->id; k < o->records && !stop_requested; k += (uint64_t)o->threads) {
 		int ret = do_write(w, k);
 
@@ -238,7 +268,7 @@ static void *load_main(void *arg)
 		}
 		atomic_fetch_add(&w->run->done, 1);
 	}
-	return NULL;
+	return worker_done(w);
 }
 
 /*
@@ -381,14 +411,15 @@ static void *run_main(void *arg)
 	struct worker *w = arg;
 	const struct opts *o = w->run->o;
 	double per_thread_rate = o->target > 0 ? o->target / o->threads / o->processes : 0;
-	uint64_t start = now_ns(), end = o->duration > 0 ? start + (uint64_t)(o->duration * 1e9) : 0;
+	uint64_t start, end;
 
 	for (uint64_t i = 0; i < o->warmup; i++)
 		one_op(w, 0);
-	start = now_ns();
+	start = start_together(w->run);
+	end = o->duration > 0 ? start + (uint64_t)(o->duration * 1e9) : 0;
 	if (w->pipe) {
 		depth_run(w, start, end);
-		return NULL;
+		return worker_done(w);
 	}
 	for (uint64_t i = 0; !stop_requested; i++) {
 		if (end ? now_ns() >= end : i >= w->run->ops_per_thread)
@@ -405,7 +436,7 @@ static void *run_main(void *arg)
 		one_op(w, 1);
 		atomic_fetch_add(&w->run->done, 1);
 	}
-	return NULL;
+	return worker_done(w);
 }
 
 static void progress(struct run *r, uint64_t total, uint64_t t0)
@@ -468,13 +499,59 @@ static void add_stats(struct result *res, struct worker *wk)
 	res->has_stats = 1;
 }
 
+/*
+ * The processes' start gate (-p N): every child, once its workers are
+ * connected and warm, writes one byte on the ready pipe and reads the go
+ * pipe; the parent, once its own workers are ready too, reads a byte from
+ * each child and closes the go pipe. End of file is "go"; a byte before it
+ * is "abort" (the parent failed). One process alone has no gate.
+ */
+static int gate_ready_r = -1, gate_go_w = -1, gate_kids; /* the parent's ends */
+
+/* Pass this process's gate; -1 if the run must not start. */
+static int gate_pass(const struct opts *o)
+{
+	char c;
+	ssize_t n;
+
+	if (o->gate_ready >= 0) { /* a child */
+		n = write(o->gate_ready, "r", 1);
+		close(o->gate_ready);
+		while ((n = read(o->gate_go, &c, 1)) < 0 && errno == EINTR)
+			;
+		close(o->gate_go);
+		return n == 0 ? 0 : -1;
+	}
+	for (int i = 0; i < gate_kids; i++) {
+		while ((n = read(gate_ready_r, &c, 1)) < 0 && errno == EINTR)
+			;
+		if (n != 1) {
+			fprintf(stderr, "hatchkv-bench: a client process ended before the start\n");
+			return -1;
+		}
+	}
+	if (gate_go_w >= 0)
+		close(gate_go_w); /* go */
+	gate_go_w = -1;
+	return 0;
+}
+
+/* The run time and rate of a phase from its work's own start and end. */
+static void set_rate(struct result *res)
+{
+	double secs = (double)(res->end_ns - res->start_ns) / 1e9;
+
+	res->runtime_ms = secs * 1e3;
+	res->throughput = secs > 0 ? (double)res->ops / secs : 0;
+}
+
 /* Run one phase with o->threads workers; fills res for run phases. */
 static int phase(const struct opts *o, const char *system, const struct ycsb_workload *w,
 		 struct result *res, pid_t server_pid)
 {
 	static struct run r; /* big: per-thread histograms */
-	uint64_t total, t0, cpu0;
-	int failed = 0, tty = isatty(1);
+	uint64_t total, cpu0, cpu1, shown, seen, end = 0;
+	int failed = 0, tty = isatty(1) && !o->child_result;
 
 	memset(&r, 0, sizeof(r));
 	r.o = o;
@@ -514,32 +591,51 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 			}
 		}
 	}
-	cpu0 = server_ticks(system, server_pid);
-	t0 = now_ns();
+	pthread_barrier_init(&r.ready, NULL, (unsigned)o->threads + 1);
+	pthread_barrier_init(&r.go, NULL, (unsigned)o->threads + 1);
 	for (int i = 0; i < o->threads; i++)
 		pthread_create(&r.wk[i].tid, NULL, w ? run_main : load_main, &r.wk[i]);
-	for (int i = 0; i < o->threads; i++) {
-		while (tty && pthread_tryjoin_np(r.wk[i].tid, NULL) == EBUSY) {
-			progress(&r, total, t0);
-			usleep(200000);
-		}
-		if (!tty)
-			pthread_join(r.wk[i].tid, NULL);
+	pthread_barrier_wait(&r.ready);
+	if (gate_pass(o)) {
+		stop_requested = 1; /* (the workers stop at once) */
+		failed = 1;
 	}
+	cpu0 = server_ticks(system, server_pid);
+	r.start_ns = now_ns();
+	pthread_barrier_wait(&r.go);
+	/* the display only: the run time comes from the workers' own ends */
+	for (shown = r.start_ns; atomic_load(&r.finished) < o->threads;) {
+		usleep(10000);
+		if (tty && now_ns() - shown >= 200000000ull) {
+			progress(&r, total, r.start_ns);
+			shown = now_ns();
+		}
+	}
+	seen = now_ns();
+	cpu1 = server_ticks(system, server_pid);
+	for (int i = 0; i < o->threads; i++) {
+		pthread_join(r.wk[i].tid, NULL);
+		if (r.wk[i].end_ns > end)
+			end = r.wk[i].end_ns;
+	}
+	pthread_barrier_destroy(&r.ready);
+	pthread_barrier_destroy(&r.go);
 	if (tty)
 		printf("\r%70s\r", "");
 	if (res) {
-		double secs = (double)(now_ns() - t0) / 1e9;
-
 		memset(res, 0, sizeof(*res));
 		snprintf(res->system, sizeof(res->system), "%s", system);
 		res->workload = w ? w->name : 'L';
 		snprintf(res->transport, sizeof(res->transport), "%s",
 			 !is_hkv(system) ? "tcp" : o->verbs ? "verbs" : "shm");
-		res->runtime_ms = secs * 1e3;
-		res->throughput = (double)atomic_load(&r.done) / secs;
-		res->server_cpu = server_pid > 0 ? 100.0 * (double)(server_ticks(system, server_pid) - cpu0) /
-							   (double)sysconf(_SC_CLK_TCK) / secs
+		res->start_ns = r.start_ns;
+		res->end_ns = end > r.start_ns ? end : r.start_ns;
+		res->ops = atomic_load(&r.done);
+		set_rate(res);
+		/* (over the main thread's window: the server's ticks are 10 ms) */
+		res->server_cpu = server_pid > 0 ? 100.0 * (double)(cpu1 - cpu0) /
+							   (double)sysconf(_SC_CLK_TCK) /
+							   ((double)(seen - r.start_ns) / 1e9)
 						 : -1;
 		for (int k = 0; k < YOP_N; k++)
 			hist_init(&res->h[k]);
@@ -742,9 +838,9 @@ static int exe_path(char *buf, size_t cap, const char *sibling)
 
 /* Start process `pidx` of a run phase: this program again, in child mode. */
 static pid_t spawn_child(const struct opts *o, const char *system, char workload, int pidx,
-			 const char *result_file)
+			 const char *result_file, int ready_w, int go_r)
 {
-	char exe[4096], wl[2] = {workload, 0}, idx[16], *args[64];
+	char exe[4096], wl[2] = {workload, 0}, idx[16], gate[32], *args[64];
 	int a = 0;
 	pid_t pid;
 
@@ -761,6 +857,9 @@ static pid_t spawn_child(const struct opts *o, const char *system, char workload
 	args[a++] = idx;
 	args[a++] = "--child-result";
 	args[a++] = (char *)result_file;
+	snprintf(gate, sizeof(gate), "%d,%d", ready_w, go_r);
+	args[a++] = "--child-gate";
+	args[a++] = gate;
 	args[a] = NULL;
 	if (is_hkv(system) && system_uris(o, system)) { /* (a list for hatchkv-rN) */
 		args[a++] = "--server";
@@ -782,6 +881,10 @@ static pid_t spawn_child(const struct opts *o, const char *system, char workload
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
+		/* the gate's two ends stay open across exec; every other end,
+		 * the go pipe's write end above all, closes */
+		fcntl(ready_w, F_SETFD, 0);
+		fcntl(go_r, F_SETFD, 0);
 		execv(exe, args);
 		_exit(127);
 	}
@@ -812,9 +915,14 @@ static int merge_child(pid_t pid, const char *file, struct result *r)
 		r->cnt[k].bytes_read += cr.cnt[k].bytes_read;
 		r->cnt[k].bytes_written += cr.cnt[k].bytes_written;
 	}
-	r->throughput += cr.throughput;
-	if (cr.runtime_ms > r->runtime_ms)
-		r->runtime_ms = cr.runtime_ms;
+	/* one clock for the host's processes: the run spans the first start
+	 * to the last end */
+	if (cr.start_ns < r->start_ns)
+		r->start_ns = cr.start_ns;
+	if (cr.end_ns > r->end_ns)
+		r->end_ns = cr.end_ns;
+	r->ops += cr.ops;
+	set_rate(r);
 	return 0;
 }
 
@@ -824,13 +932,41 @@ static int run_phase(const struct opts *o, const char *system, const struct ycsb
 {
 	pid_t kids[16];
 	char files[16][64];
-	int ret;
+	int ready[2], go[2], ret;
 
+	if (o->processes > 1) {
+		if (pipe2(ready, O_CLOEXEC))
+			return -1;
+		if (pipe2(go, O_CLOEXEC)) {
+			close(ready[0]);
+			close(ready[1]);
+			return -1;
+		}
+		gate_ready_r = ready[0];
+		gate_go_w = go[1];
+	}
+	gate_kids = 0;
 	for (int i = 1; i < o->processes; i++) {
 		snprintf(files[i], sizeof(files[i]), "/tmp/hkvbench-%d-%d.res", (int)getpid(), i);
-		kids[i] = spawn_child(o, system, w->name, i, files[i]);
+		kids[i] = spawn_child(o, system, w->name, i, files[i], ready[1], go[0]);
+		gate_kids += kids[i] > 0;
+	}
+	if (o->processes > 1) {
+		close(ready[1]); /* (a child that dies closes its copy: end of file) */
+		close(go[0]);
 	}
 	ret = phase(o, system, w, r, server_pid);
+	if (gate_go_w >= 0) { /* never passed the gate: the children abort */
+		ssize_t n = write(gate_go_w, "x", 1);
+
+		(void)n;
+		close(gate_go_w);
+		gate_go_w = -1;
+	}
+	if (gate_ready_r >= 0)
+		close(gate_ready_r);
+	gate_ready_r = -1;
+	gate_kids = 0;
 	for (int i = 1; i < o->processes; i++)
 		if (kids[i] < 0 || merge_child(kids[i], files[i], r))
 			ret = -1;
@@ -1227,6 +1363,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"hkv-memcached", required_argument, NULL, 'H'},
 		{"child-index", required_argument, NULL, 'I'},
 		{"child-result", required_argument, NULL, 'O'},
+		{"child-gate", required_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{"metrics-file", required_argument, NULL, 'M'}, {NULL, 0, NULL, 0}};
 	int c;
@@ -1261,6 +1398,10 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'H': o->hkv_memcached = optarg; break;
 		case 'I': o->pidx = atoi(optarg); break;
 		case 'O': o->child_result = optarg; break;
+		case 'G':
+			if (sscanf(optarg, "%d,%d", &o->gate_ready, &o->gate_go) != 2)
+				return -1;
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -1321,7 +1462,7 @@ int main(int argc, char **argv)
 	static struct result rs[8];
 	struct opts o = {.workloads = "ABCFD", .records = 100000, .operations = 200000,
 			 .threads = 2, .fieldcount = 10, .fieldlength = 100, .system = "hatchkv",
-			 .warmup = 1000, .processes = 1};
+			 .warmup = 1000, .processes = 1, .gate_ready = -1, .gate_go = -1};
 	int n = 0;
 
 	o.verbs = hkv_verbs_available();
