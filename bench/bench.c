@@ -227,9 +227,7 @@ static void one_op(struct worker *w, int measure)
 		return;
 	hist_add(&w->h[op], now_ns() - t0);
 	w->drv->ops->counters(w->drv, &c1);
-	w->cnt[op].round_trips += c1.round_trips - c0.round_trips;
-	w->cnt[op].bytes_read += c1.bytes_read - c0.bytes_read;
-	w->cnt[op].bytes_written += c1.bytes_written - c0.bytes_written;
+	drv_counters_add(&w->cnt[op], &c1, &c0);
 	account(w, op, ret);
 }
 
@@ -315,8 +313,7 @@ static void batch_ops(struct worker *w, int n)
 		hist_add(&w->h[YOP_READ], dt);
 		account(w, YOP_READ, status[i]);
 	}
-	w->cnt[YOP_READ].round_trips += c1.round_trips - c0.round_trips;
-	w->cnt[YOP_READ].bytes_read += c1.bytes_read - c0.bytes_read;
+	drv_counters_add(&w->cnt[YOP_READ], &c1, &c0);
 }
 
 /*
@@ -649,9 +646,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 			res->ok[k] += wk->ok[k];
 			res->notfound[k] += wk->notfound[k];
 			res->err[k] += wk->err[k];
-			res->cnt[k].round_trips += wk->cnt[k].round_trips;
-			res->cnt[k].bytes_read += wk->cnt[k].bytes_read;
-			res->cnt[k].bytes_written += wk->cnt[k].bytes_written;
+			drv_counters_add(&res->cnt[k], &wk->cnt[k], &(struct drv_counters){0});
 		}
 		if (res && (wk->pipe || wk->drv->ops->stats))
 			add_stats(res, wk);
@@ -694,6 +689,14 @@ static void report_text(const struct result *r)
 		if (r->cnt[k].round_trips)
 			printf("[%s], RoundTripsPerOp, %.3f\n", n,
 			       (double)r->cnt[k].round_trips / (double)h->count);
+		if (r->cnt[k].wrs) { /* (one at a time: a pipe's are not split by op) */
+			printf("[%s], WorkRequestsPerOp, %.3f\n", n,
+			       (double)r->cnt[k].wrs / (double)h->count);
+			printf("[%s], AtomicsPerOp, %.3f\n", n,
+			       (double)r->cnt[k].atomics / (double)h->count);
+			printf("[%s], SignaledPerOp, %.3f\n", n,
+			       (double)r->cnt[k].signaled / (double)h->count);
+		}
 		printf("[%s], Return=OK, %llu\n", n, (unsigned long long)r->ok[k]);
 		if (r->notfound[k])
 			printf("[%s], Return=NOT_FOUND, %llu\n", n, (unsigned long long)r->notfound[k]);
@@ -713,12 +716,15 @@ static void json_op(FILE *f, const struct result *r, int k, int *first)
 	fprintf(f, "%s\n      \"%s\": {\"count\": %llu, \"avg_us\": %.3f, \"min_us\": %.3f, "
 		   "\"max_us\": %.3f, \"p50_us\": %.3f, \"p95_us\": %.3f, \"p99_us\": %.3f, "
 		   "\"p999_us\": %.3f, \"round_trips_per_op\": %.4f, \"bytes_read_per_op\": %.1f, "
-		   "\"bytes_written_per_op\": %.1f, \"not_found\": %llu, \"errors\": %llu, \"cdf\": [",
+		   "\"bytes_written_per_op\": %.1f, \"wrs_per_op\": %.3f, \"atomics_per_op\": %.3f, "
+		   "\"signaled_per_op\": %.3f, \"not_found\": %llu, \"errors\": %llu, \"cdf\": [",
 		*first ? "" : ",", keys[k], (unsigned long long)h->count, us(h->sum_ns) / n,
 		us(h->min_ns), us(h->max_ns), us(hist_quantile(h, 0.5)), us(hist_quantile(h, 0.95)),
 		us(hist_quantile(h, 0.99)), us(hist_quantile(h, 0.999)),
 		(double)r->cnt[k].round_trips / n, (double)r->cnt[k].bytes_read / n,
-		(double)r->cnt[k].bytes_written / n, (unsigned long long)r->notfound[k],
+		(double)r->cnt[k].bytes_written / n, (double)r->cnt[k].wrs / n,
+		(double)r->cnt[k].atomics / n, (double)r->cnt[k].signaled / n,
+		(unsigned long long)r->notfound[k],
 		(unsigned long long)r->err[k]);
 	for (int q = 1; q <= 100; q++) {
 		double frac = q < 100 ? q / 100.0 : 0.999;
@@ -911,9 +917,7 @@ static int merge_child(pid_t pid, const char *file, struct result *r)
 		r->ok[k] += cr.ok[k];
 		r->notfound[k] += cr.notfound[k];
 		r->err[k] += cr.err[k];
-		r->cnt[k].round_trips += cr.cnt[k].round_trips;
-		r->cnt[k].bytes_read += cr.cnt[k].bytes_read;
-		r->cnt[k].bytes_written += cr.cnt[k].bytes_written;
+		drv_counters_add(&r->cnt[k], &cr.cnt[k], &(struct drv_counters){0});
 	}
 	/* one clock for the host's processes: the run spans the first start
 	 * to the last end */

@@ -51,6 +51,7 @@ static void hkvd_counters(struct driver *d, struct drv_counters *out)
 {
 	hkv_client_totals(((struct hkv_driver *)d)->c, &out->round_trips, &out->bytes_read,
 			  &out->bytes_written);
+	hkv_client_wrs(((struct hkv_driver *)d)->c, &out->wrs, &out->atomics, &out->signaled);
 }
 
 static void hkvd_stats(struct driver *d, struct hkv_client_stats *out)

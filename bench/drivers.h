@@ -14,7 +14,20 @@
 
 struct drv_counters {
 	uint64_t round_trips, bytes_read, bytes_written; /* hatchkv only */
+	uint64_t wrs, atomics, signaled; /* work requests, CAS + FAA, completions */
 };
+
+/* a += b - c: what happened between two readings, added up */
+static inline void drv_counters_add(struct drv_counters *a, const struct drv_counters *b,
+				    const struct drv_counters *c)
+{
+	a->round_trips += b->round_trips - c->round_trips;
+	a->bytes_read += b->bytes_read - c->bytes_read;
+	a->bytes_written += b->bytes_written - c->bytes_written;
+	a->wrs += b->wrs - c->wrs;
+	a->atomics += b->atomics - c->atomics;
+	a->signaled += b->signaled - c->signaled;
+}
 
 struct driver;
 struct hkv_client_stats;

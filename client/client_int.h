@@ -287,7 +287,10 @@ int hkv_router_flush_all(struct hkv_client *c);
 int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *bytes);
 void hkv_router_server_info(const struct hkv_client *c, struct hkv_server_info *out);
 void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out);
-void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
+void hkv_router_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
+/* sum += the transport counters of c's connection(s): a cluster's or a
+ * replicated handle's summed over its members */
+void hkv_client_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
 
 static inline uint64_t hkv_raddr(const struct hkv_client *c, uint64_t off)
 {

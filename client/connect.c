@@ -565,20 +565,36 @@ HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_s
 	*out = c->stats;
 }
 
+void hkv_client_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum)
+{
+	if (c->router)
+		hkv_router_conn_totals(c, sum);
+	else if (c->repl)
+		hkv_repl_conn_totals(c, sum);
+	else if (c->conn)
+		hkv_conn_stats_add(sum, &c->conn->stats);
+}
+
 HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
 				  uint64_t *bytes_read, uint64_t *bytes_written)
 {
-	if (c->router) {
-		hkv_router_totals(c, round_trips, bytes_read, bytes_written);
-		return;
-	}
-	if (c->repl) {
-		hkv_repl_totals(c, round_trips, bytes_read, bytes_written);
-		return;
-	}
-	*round_trips = c->conn->stats.round_trips;
-	*bytes_read = c->conn->stats.bytes_read;
-	*bytes_written = c->conn->stats.bytes_written;
+	struct hkv_conn_stats s = {0};
+
+	hkv_client_conn_totals(c, &s);
+	*round_trips = s.round_trips;
+	*bytes_read = s.bytes_read;
+	*bytes_written = s.bytes_written;
+}
+
+HKV_EXPORT void hkv_client_wrs(const struct hkv_client *c, uint64_t *wrs, uint64_t *atomics,
+			       uint64_t *signaled)
+{
+	struct hkv_conn_stats s = {0};
+
+	hkv_client_conn_totals(c, &s);
+	*atomics = s.wrs[HKV_WR_CAS] + s.wrs[HKV_WR_FAA];
+	*wrs = s.wrs[HKV_WR_READ] + s.wrs[HKV_WR_WRITE] + *atomics;
+	*signaled = s.signaled;
 }
 
 HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out)

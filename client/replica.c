@@ -226,17 +226,18 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op)
 {
 	struct hkv_op_stats *o = &c->stats.op[op->op];
-	uint64_t rt0, rd0, wr0, rt1, rd1, wr1;
+	struct hkv_conn_stats s0 = {0}, s1 = {0};
 	int ret;
 
-	hkv_repl_totals(c, &rt0, &rd0, &wr0);
+	hkv_repl_conn_totals(c, &s0);
 	ret = write_once(c, key, klen, op);
-	hkv_repl_totals(c, &rt1, &rd1, &wr1);
+	hkv_repl_conn_totals(c, &s1);
 	o->count++;
-	if (rt1 >= rt0 && rd1 >= rd0 && wr1 >= wr0) { /* (not across a reconnect) */
-		o->round_trips += rt1 - rt0;
-		o->bytes_read += rd1 - rd0;
-		o->bytes_written += wr1 - wr0;
+	if (s1.round_trips >= s0.round_trips && s1.bytes_read >= s0.bytes_read &&
+	    s1.bytes_written >= s0.bytes_written) { /* (not across a reconnect) */
+		o->round_trips += s1.round_trips - s0.round_trips;
+		o->bytes_read += s1.bytes_read - s0.bytes_read;
+		o->bytes_written += s1.bytes_written - s0.bytes_written;
 	}
 	return ret;
 }
@@ -464,20 +465,11 @@ void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 	}
 }
 
-void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr)
+void hkv_repl_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum)
 {
 	const struct hkv_repl *rp = c->repl;
 
-	*rt = *rd = *wr = 0;
-	for (int i = 0; i < rp->r; i++) {
-		const struct hkv_conn_stats *s;
-
-		if (!rp->h[i] || !rp->h[i]->conn)
-			continue;
-		s = &rp->h[i]->conn->stats;
-
-		*rt += s->round_trips;
-		*rd += s->bytes_read;
-		*wr += s->bytes_written;
-	}
+	for (int i = 0; i < rp->r; i++)
+		if (rp->h[i] && rp->h[i]->conn)
+			hkv_conn_stats_add(sum, &rp->h[i]->conn->stats);
 }

@@ -55,6 +55,6 @@ int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,
 int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *key, size_t klen),
 		      void *arg, uint64_t *items, uint64_t *bytes);
 void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out);
-void hkv_repl_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr);
+void hkv_repl_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
 
 #endif /* HKV_REPLICA_H */

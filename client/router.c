@@ -831,21 +831,13 @@ void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 			stats_add(out, &r->m[i].h->stats);
 }
 
-void hkv_router_totals(const struct hkv_client *c, uint64_t *rt, uint64_t *rd, uint64_t *wr)
+void hkv_router_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum)
 {
 	const struct hkv_router *r = c->router;
 
-	*rt = *rd = *wr = 0;
-	for (uint32_t i = 0; i < r->nm; i++) {
-		uint64_t a, b, d;
-
-		if (!r->m[i].h)
-			continue;
-		hkv_client_totals(r->m[i].h, &a, &b, &d);
-		*rt += a;
-		*rd += b;
-		*wr += d;
-	}
+	for (uint32_t i = 0; i < r->nm; i++)
+		if (r->m[i].h)
+			hkv_client_conn_totals(r->m[i].h, sum);
 }
 
 /*

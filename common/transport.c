@@ -246,6 +246,7 @@ int hkv_conn_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 		if (wr_signaled(wrs, i, n)) {
 			c->runs[c->run_tail++ % (unsigned)c->sq_depth] = (uint16_t)run;
 			run = 0;
+			c->stats.signaled++;
 		}
 	}
 	c->carry = run;

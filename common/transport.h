@@ -103,11 +103,23 @@ struct hkv_wc {
 
 struct hkv_conn_stats {
 	uint64_t wrs[HKV_WR_NOPS]; /* work requests posted, by opcode */
+	uint64_t signaled;         /* of them, signaled (a completion each) */
 	uint64_t posts;            /* doorbells (hkv_conn_post calls) */
 	uint64_t round_trips;      /* hkv_conn_exec calls / hkv_conn_wait waits */
 	uint64_t bytes_read;       /* READ payload + atomic results */
 	uint64_t bytes_written;    /* WRITE payload + atomic operands */
 };
+
+/* sum += s (every field is a uint64_t count) */
+static inline void hkv_conn_stats_add(struct hkv_conn_stats *sum, const struct hkv_conn_stats *s)
+{
+	uint64_t *d = (uint64_t *)sum;
+	const uint64_t *a = (const uint64_t *)s;
+
+	_Static_assert(sizeof(*s) % sizeof(uint64_t) == 0, "hkv_conn_stats: uint64_t only");
+	for (size_t i = 0; i < sizeof(*s) / sizeof(uint64_t); i++)
+		d[i] += a[i];
+}
 
 /* What the listener tells every accepted client about the one region. */
 struct hkv_region_desc {

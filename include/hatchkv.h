@@ -279,6 +279,11 @@ struct hkv_client_stats {
 
 /* Counters of this handle since hkv_open(). */
 HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+/* Work requests posted since hkv_open() (a cluster's or replicated handle's:
+ * summed over its members): all of them, the atomics among them (CAS and
+ * fetch-and-add), and the signaled ones (a completion each to reap). */
+HKV_EXPORT void hkv_client_wrs(const struct hkv_client *c, uint64_t *wrs, uint64_t *atomics,
+			       uint64_t *signaled);
 /* Just the transport totals since hkv_open() (cheap enough to call per op). */
 HKV_EXPORT void hkv_client_totals(const struct hkv_client *c, uint64_t *round_trips,
 				  uint64_t *bytes_read, uint64_t *bytes_written);
