@@ -130,6 +130,22 @@ static struct hkv_wr free_bit(struct hkv_client *c, uint64_t off, uint32_t cls)
 	return wr;
 }
 
+/*
+ * A free's chain, both unsignaled: WRITE the freed stamp over bytes 16..23
+ * (layout.h, hkv_freed_stamp: what tells the sweep this block was freed, so
+ * that a claimer stopped before its own stamps is never taken for a gone
+ * retirer), then FAA the bit. RC runs them in order. The stamp comes from
+ * atom[59], which holds nothing else (atom[48..56) are the claims' stamps,
+ * read by their unsignaled WRITEs until they execute).
+ */
+static void freed_stamp(struct hkv_client *c, uint64_t off, uint32_t cls, struct hkv_wr *wr)
+{
+	c->atom[59] = hkv_freed_stamp(); /* (always the same value) */
+	wr[0] = hkv_wr_write(c, &c->atom[59], off + 16, 8);
+	wr[0].flags = HKV_WR_F_NO_COMPLETION;
+	wr[1] = free_bit(c, off, cls);
+}
+
 int hkv_alloc_table(struct hkv_client *c, uint64_t max_age_ns)
 {
 	struct hkv_wr wr;
@@ -335,14 +351,8 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 {
 	struct hkv_wr wr[2];
 
-	c->atom[59] = 0;
-	wr[0] = hkv_wr_write(c, &c->atom[59], h->off + 16, 8);
-	wr[0].flags = HKV_WR_F_NO_COMPLETION;
-	wr[1] = free_bit(c, h->off, cls);
-	if (h->stamp)
-		(void)hkv_conn_post(c->conn, wr, 2);
-	else
-		(void)hkv_conn_post(c->conn, &wr[1], 1);
+	freed_stamp(c, h->off, cls, wr);
+	(void)hkv_conn_post(c->conn, wr, 2);
 	c->stats.blocks_given_back++;
 }
 
@@ -378,7 +388,8 @@ static void give_late(struct hkv_client *c)
 		if (!n)
 			continue;
 		for (uint32_t i = 0; i < n; i++)
-			wrs[i] = hkv_wr_cas(c, &was[i], l[i].off + 16, l[i].stamp, 0);
+			wrs[i] = hkv_wr_cas(c, &was[i], l[i].off + 16, l[i].stamp,
+					    hkv_freed_stamp());
 		if (hkv_exec(c, wrs, (int)n)) {
 			/* the connection failed: a CAS that ran leaves its block with
 			 * no stamp and its bit clear until a warm restart (Known gaps) */
@@ -492,6 +503,8 @@ static int claim(struct hkv_client *c, uint32_t cls)
 		wrs[got].flags = HKV_WR_F_NO_COMPLETION;
 		got++;
 	}
+	if (hkv_test_hook)
+		hkv_test_hook(c, HKV_TP_CLAIM_STAMP);
 	if (got)
 		(void)hkv_conn_post(c->conn, wrs, got); /* (a failure shows on the next round trip) */
 	if (!(h->bits & word_mask(nb, h->word)))
@@ -684,15 +697,15 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 {
 	uint32_t seg, blk;
-	struct hkv_wr wr;
+	struct hkv_wr wr[2];
 
 	if (cls >= c->g.nclasses || !hkv_block_range_ok(&c->g, off, c->g.class_size[cls]))
 		return; /* not a block we could have validated: never touch it */
 	block_pos(c, off, cls, &seg, &blk);
-	wr = free_bit(c, off, cls);
+	freed_stamp(c, off, cls, wr);
 	/* the transport keeps room for it (signaling now and then); if the
 	 * connection failed, the free is lost with it (docs/design.md, Known gaps) */
-	(void)hkv_conn_post(c->conn, &wr, 1);
+	(void)hkv_conn_post(c->conn, wr, 2);
 	c->stats.blocks_freed++;
 	note_free(c, cls, seg, blk);
 }

@@ -383,6 +383,7 @@ enum hkv_test_point {
 	HKV_TP_REPL_DECIDED,       /* a replicated write won on the deciding replica (the
 				    * last), not yet on the others (c: the replicated handle) */
 	HKV_TP_REPL_STEP,          /* ... and holds on one more replica, not yet the primary */
+	HKV_TP_CLAIM_STAMP,        /* a claim CAS won, its HELD stamps not yet posted */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a

@@ -306,6 +306,20 @@ static inline uint32_t hkv_held_holder(uint64_t word16)
 	return (uint32_t)(word16 >> 48);
 }
 
+/*
+ * Bytes 16..23 of a block whose free (or give-back) a client posted: HELD
+ * form with no holder, WRITTEN just before the bit's FAA. The sweep takes
+ * back a retired block whose retirer left (its free never posted) only
+ * when these bytes are not HELD form; a block freed and then claimed by a
+ * writer not yet stamping it keeps this, so a stopped claimer's blocks are
+ * never mistaken for a gone retirer's (issue 27). No holder: never taken as
+ * held either.
+ */
+static inline uint64_t hkv_freed_stamp(void)
+{
+	return hkv_held_make(0, 0);
+}
+
 /* ---- hashing ----------------------------------------------------------------- */
 
 /* Unkeyed 64-bit hash for the server's own tables (not for keys). */

@@ -152,8 +152,10 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	*meta = load(&h->meta);
 	*stamp = load(stamp_word(h));
 	st = hkv_meta_state(*meta);
-	if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) && hkv_held_is(*stamp))
-		return 1;
+	if (st != HKV_BLK_UNUSED && st != HKV_BLK_OBSOLETE)
+		return 0;
+	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: not ours) */
+		return hkv_held_holder(*stamp) ? 1 : 0;
 	by = hkv_meta_retired_by(*meta);
 	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected && !named(s, h, cls) ? 2
 													: 0;
@@ -171,8 +173,8 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	if (kind == 2 ? !__atomic_compare_exchange_n(&h->meta, &meta,
 						     meta & ~hkv_meta_retirer(0xffff), 0,
 						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
-		      : !__atomic_compare_exchange_n(stamp_word(h), &stamp, 0, 0, __ATOMIC_ACQ_REL,
-						     __ATOMIC_ACQUIRE))
+		      : !__atomic_compare_exchange_n(stamp_word(h), &stamp, hkv_freed_stamp(), 0,
+						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		return 0;
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
@@ -1190,7 +1192,9 @@ int hkv_slab_rebuild(struct hkv_store *s)
 					h->meta = hkv_meta_make(HKV_BLK_OBSOLETE, cls,
 								hkv_meta_gen(h->meta)) |
 						  (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
-				if (hkv_held_is(*stamp_word(h)))
+				if (st != HKV_BLK_UNUSED) /* free, as a client's free leaves it */
+					*stamp_word(h) = hkv_freed_stamp();
+				else if (hkv_held_is(*stamp_word(h)))
 					*stamp_word(h) = 0;
 				bits |= 1ull << (b % 64);
 			}

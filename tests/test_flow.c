@@ -698,6 +698,128 @@ static void test_late_give_back(void)
 	hkvserver_stop(&s);
 }
 
+/*
+ * Issue 27's first finding, at a named stall point: a writer stopped between
+ * its claim CAS and its HELD stamps (HKV_TP_CLAIM_STAMP) while another
+ * client fills the class. The blocks it claimed were freed by a client that
+ * has left; the sweep once took such a block back as "retired by a client
+ * that left" (the claimer's bit clear, meta OBSOLETE naming the gone
+ * retirer), the filler got it, and the stopped writer's stamps then landed
+ * on the filler's items. Now a free leaves a HELD-form stamp with no holder
+ * (HKV_FREED), which that take-back never takes: every acknowledged item of
+ * the filler reads back byte for byte, and so does the writer's own.
+ */
+#define STALL_KEYS 15
+static struct {
+	struct hkv_client *w, *h;
+	int fired, failed;
+	unsigned stall_ms;
+	size_t vlen;
+} stall;
+
+static void stall_value(char *v, size_t n, int who, int i)
+{
+	for (size_t j = 0; j < n; j++)
+		v[j] = (char)('a' + (j * 7 + (size_t)who * 13 + (size_t)i) % 26);
+}
+
+static void claim_stall_hook(struct hkv_client *c, enum hkv_test_point point)
+{
+	char key[32], *v;
+
+	if (c != stall.w || point != HKV_TP_CLAIM_STAMP || stall.fired)
+		return;
+	stall.fired = 1;
+	usleep(stall.stall_ms * 1000u); /* the sweep passes meanwhile */
+	v = malloc(stall.vlen);
+	if (!v) {
+		stall.failed = 1;
+		return;
+	}
+	for (int i = 0; i < STALL_KEYS; i++) { /* another client fills the class */
+		snprintf(key, sizeof(key), "filler-%d", i);
+		stall_value(v, stall.vlen, 2, i);
+		if (hkv_set(stall.h, key, strlen(key), v, stall.vlen, NULL)) {
+			fprintf(stderr, "filler: set %s failed\n", key);
+			stall.failed = 1;
+		}
+	}
+	free(v);
+}
+
+static void claim_stall(const char *mode)
+{
+	const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *r, *d, *probe;
+	char key[32], *v, *got;
+	size_t n;
+
+	memset(&stall, 0, sizeof(stall));
+	stall.vlen = 4000; /* (+ a short key and the 48-byte header: the 4160 B class) */
+	stall.stall_ms = 3000;
+	v = malloc(stall.vlen);
+	got = malloc(stall.vlen + 64);
+	CHECK(v && got);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", mode ? cache : NULL) == 0);
+	cfg = hkvserver_config(&s);
+	/* R sets 15 keys of the class, D deletes them, both leave */
+	CHECK_RC(hkv_open(cfg, &r), 0);
+	CHECK_RC(hkv_open(cfg, &d), 0);
+	for (int i = 0; i < STALL_KEYS; i++) {
+		snprintf(key, sizeof(key), "gone-%d", i);
+		stall_value(v, stall.vlen, 0, i);
+		CHECK_RC(hkv_set(r, key, strlen(key), v, stall.vlen, NULL), 0);
+	}
+	for (int i = 0; i < STALL_KEYS; i++) {
+		snprintf(key, sizeof(key), "gone-%d", i);
+		CHECK_RC(hkv_delete(d, key, strlen(key)), 0);
+	}
+	hkv_close(r);
+	hkv_close(d);
+	usleep(3000 * 1000); /* the sweep takes R's unused holds back */
+	/* W's set stops after its claim, before its stamps; H fills meanwhile */
+	CHECK_RC(hkv_open(cfg, &stall.w), 0);
+	CHECK_RC(hkv_open(cfg, &stall.h), 0);
+	hkv_test_hook = claim_stall_hook;
+	stall_value(v, stall.vlen, 1, 0);
+	CHECK_RC(hkv_set(stall.w, "writer", 6, v, stall.vlen, NULL), 0);
+	hkv_test_hook = NULL;
+	CHECK(stall.fired && !stall.failed);
+	/* a fresh handle reads every acknowledged item */
+	CHECK_RC(hkv_open(cfg, &probe), 0);
+	for (int i = 0; i < STALL_KEYS; i++) {
+		snprintf(key, sizeof(key), "filler-%d", i);
+		stall_value(v, stall.vlen, 2, i);
+		n = 0;
+		CHECK_RC(hkv_get(probe, key, strlen(key), got, stall.vlen + 64, &n, NULL), 0);
+		CHECK(n == stall.vlen && !memcmp(got, v, n));
+	}
+	stall_value(v, stall.vlen, 1, 0);
+	CHECK_RC(hkv_get(probe, "writer", 6, got, stall.vlen + 64, &n, NULL), 0);
+	CHECK(n == stall.vlen && !memcmp(got, v, n));
+	printf("# claim stall (%s): %d of the filler's items and the writer's read back\n",
+	       mode ? mode : "store", STALL_KEYS);
+	hkv_close(probe);
+	hkv_close(stall.w);
+	hkv_close(stall.h);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+	free(got);
+}
+
+static void test_claim_stall_store(void)
+{
+	claim_stall(NULL);
+}
+
+static void test_claim_stall_cache(void)
+{
+	claim_stall("cache");
+}
+
 int main(int argc, char **argv)
 {
 	use_verbs = hkvserver_want_verbs(argc, argv);
@@ -708,5 +830,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_sizes_over_time);
 	RUN_TEST(test_cas_across_move);
 	RUN_TEST(test_late_give_back);
+	RUN_TEST(test_claim_stall_store);
+	RUN_TEST(test_claim_stall_cache);
 	return hkv_test_finish();
 }
