@@ -80,6 +80,19 @@
 #define HKV_NCLASSES_MAX   128
 #define HKV_MAX_CLIENTS    65535
 
+/*
+ * The region's clock (issue 27, "one clock per region"): Unix milliseconds
+ * of the server's CLOCK_REALTIME, a u64 in the header past the geometry
+ * (not in its sum), stored by the server every HKV_CLOCK_TICK_MS. Every
+ * rule that compares times of two parties - TTLs and expiry, cache-mode
+ * atime, the PENDING lease - uses it: a client learns it as an offset from
+ * its own monotonic clock (client/chain.c), so no client's wall clock is
+ * compared with another host's. 0: a server from before it (clients then
+ * use their own clock).
+ */
+#define HKV_CLOCK_OFF     (HKV_HEADER_SIZE - 64)
+#define HKV_CLOCK_TICK_MS 10
+
 /* ---- geometry (in the header; every client validates it) ----------------- */
 
 struct hkv_geometry {
@@ -109,6 +122,7 @@ struct hkv_geometry {
 };
 
 #define HKV_GEOM_F_CACHE 0x1 /* cache mode: evict instead of failing when full */
+_Static_assert(sizeof(struct hkv_geometry) <= HKV_CLOCK_OFF, "the clock word is past the geometry");
 
 /*
  * Lay out a region of `total` bytes; 0 or -EINVAL if too small. growth: each
@@ -304,6 +318,12 @@ static inline int hkv_held_is(uint64_t word16)
 static inline uint32_t hkv_held_holder(uint64_t word16)
 {
 	return (uint32_t)(word16 >> 48);
+}
+
+/* A HELD stamp naming a holder (not hkv_freed_stamp's "nobody"). */
+static inline int hkv_held_by_one(uint64_t word16)
+{
+	return hkv_held_is(word16) && hkv_held_holder(word16);
 }
 
 /*

@@ -155,7 +155,7 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	if (st != HKV_BLK_UNUSED && st != HKV_BLK_OBSOLETE)
 		return 0;
 	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: not ours) */
-		return hkv_held_holder(*stamp) ? 1 : 0;
+		return hkv_held_by_one(*stamp);
 	by = hkv_meta_retired_by(*meta);
 	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected && !named(s, h, cls) ? 2
 													: 0;
@@ -559,7 +559,7 @@ static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relo
 	}
 	/* (still ours: our bit, no holder's stamp, the meta we claimed under -
 	 * a check against an atomic of another agent that did not see ours) */
-	if ((load(tbits) & tbit) || hkv_held_is(load(stamp_word(r->to))) ||
+	if ((load(tbits) & tbit) || hkv_held_by_one(load(stamp_word(r->to))) ||
 	    load(&r->to->meta) != r->to_meta)
 		return 0;
 	memcpy(&nh, oh, sizeof(nh));
