@@ -21,14 +21,14 @@
 #define REL_EXPTIME_MAX (60 * 60 * 24 * 30) /* memcached: up to 30 days is relative */
 
 /* memcached's exptime rules -> absolute Unix seconds (0 = never). */
-static uint32_t abs_exptime(int64_t exptime)
+static uint32_t abs_exptime(const struct hkv_client *c, int64_t exptime)
 {
 	if (exptime == 0)
 		return 0;
 	if (exptime < 0)
 		return 1; /* long past: expired at once */
 	if (exptime <= REL_EXPTIME_MAX)
-		return hkv_now_unix() + (uint32_t)exptime;
+		return hkv_region_s(c) + (uint32_t)exptime;
 	return exptime > UINT32_MAX ? UINT32_MAX : (uint32_t)exptime;
 }
 
@@ -131,6 +131,17 @@ static int op_end(struct hkv_client *c, const struct op_scope *s, int ret)
 	return ret;
 }
 
+HKV_EXPORT uint32_t hkv_time(struct hkv_client *c)
+{
+	if (c->router)
+		return hkv_router_time(c);
+	if (c->repl)
+		return hkv_repl_time(c);
+	if (!c->conn->error && hkv_coarse_ns() - c->clock_at_ns >= HKV_CLOCK_MAX_AGE_NS)
+		(void)hkv_clock_refresh(c); /* (failed: the offset we had) */
+	return hkv_region_s(c);
+}
+
 static void fill_info(const struct item *it, struct hkv_item_info *info)
 {
 	if (!info)
@@ -148,7 +159,7 @@ static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
 
 	if (!ret && hkv_block_tomb(hkv_item_hdr(it))) {
 		ret = HKV_ENOTFOUND; /* a replicated delete */
-	} else if (!ret && hkv_item_expired(it)) {
+	} else if (!ret && hkv_item_expired(c, it)) {
 		/* a miss; reclaim its memory now (one round trip, expired hits only;
 		 * never on a replica, which only replicated writes change) */
 		if (!c->readonly && !c->repl_member && it->state == HKV_BLK_LIVE &&
@@ -235,7 +246,7 @@ static int store_op(struct hkv_client *c, const void *key, size_t klen, const vo
 
 	if (opts) {
 		v.flags = opts->flags;
-		v.exptime = abs_exptime(opts->exptime);
+		v.exptime = abs_exptime(c, opts->exptime);
 	}
 	if (c->repl) {
 		struct repl_op rop = {.kind = REPL_STORE, .op = op, .mode = mode,
@@ -365,7 +376,7 @@ HKV_EXPORT int hkv_decr(struct hkv_client *c, const void *key, size_t klen, uint
 
 HKV_EXPORT int hkv_touch(struct hkv_client *c, const void *key, size_t klen, int64_t exptime)
 {
-	uint32_t e = abs_exptime(exptime);
+	uint32_t e = abs_exptime(c, exptime);
 
 	return modify_op(c, key, klen, touch_fn, &e, HKV_OP_TOUCH);
 }
@@ -391,13 +402,13 @@ static int delete_once(struct hkv_client *c, const struct key *k, int warm,
 		ret = hkv_publish_remove(c, &it, h);
 		if (ret || c->atom[0] != hkv_meta_live(&it))
 			return ret;
-		return h->exptime && h->exptime <= hkv_now_unix() ? HKV_ENOTFOUND : 0;
+		return h->exptime && h->exptime <= hkv_region_s(c) ? HKV_ENOTFOUND : 0;
 	}
 	/* no entry to act on blind: find the key (its block READ confirms it) */
 	ret = warm ? hkv_find(c, k, &it, &view) : hkv_find_cold(c, k, &it, &view, NULL, 0);
 	if (ret)
 		return ret;
-	expired = hkv_item_expired(&it);
+	expired = hkv_item_expired(c, &it);
 	if (version && !expired && hkv_item_version(&it) != *version)
 		return HKV_EVERSION;
 	hkv_cache_drop(c->cache, k->h);
@@ -456,7 +467,7 @@ static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const stru
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
 
-	if (hkv_item_expired(it) || hkv_block_tomb(h)) {
+	if (hkv_item_expired(c, it) || hkv_block_tomb(h)) {
 		struct key k;
 
 		if (!hkv_key_init(c, &k, m->key, m->klen))

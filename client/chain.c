@@ -1,12 +1,15 @@
 /*
  * chain.c - round trips: the work requests every operation chains
  * (hkv_wr_read/write/cas/faa), hkv_exec (post a chain, wait: one round
- * trip), how old a view may grow before nothing may act on it, and backing
+ * trip; it carries the region clock's READ when due), how old a view may
+ * grow before nothing may act on it, and backing
  * off after a lost race. client/ops_int.h has the overview of the rooms.
  */
 #include <errno.h>
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
 
 #include "client/client_int.h"
 #include "client/ops_int.h"
@@ -54,9 +57,55 @@ static int no_eagain(struct hkv_client *c, int ret)
 	return ret == -EAGAIN ? (c->conn->error = HKV_ETRANSPORT) : ret;
 }
 
+/* ---- the region's clock (common/layout.h, HKV_CLOCK_OFF) ----------------------- */
+
+/* The clock word was READ (into atom[7]) between t0 and t1 (coarse ns). */
+static void clock_learn(struct hkv_client *c, uint64_t t0, uint64_t t1)
+{
+	uint64_t ms = c->atom[7], mid = t0 + (t1 - t0) / 2;
+	struct timespec ts;
+
+	if (!ms) { /* a server without the word: our own wall clock */
+		clock_gettime(CLOCK_REALTIME, &ts);
+		c->clock_off_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec - t1;
+	} else { /* (the word is up to a tick old when read: half a tick on average) */
+		c->clock_off_ns = ms * 1000000ull + HKV_CLOCK_TICK_MS * 500000ull - mid;
+	}
+	c->clock_at_ns = t1 ? t1 : 1;
+}
+
+int hkv_clock_refresh(struct hkv_client *c)
+{
+	struct hkv_wr wr = hkv_wr_read(c, &c->atom[7], HKV_CLOCK_OFF, 8);
+	uint64_t t0 = hkv_coarse_ns();
+	int ret = no_eagain(c, hkv_conn_exec(c->conn, &wr, 1));
+
+	if (!ret)
+		clock_learn(c, t0, hkv_coarse_ns());
+	return ret;
+}
+
+#define CLOCK_RIDE_MAX 31 /* chains this long or shorter carry the clock READ */
+
+/* Post a chain and wait for it; a chain once the clock is HKV_CLOCK_RIDE_NS
+ * old also READs the clock word first (unsignaled: RC completes it before
+ * the chain's last WR), so a busy handle never spends a round trip on it. */
 int hkv_exec(struct hkv_client *c, struct hkv_wr *wrs, int n)
 {
-	return no_eagain(c, hkv_conn_exec(c->conn, wrs, n));
+	struct hkv_wr ride[CLOCK_RIDE_MAX + 1];
+	uint64_t t0;
+	int ret;
+
+	if (n > CLOCK_RIDE_MAX || n < 1 || !c->clock_at_ns ||
+	    (t0 = hkv_coarse_ns()) - c->clock_at_ns < HKV_CLOCK_RIDE_NS)
+		return no_eagain(c, hkv_conn_exec(c->conn, wrs, n));
+	ride[0] = hkv_wr_read(c, &c->atom[7], HKV_CLOCK_OFF, 8);
+	ride[0].flags |= HKV_WR_F_NO_COMPLETION;
+	memcpy(&ride[1], wrs, (size_t)n * sizeof(*wrs));
+	ret = no_eagain(c, hkv_conn_exec(c->conn, ride, n + 1));
+	if (!ret)
+		clock_learn(c, t0, hkv_coarse_ns());
+	return ret;
 }
 
 int hkv_post(struct hkv_client *c, struct hkv_wr *wrs, int n, int *want)

@@ -198,6 +198,9 @@ struct hkv_client {
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint32_t stuck_gen;
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
+	/* the region's clock (ops_int.h, hkv_region_ns): region ns - our coarse
+	 * monotonic ns, learned at clock_at_ns (coarse; 0: never) */
+	uint64_t clock_off_ns, clock_at_ns;
 	/* The write in progress: its key (evicting it to make room must not turn
 	 * into "not found": op_key_evicted), and the block a read-modify-write
 	 * read, which no eviction or segment move of its own may take. */
@@ -288,6 +291,7 @@ int hkv_router_count_items(struct hkv_client *c, uint64_t *items, uint64_t *byte
 void hkv_router_server_info(const struct hkv_client *c, struct hkv_server_info *out);
 void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out);
 void hkv_router_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
+uint32_t hkv_router_time(struct hkv_client *c);
 /* sum += the transport counters of c's connection(s): a cluster's or a
  * replicated handle's summed over its members */
 void hkv_client_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
@@ -384,6 +388,7 @@ enum hkv_test_point {
 				    * last), not yet on the others (c: the replicated handle) */
 	HKV_TP_REPL_STEP,          /* ... and holds on one more replica, not yet the primary */
 	HKV_TP_CLAIM_STAMP,        /* a claim CAS won, its HELD stamps not yet posted */
+	HKV_TP_INSERT_COMMIT,      /* an insert's slot taken (PENDING), not yet committed */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a
@@ -398,5 +403,12 @@ int hkv_grant_base(struct hkv_client *c);
 /* Before an operation: 0 if the connection is up or was re-established;
  * HKV_EDISCONNECTED (or the reconnect's error) if not. */
 int hkv_revive(struct hkv_client *c);
+/* Learn the region's clock now: one READ of its word (a round trip). */
+int hkv_clock_refresh(struct hkv_client *c);
+/* The region's clock is refreshed riding on a chain once older than this,
+ * and by a round trip of its own before an operation once older than
+ * HKV_CLOCK_MAX_AGE_NS (or when our monotonic clock went back). */
+#define HKV_CLOCK_RIDE_NS    (500ull * 1000000ull)
+#define HKV_CLOCK_MAX_AGE_NS (1000ull * 1000000ull)
 
 #endif /* HKV_CLIENT_INT_H */

@@ -39,7 +39,7 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 	 * after, so the block is still the one read (docs/design.md, "Cache mode") */
 	if (!hkv_cache_mode(c) || c->readonly || hkv_now_ns() - it->seen_ns > ATIME_FRESH_NS)
 		return;
-	now = hkv_now_ms32();
+	now = hkv_region_ms32(c);
 	if ((int32_t)(now - h->atime) < ATIME_STEP_MS)
 		return;
 	was = (uint64_t)h->exptime | (uint64_t)h->atime << 32;
@@ -133,7 +133,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int n, int max)
 {
 	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
-	uint32_t now_ms = hkv_now_ms32(), now_s = hkv_now_unix();
+	uint32_t now_ms = hkv_region_ms32(c), now_s = hkv_region_s(c);
 	struct hkv_wr wrs[EVICT_SAMPLES];
 	int nv = 0, ret, evicted = 0;
 	uint64_t t = hkv_coarse_ns();
@@ -224,7 +224,7 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct view *view,
 			 struct item *victim)
 {
-	uint32_t now_ms = hkv_now_ms32(), now_s = hkv_now_unix();
+	uint32_t now_ms = hkv_region_ms32(c), now_s = hkv_region_s(c);
 	struct hkv_wr wrs[CANON_SLOTS];
 	int pos[CANON_SLOTS], n = 0, best = -1;
 	int64_t best_score = INT64_MAX;

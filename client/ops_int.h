@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "client/client_int.h"
+#include "common/transport_int.h"
 
 #define CANON_SLOTS    (2 * HKV_BUCKET_SLOTS)
 #define EVICT_BATCH    8  /* cache mode: the oldest this many of a sample are evicted */
@@ -97,17 +98,27 @@ static inline uint64_t hkv_slot_off_of(const struct hkv_client *c, const struct 
 	       (uint64_t)(pos % HKV_BUCKET_SLOTS) * 8;
 }
 
-static inline uint32_t hkv_now_unix(void)
+/*
+ * The region's clock (common/layout.h, HKV_CLOCK_OFF): the server's, as
+ * this handle learned it - our coarse monotonic clock plus an offset
+ * refreshed at least every second (client/chain.c). TTLs, expiry, atime
+ * and the PENDING lease all use it, never this host's wall clock.
+ */
+static inline uint64_t hkv_region_ns(const struct hkv_client *c)
 {
-	return (uint32_t)time(NULL);
+	return hkv_coarse_ns() + c->clock_off_ns;
 }
 
-static inline uint32_t hkv_now_ms32(void)
+/* ... in Unix seconds (exptime's unit) */
+static inline uint32_t hkv_region_s(const struct hkv_client *c)
 {
-	struct timespec ts;
+	return (uint32_t)(hkv_region_ns(c) / 1000000000u);
+}
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+/* ... in Unix ms mod 2^32 (atime's unit) */
+static inline uint32_t hkv_region_ms32(const struct hkv_client *c)
+{
+	return (uint32_t)(hkv_region_ns(c) / 1000000u);
 }
 
 static inline const struct hkv_block_hdr *hkv_item_hdr(const struct item *it)
@@ -115,11 +126,11 @@ static inline const struct hkv_block_hdr *hkv_item_hdr(const struct item *it)
 	return (const struct hkv_block_hdr *)it->blk;
 }
 
-static inline int hkv_item_expired(const struct item *it)
+static inline int hkv_item_expired(const struct hkv_client *c, const struct item *it)
 {
 	uint32_t e = hkv_item_hdr(it)->exptime;
 
-	return e && e <= hkv_now_unix();
+	return e && e <= hkv_region_s(c);
 }
 
 static inline uint64_t hkv_item_version(const struct item *it)

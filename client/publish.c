@@ -387,7 +387,7 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
 				return 0;
 			}
 			if (ours_key && hkv_meta_state(h->meta) == HKV_BLK_PENDING) {
-				if ((int32_t)(hkv_now_ms32() - h->atime) <= HKV_PENDING_LEASE_MS) {
+				if ((int32_t)(hkv_region_ms32(c) - h->atime) <= HKV_PENDING_LEASE_MS) {
 					*rival = 1;
 					return 0;
 				}
@@ -487,6 +487,8 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 	if ((ret = find_rival(c, k, pos, re, re_seen, &rival)))
 		return ret;
 	if (!rival) {
+		if (hkv_test_hook)
+			hkv_test_hook(c, HKV_TP_INSERT_COMMIT);
 		wrs[0] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend,
 				    our_meta(c, HKV_BLK_LIVE));
 		if ((ret = hkv_exec(c, wrs, 1)))

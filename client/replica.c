@@ -159,7 +159,7 @@ void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns)
 static int next_value(struct hkv_client *c, const struct repl_op *op, const struct rstate *cur,
 		      struct value *nv, int *tomb)
 {
-	int live = cur->present && !(cur->pred & HKV_PRED_TOMB) && !hkv_item_expired(&cur->it);
+	int live = cur->present && !(cur->pred & HKV_PRED_TOMB) && !hkv_item_expired(c, &cur->it);
 
 	*tomb = 0;
 	switch (op->kind) {
@@ -463,6 +463,16 @@ void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 		out->cache_misses += s->cache_misses;
 		out->reconnects += s->reconnects;
 	}
+}
+
+uint32_t hkv_repl_time(struct hkv_client *c)
+{
+	const struct hkv_repl *rp = c->repl;
+
+	for (int i = 0; i < rp->r; i++)
+		if (rp->h[i] && rp->h[i]->conn && !rp->h[i]->conn->error)
+			return hkv_time(rp->h[i]);
+	return (uint32_t)time(NULL); /* no replica reachable: ours, for display only */
 }
 
 void hkv_repl_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum)

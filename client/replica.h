@@ -56,5 +56,6 @@ int hkv_count_present(struct hkv_client *h, int (*mine)(void *arg, const void *k
 		      void *arg, uint64_t *items, uint64_t *bytes);
 void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out);
 void hkv_repl_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum);
+uint32_t hkv_repl_time(struct hkv_client *c);
 
 #endif /* HKV_REPLICA_H */

@@ -831,6 +831,16 @@ void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 			stats_add(out, &r->m[i].h->stats);
 }
 
+uint32_t hkv_router_time(struct hkv_client *c)
+{
+	const struct hkv_router *r = c->router;
+
+	for (uint32_t i = 0; i < r->nm; i++)
+		if (r->m[i].h && !r->m[i].h->conn->error)
+			return hkv_time(r->m[i].h);
+	return (uint32_t)time(NULL); /* no member reachable: ours, for display only */
+}
+
 void hkv_router_conn_totals(const struct hkv_client *c, struct hkv_conn_stats *sum)
 {
 	const struct hkv_router *r = c->router;

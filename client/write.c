@@ -92,7 +92,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	if (ret)
 		return ret;
 	h->meta = hkv_meta_make(HKV_BLK_LIVE, (uint32_t)cls, gen);
-	h->atime = hkv_now_ms32();
+	h->atime = hkv_region_ms32(c);
 	h->sum = hkv_block_sum(h, c->wblk + HKV_BLOCK_HDR);
 	*slot = hkv_slot_make(k->fp, (uint32_t)cls, gen, off);
 	*blen = (uint32_t)total;
@@ -203,7 +203,7 @@ static int store_cold(struct hkv_client *c, const struct key *k, enum store_mode
 		return ret;
 	if (mode == STORE_EXACT && (ret ? version != 0 : hkv_item_version(&it) != version))
 		return HKV_EVERSION;
-	if (!ret && (mode == STORE_EXACT || !hkv_item_expired(&it))) {
+	if (!ret && (mode == STORE_EXACT || !hkv_item_expired(c, &it))) {
 		/* there again: a later absence is someone's delete, not our eviction */
 		c->op_key_evicted = 0;
 		if (mode == STORE_ADD)
@@ -336,7 +336,7 @@ int hkv_modify(struct hkv_client *c, const struct key *k, rmw_fn fn, void *arg,
 
 		if (ret)
 			return ret;
-		if (hkv_item_expired(&it))
+		if (hkv_item_expired(c, &it))
 			return HKV_ENOTFOUND;
 		ret = fn(c, &it, &v, arg);
 		if (!ret) /* making room never takes the item itself */

@@ -279,6 +279,15 @@ struct hkv_client_stats {
 
 /* Counters of this handle since hkv_open(). */
 HKV_EXPORT void hkv_client_stats(const struct hkv_client *c, struct hkv_client_stats *out);
+/*
+ * The region's clock, Unix seconds: the server's, as this handle knows it
+ * (refreshed at least every second it is used). Every TTL and expiry is on
+ * this clock, never the caller's: an absolute exptime means this clock's
+ * time; hkv_item_info.exptime is on it too, so a TTL left is
+ * exptime - hkv_time(). A cluster's: one reachable member's (servers are
+ * assumed NTP-close); with none reachable, this host's.
+ */
+HKV_EXPORT uint32_t hkv_time(struct hkv_client *c);
 /* Work requests posted since hkv_open() (a cluster's or replicated handle's:
  * summed over its members): all of them, the atomics among them (CAS and
  * fetch-and-add), and the signaled ones (a completion each to reap). */

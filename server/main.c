@@ -294,6 +294,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* The region's clock word (common/layout.h, HKV_CLOCK_OFF). */
+static void on_clock(evutil_socket_t fd, short what, void *arg)
+{
+	hkv_store_clock(&((struct server *)arg)->store);
+}
+
 static void on_slab_tick(evutil_socket_t fd, short what, void *arg)
 {
 	hkv_slab_tick(&((struct server *)arg)->store);
@@ -636,7 +642,8 @@ int main(int argc, char **argv)
 	struct hkv_ctl_opts co;
 	struct server sv = {0};
 	struct hkv_server_metrics sm = {.started = hkv_metrics_unix_now()};
-	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_cluster = NULL;
+	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_clock, *ev_cluster = NULL;
+	struct timeval clock_tick = {0, HKV_CLOCK_TICK_MS * 1000};
 	struct timeval one_sec = {1, 0};
 	struct timeval sweep = {0, HKV_SLAB_TICK_MS * 1000};
 	struct timeval cluster_poll = {0, 100 * 1000};
@@ -748,6 +755,9 @@ int main(int argc, char **argv)
 	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
 	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
 	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_slab_tick, &sv);
+	ev_clock = event_new(sv.base, -1, EV_PERSIST, on_clock, &sv);
+	hkv_store_clock(&sv.store);
+	event_add(ev_clock, &clock_tick);
 	event_add(ev_int, NULL);
 	event_add(ev_term, NULL);
 	event_add(ev_tick, &one_sec);
@@ -761,6 +771,7 @@ int main(int argc, char **argv)
 	if (ev_cluster)
 		event_free(ev_cluster);
 	event_free(ev_idle);
+	event_free(ev_clock);
 	event_free(ev_tick);
 	event_free(ev_term);
 	event_free(ev_int);

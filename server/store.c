@@ -304,6 +304,16 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 	return 0;
 }
 
+void hkv_store_clock(struct hkv_store *s)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	__atomic_store_n((uint64_t *)((uint8_t *)s->region.base + HKV_CLOCK_OFF),
+			 (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u,
+			 __ATOMIC_RELAXED);
+}
+
 void hkv_store_tick(struct hkv_store *s)
 {
 	uint64_t now = hkv_now_ns();

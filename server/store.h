@@ -147,6 +147,9 @@ int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 
 /* Expire tickets not redeemed in time; called from a 1 s timer. */
 void hkv_store_tick(struct hkv_store *s);
+/* Store the region's clock word: this server's Unix time in ms (layout.h,
+ * HKV_CLOCK_OFF). Every HKV_CLOCK_TICK_MS, and before the first client. */
+void hkv_store_clock(struct hkv_store *s);
 
 /* server/slab.c. Carve a segment for class cls (see hkv_store_carve). */
 int hkv_slab_carve(struct hkv_store *s, uint32_t cls, uint64_t keep_off, int move,

@@ -584,7 +584,7 @@ static void make_stale_pending(struct hkv_client *c, const struct item *it)
 	struct hkv_wr wr;
 
 	CHECK(raw_cas(c, it->blk_off, live, hkv_meta_make(HKV_BLK_PENDING, it->cls, it->gen)) == live);
-	*at = hkv_now_ms32() - 5000;
+	*at = hkv_region_ms32(c) - 5000;
 	wr = hkv_wr_write(c, at, it->blk_off + 28, 4);
 	CHECK_RC(hkv_exec(c, &wr, 1), 0);
 }

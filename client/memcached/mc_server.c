@@ -128,6 +128,8 @@ struct ctx {
 
 static volatile sig_atomic_t stopping;
 
+static uint32_t region_now(const struct ctx *x);
+
 static void count(uint64_t *ctr, uint64_t n)
 {
 	__atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
@@ -630,7 +632,7 @@ static void process_flush(struct ctx *x)
 	if (s->o.no_flush)
 		return reply(x, "CLIENT_ERROR flush_all not allowed");
 	if (delay > MC_REL_EXPTIME_MAX)
-		delay -= (int64_t)time(NULL);
+		delay -= (int64_t)region_now(x); /* an absolute time is on the region's clock */
 	if (x->r->has_exptime && delay > 0) {
 		struct timeval tv = {.tv_sec = delay};
 
@@ -859,19 +861,27 @@ static int has(const struct mc_req *r, char f)
 	return (r->meta.flags & MC_META_BIT(f)) != 0;
 }
 
+/* The region's clock (hkv_time): what every exptime is on, never ours. */
+static uint32_t region_now(const struct ctx *x)
+{
+	struct hkv_client *h = x->lane_h ? x->lane_h : x->w->hkv;
+
+	return h ? hkv_time(h) : (uint32_t)time(NULL);
+}
+
 /* memcached's exptime rules, as the library applies them. */
-static uint32_t abs_exptime(int64_t e)
+static uint32_t abs_exptime(const struct ctx *x, int64_t e)
 {
 	if (e == 0)
 		return 0;
 	if (e < 0)
 		return 1;
-	return e <= MC_REL_EXPTIME_MAX ? (uint32_t)(time(NULL) + e) : (uint32_t)e;
+	return e <= MC_REL_EXPTIME_MAX ? (uint32_t)(region_now(x) + e) : (uint32_t)e;
 }
 
-static int64_t ttl_left(uint32_t exptime)
+static int64_t ttl_left(const struct ctx *x, uint32_t exptime)
 {
-	int64_t left = (int64_t)exptime - (int64_t)time(NULL);
+	int64_t left = (int64_t)exptime - (int64_t)region_now(x);
 
 	return exptime == 0 ? -1 : left < 0 ? 0 : left;
 }
@@ -895,7 +905,7 @@ static void meta_flags(struct ctx *x, const char *which, const struct hkv_item_i
 		case 'c': evbuffer_add_printf(x->out, " c%" PRIu64, info->version); break;
 		case 'f': evbuffer_add_printf(x->out, " f%" PRIu32, info->flags); break;
 		case 's': evbuffer_add_printf(x->out, " s%zu", vlen); break;
-		case 't': evbuffer_add_printf(x->out, " t%" PRId64, ttl_left(info->exptime)); break;
+		case 't': evbuffer_add_printf(x->out, " t%" PRId64, ttl_left(x, info->exptime)); break;
 		default: break;
 		}
 	}
@@ -932,7 +942,7 @@ static void process_mg(struct ctx *x)
 
 		rc = checked(x, hkv_touch(h, r->key, r->klen, r->meta.ttl));
 		if (!t || T < t) /* memcached applies flags in order: t before T is the old TTL */
-			info.exptime = abs_exptime(r->meta.ttl);
+			info.exptime = abs_exptime(x, r->meta.ttl);
 	}
 	if (rc == HKV_ENOTFOUND) {
 		count(&x->w->ctr.get_misses, 1);
