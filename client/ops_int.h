@@ -106,7 +106,8 @@ static inline uint64_t hkv_slot_off_of(const struct hkv_client *c, const struct 
  */
 static inline uint64_t hkv_region_ns(const struct hkv_client *c)
 {
-	return hkv_coarse_ns() + c->clock_off_ns;
+	/* (a replicated handle: its members' clock; servers are NTP-close) */
+	return hkv_coarse_ns() + (c->repl ? hkv_repl_clock_off(c) : c->clock_off_ns);
 }
 
 /* ... in Unix seconds (exptime's unit) */

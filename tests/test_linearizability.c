@@ -1749,6 +1749,7 @@ struct race {
 	atomic_uint arrived; /* spin barrier: adders start a round within ~100 ns */
 	atomic_uint phase;
 	atomic_int stop;
+	atomic_int reader_ready; /* the reader has done a get: the rounds may start */
 	int cache;            /* cache mode: the noise keeps every bucket full */
 	int ok[RACE_ADDERS];  /* per adder: adds that succeeded */
 	uint8_t *won;         /* per round: bitmask of adders whose add succeeded */
@@ -1777,6 +1778,10 @@ static void *race_adder(void *arg)
 	int id = (int)(intptr_t)arg;
 	struct hkv_client *c = hkvserver_client(race.srv);
 
+	/* (under TSan on a loaded machine the rounds could all pass before the
+	 * reader's first get, and it would see nothing: a run once did) */
+	while (!atomic_load(&race.reader_ready))
+		sched_yield();
 	for (int r = 0; r < race.rounds; r++) {
 		char v[32];
 		int rc, n = snprintf(v, sizeof(v), "%d.%d", r, id);
@@ -1814,6 +1819,7 @@ static void *race_reader(void *arg)
 		unsigned r, a;
 		int rc = hkv_get(c, "K", 1, buf, sizeof(buf) - 1, &vlen, NULL);
 
+		atomic_store(&race.reader_ready, 1);
 		if (rc == HKV_ENOTFOUND)
 			continue;
 		buf[rc ? 0 : vlen] = 0;
