@@ -24,7 +24,6 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -338,22 +337,10 @@ err_errno:
 
 struct shm_client {
 	int fd;
-	int accepted; /* 1: a client; SHM_FENCE_WAIT: fd is a pidfd (below) */
+	int accepted;
 	uint64_t cookie;
 	uint64_t since_ns; /* accepted at: a hello must come within SHM_HELLO_NS */
-	pid_t pid;         /* the peer's process (SO_PEERCRED), 0 if unknown */
 };
-
-/*
- * A client keeps the region mapped in its own process, so closing its
- * socket fences it only if it closed the socket itself (the library unmaps
- * first; a process that dies is unmapped before its files close). When the
- * server drops a client that is still there (it sent data after its
- * accept), its id stays connected until its process has exited, watched
- * through a pidfd: only then does on_disconnect tell the store that nothing
- * of it can land any more (issue 27).
- */
-#define SHM_FENCE_WAIT 2
 
 struct shm_listener {
 	struct hkv_listener base;
@@ -376,9 +363,7 @@ static int shm_l_nconns(const struct hkv_listener *l)
 
 static void shm_drop_client(struct shm_listener *sl, int fd)
 {
-	if (sl->clients[fd].accepted == SHM_FENCE_WAIT) { /* the process exited */
-		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
-	} else if (sl->clients[fd].accepted) {
+	if (sl->clients[fd].accepted) {
 		sl->nconns--;
 		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
 	}
@@ -447,56 +432,7 @@ static void shm_accept_one(struct shm_listener *sl)
 	sl->clients[fd].fd = fd;
 	sl->clients[fd].accepted = 0;
 	sl->clients[fd].since_ns = hkv_now_ns();
-	sl->clients[fd].pid = 0;
-	{
-		struct ucred cr;
-		socklen_t len = sizeof(cr);
-
-		if (!getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) && len == sizeof(cr))
-			sl->clients[fd].pid = cr.pid;
-	}
 	sl->nclients++;
-}
-
-/*
- * We drop a client whose process is still there: its socket goes now, its
- * id only once the process has exited (a pidfd in the epoll set, standing
- * for it). If the pidfd cannot be had (the process is gone: ESRCH), at once.
- */
-static void shm_drop_live_client(struct shm_listener *sl, int fd)
-{
-	struct epoll_event ev = {.events = EPOLLIN};
-	struct shm_client c = sl->clients[fd];
-	int pfd = c.pid > 0 ? (int)syscall(SYS_pidfd_open, c.pid, 0) : -1;
-
-	if (pfd < 0 || pfd >= SHM_MAX_CLIENTS) {
-		if (pfd >= 0)
-			close(pfd);
-		if (c.pid > 0 && errno != ESRCH)
-			hkv_warn("shm: cannot watch client process %d (%s): its id goes now",
-				 (int)c.pid, strerror(errno));
-		shm_drop_client(sl, fd);
-		return;
-	}
-	ev.data.fd = pfd;
-	if (epoll_ctl(sl->epfd, EPOLL_CTL_ADD, pfd, &ev) < 0) {
-		close(pfd);
-		shm_drop_client(sl, fd);
-		return;
-	}
-	/* the socket goes; its place in nconns too; the id stays connected */
-	sl->clients[fd].fd = -1;
-	sl->clients[fd].accepted = 0;
-	sl->nclients--;
-	sl->nconns--;
-	epoll_ctl(sl->epfd, EPOLL_CTL_DEL, fd, NULL);
-	close(fd);
-	sl->clients[pfd] = (struct shm_client){.fd = pfd, .accepted = SHM_FENCE_WAIT,
-					       .cookie = c.cookie, .since_ns = hkv_now_ns(),
-					       .pid = c.pid};
-	sl->nclients++;
-	hkv_info("shm: dropped client process %d; its id waits for the process to exit",
-		 (int)c.pid);
 }
 
 /* Once a second: connections that sent no hello within SHM_HELLO_NS go. */
@@ -595,11 +531,8 @@ static int shm_l_dispatch(struct hkv_listener *l)
 			shm_accept_one(sl);
 		else if (!sl->clients[fd].accepted && (evs[i].events & EPOLLIN))
 			shm_handle_hello(sl, fd);
-		else if (sl->clients[fd].accepted == 1 &&
-			 !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-			shm_drop_live_client(sl, fd); /* data after accept: bye, once it exits */
 		else
-			shm_drop_client(sl, fd); /* hangup (or its process exited) */
+			shm_drop_client(sl, fd); /* hangup, or data after accept: bye */
 	}
 	return n < 0 && errno != EINTR ? -errno : 0;
 }

@@ -1,13 +1,12 @@
 /*
  * slab.c - the server's side of the shared pools: carving segments into
  * size classes, moving a segment from one class to another (memcached's
- * slab mover), reclaiming what disconnected clients held, and rebuilding the
+ * slab mover), reclaiming abandoned held blocks, and rebuilding the
  * bitmaps exactly at a warm restart. See docs/design.md, "Memory that
  * flows".
  *
- * The sweep takes back only what a disconnected client left (its queue
- * pair went first: nothing it posts lands any more): blocks it held under
- * its HELD stamp, and blocks it had retired (its id is in the OBSOLETE meta) and kept for its next write, or
+ * The sweep also takes back what a disconnected client left: blocks it had
+ * retired (its id is in the OBSOLETE meta) and kept for its next write, or
  * whose free it had not posted yet. A move also takes back, from the
  * segment it empties, what a disconnected writer wrote and never published
  * and inserts left uncommitted past their lease (left_behind()).
@@ -138,11 +137,8 @@ static int named(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cl
 
 /*
  * Is h (its bit clear) a free block someone may have left behind: held
- * under a HELD stamp by a client that has disconnected (1), or retired by
- * a client that has disconnected since and so will never post its free or
- * write it (2)? 0 otherwise. Never a connected client's: its queue pair
- * could still land a write it posts after any stop (issue 27); it gives its
- * holds back itself, at any age. A
+ * under a HELD stamp (1), or retired by a client that has disconnected
+ * since and so will never post its free or write it (2)? 0 otherwise. A
  * retired block a slot still names (its retirer died between its meta CAS
  * and its slot CAS) is left alone: freeing it would leave the slot naming
  * a reused block.
@@ -158,8 +154,8 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	st = hkv_meta_state(*meta);
 	if (st != HKV_BLK_UNUSED && st != HKV_BLK_OBSOLETE)
 		return 0;
-	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: nobody's) */
-		return hkv_held_by_one(*stamp) && !s->clients[hkv_held_holder(*stamp)].connected;
+	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: not ours) */
+		return hkv_held_by_one(*stamp);
 	by = hkv_meta_retired_by(*meta);
 	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected && !named(s, h, cls) ? 2
 													: 0;
@@ -724,7 +720,7 @@ static void drain_abort(struct hkv_store *s, const char *why)
 /*
  * One step of the move in progress: evict what the index names (cache
  * mode) or move it to free blocks elsewhere (store mode), take back
- * gone clients' holds and what gone writers and stalled inserts left
+ * abandoned holds and what gone writers and stalled inserts left
  * (left_behind()), and once every bit is set clear them
  * all (CAS each full word to 0: a claimer that got in first makes it fail,
  * and we look again) and carve the segment into its new class, generations

@@ -39,15 +39,11 @@
  *                          bytes; a touch keeps the version, as memcached's.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client/client_int.h"
@@ -637,12 +633,12 @@ static void test_cas_across_move(void)
 
 /*
  * A writer that pauses: the blocks a claim took beyond the one it wrote are
- * held, and at its next operation, however late - 3 s here, past the sweep's
- * 1.5 s - the writer gives them back itself (the sweep takes only a
- * disconnected holder's blocks). Seen from another handle: the class's held
- * bytes go back to free; nothing was left to the sweep. (Before, holds past
- * 1 s were abandoned to the sweep, and the sweep took a connected holder's
- * blocks by time.)
+ * held, and 400 ms - 1 s after the claim the writer's next allocation gives
+ * them back (a CAS that finds its stamp, then the bit), instead of leaving
+ * them to the server's sweep (seconds; in a 1 GiB store a pass is 12 s).
+ * Seen from another handle: the class's held bytes go back to free. A run
+ * whose second set ended more than 950 ms after the first began says
+ * nothing (a stall past the window): it is tried again, at most 3 times.
  */
 static void test_late_give_back(void)
 {
@@ -661,8 +657,8 @@ static void test_late_give_back(void)
 		return;
 	memset(v, 'l', sizeof(v));
 	cls = hkv_class_for(&a->g, (uint32_t)(HKV_BLOCK_HDR + 6 + sizeof(v)));
-	for (; tries < 1; tries++) {
-		uint64_t held0, held1, free0, free1;
+	for (; tries < 3; tries++) {
+		uint64_t t0 = now_ms(), held0, held1, free0, free1;
 		uint32_t carved;
 		char key[16];
 
@@ -670,13 +666,18 @@ static void test_late_give_back(void)
 		CHECK_RC(hkv_set(a, key, strlen(key), v, sizeof(v), NULL), 0);
 		CHECK_RC(area_left(probe, cls, &carved, &free0, &held0), 0);
 		hkv_client_stats(a, &st0);
-		usleep(3000 * 1000);
+		usleep(550 * 1000);
 		snprintf(key, sizeof(key), "tiny-%d", tries); /* another class */
 		CHECK_RC(hkv_set(a, key, strlen(key), "x", 1, NULL), 0);
+		if (now_ms() - t0 >= 950) {
+			printf("# late give-back: try %d stalled past the window (%llu ms)\n", tries,
+			       (unsigned long long)(now_ms() - t0));
+			continue;
+		}
 		hkv_client_stats(a, &st1);
 		CHECK_RC(area_left(probe, cls, &carved, &free1, &held1), 0);
 		printf("# late give-back: a %zu B set's claim held %llu B more of its class (%u B "
-		       "blocks); 3 s later a set of another class gave them back: held %llu B, free "
+		       "blocks); 550 ms later a set of another class gave them back: held %llu B, free "
 		       "%llu -> %llu B; given back %llu, abandoned %llu\n", sizeof(v),
 		       (unsigned long long)held0, a->g.class_size[cls], (unsigned long long)held1,
 		       (unsigned long long)free0, (unsigned long long)free1,
@@ -691,31 +692,22 @@ static void test_late_give_back(void)
 		told = 1;
 		break;
 	}
-	CHECK(told);
+	CHECK(told); /* not every try stalled */
 	hkv_close(probe);
 	hkv_close(a);
 	hkvserver_stop(&s);
 }
 
 /*
- * Issue 27: a writer stopped at a named point after a check and before the
- * write it allowed, while another client fills the class; every acknowledged
- * item of the filler must read back byte for byte, and so must the writer's.
- *
- * HKV_TP_CLAIM_STAMP (the first finding): between its claim CAS and its
- * HELD stamps. The blocks it claimed were freed by a client that has left;
- * the sweep once took such a block back as "retired by a client that left"
- * (the claimer's bit clear, meta OBSOLETE naming the gone retirer), the
- * filler got it, and the stopped writer's stamps landed on the filler's
- * items. Now a free leaves a HELD-form stamp with no holder, which that
- * take-back never takes.
- *
- * HKV_TP_HOLD_WRITE: between its hold check (hkv_alloc_write_ok) and the
- * chain that WRITEs the held block. The sweep once took a hold back 1.5 s
- * after its stamp, whoever held it, counting on holders to write only
- * within 500 ms; a writer stopped past the check wrote into a block the
- * filler had since been given. Now the sweep takes only a disconnected
- * holder's blocks.
+ * Issue 27's first finding, at a named stall point: a writer stopped between
+ * its claim CAS and its HELD stamps (HKV_TP_CLAIM_STAMP) while another
+ * client fills the class. The blocks it claimed were freed by a client that
+ * has left; the sweep once took such a block back as "retired by a client
+ * that left" (the claimer's bit clear, meta OBSOLETE naming the gone
+ * retirer), the filler got it, and the stopped writer's stamps then landed
+ * on the filler's items. Now a free leaves a HELD-form stamp with no holder
+ * (HKV_FREED), which that take-back never takes: every acknowledged item of
+ * the filler reads back byte for byte, and so does the writer's own.
  */
 #define STALL_KEYS 15
 static struct {
@@ -723,7 +715,6 @@ static struct {
 	int fired, failed;
 	unsigned stall_ms;
 	size_t vlen;
-	enum hkv_test_point at;
 } stall;
 
 static void stall_value(char *v, size_t n, int who, int i)
@@ -736,7 +727,7 @@ static void claim_stall_hook(struct hkv_client *c, enum hkv_test_point point)
 {
 	char key[32], *v;
 
-	if (c != stall.w || point != stall.at || stall.fired)
+	if (c != stall.w || point != HKV_TP_CLAIM_STAMP || stall.fired)
 		return;
 	stall.fired = 1;
 	usleep(stall.stall_ms * 1000u); /* the sweep passes meanwhile */
@@ -756,7 +747,7 @@ static void claim_stall_hook(struct hkv_client *c, enum hkv_test_point point)
 	free(v);
 }
 
-static void writer_stall(const char *mode, enum hkv_test_point at, int gone_freer)
+static void claim_stall(const char *mode)
 {
 	const char *const cache[] = {"--cache", NULL};
 	struct hkvserver s;
@@ -768,21 +759,20 @@ static void writer_stall(const char *mode, enum hkv_test_point at, int gone_free
 	memset(&stall, 0, sizeof(stall));
 	stall.vlen = 4000; /* (+ a short key and the 48-byte header: the 4160 B class) */
 	stall.stall_ms = 3000;
-	stall.at = at;
 	v = malloc(stall.vlen);
 	got = malloc(stall.vlen + 64);
 	CHECK(v && got);
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", mode ? cache : NULL) == 0);
 	cfg = hkvserver_config(&s);
-	/* R sets 15 keys of the class, D deletes them, both leave (or none) */
+	/* R sets 15 keys of the class, D deletes them, both leave */
 	CHECK_RC(hkv_open(cfg, &r), 0);
 	CHECK_RC(hkv_open(cfg, &d), 0);
-	for (int i = 0; gone_freer && i < STALL_KEYS; i++) {
+	for (int i = 0; i < STALL_KEYS; i++) {
 		snprintf(key, sizeof(key), "gone-%d", i);
 		stall_value(v, stall.vlen, 0, i);
 		CHECK_RC(hkv_set(r, key, strlen(key), v, stall.vlen, NULL), 0);
 	}
-	for (int i = 0; gone_freer && i < STALL_KEYS; i++) {
+	for (int i = 0; i < STALL_KEYS; i++) {
 		snprintf(key, sizeof(key), "gone-%d", i);
 		CHECK_RC(hkv_delete(d, key, strlen(key)), 0);
 	}
@@ -809,9 +799,7 @@ static void writer_stall(const char *mode, enum hkv_test_point at, int gone_free
 	stall_value(v, stall.vlen, 1, 0);
 	CHECK_RC(hkv_get(probe, "writer", 6, got, stall.vlen + 64, &n, NULL), 0);
 	CHECK(n == stall.vlen && !memcmp(got, v, n));
-	printf("# writer stopped %u ms at %s (%s): %d of the filler's items and the writer's "
-	       "read back\n", stall.stall_ms, at == HKV_TP_CLAIM_STAMP ? "its claim's stamps"
-							    : "its first WRITE of a held block",
+	printf("# claim stall (%s): %d of the filler's items and the writer's read back\n",
 	       mode ? mode : "store", STALL_KEYS);
 	hkv_close(probe);
 	hkv_close(stall.w);
@@ -824,114 +812,12 @@ static void writer_stall(const char *mode, enum hkv_test_point at, int gone_free
 
 static void test_claim_stall_store(void)
 {
-	writer_stall(NULL, HKV_TP_CLAIM_STAMP, 1);
+	claim_stall(NULL);
 }
 
 static void test_claim_stall_cache(void)
 {
-	writer_stall("cache", HKV_TP_CLAIM_STAMP, 1);
-}
-
-static void test_hold_stall_store(void)
-{
-	writer_stall(NULL, HKV_TP_HOLD_WRITE, 0);
-}
-
-static void test_hold_stall_cache(void)
-{
-	writer_stall("cache", HKV_TP_HOLD_WRITE, 0);
-}
-
-/*
- * shm: a client the server drops while its process lives (it sent data
- * after its accept) still has the region mapped, so it is not fenced: its
- * held blocks must stay its own until the process exits (a pidfd tells the
- * server), and then come back. The child sets one item (its claim holds 3
- * more blocks), writes a byte on its data socket and waits; 4 s later (the
- * sweep takes a gone holder's blocks after 1.5-2.4 s) they are still held;
- * SIGKILLed, they are back within 8 s. Before: taken back while it lived.
- */
-static int send_on_data_socket(const char *path, int close_them)
-{
-	for (int fd = 3; fd < 1024; fd++) {
-		struct sockaddr_un sun;
-		socklen_t len = sizeof(sun);
-		int type = 0;
-		socklen_t tl = sizeof(type);
-
-		if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) || type != SOCK_SEQPACKET ||
-		    getpeername(fd, (struct sockaddr *)&sun, &len) || sun.sun_family != AF_UNIX ||
-		    strcmp(sun.sun_path, path))
-			continue;
-		if (close_them) /* (a socket inherited from the parent: not ours to use) */
-			close(fd);
-		else
-			return send(fd, "x", 1, MSG_NOSIGNAL) == 1 ? 0 : -1;
-	}
-	return close_them ? 0 : -1;
-}
-
-static void test_shm_drop_waits_for_exit(void)
-{
-	struct hkvserver s;
-	struct hkv_client *probe;
-	uint64_t free0, held0, held1 = 0, held2 = 1;
-	uint32_t carved;
-	int p[2], cls, waited = 0;
-	char v[4000], ok = 0;
-	pid_t pid;
-
-	if (use_verbs) { /* (verbs: the queue pair goes with the socket) */
-		printf("# shm only\n");
-		return;
-	}
-	CHECK(hkvserver_start(&s, 0, "4M", "64K", NULL) == 0);
-	probe = hkvserver_client(&s);
-	cls = hkv_class_for(&probe->g, (uint32_t)(HKV_BLOCK_HDR + 5 + sizeof(v)));
-	memset(v, 'p', sizeof(v));
-	CHECK(pipe(p) == 0);
-	pid = fork();
-	if (pid == 0) {
-		struct hkv_config *cfg = hkvserver_config(&s);
-		struct hkv_client *c;
-		char sock[600];
-
-
-		snprintf(sock, sizeof(sock), "%.550s.data", s.uri + 4); /* shm:PATH: PATH.data */
-		send_on_data_socket(sock, 1);
-		ok = !hkv_open(cfg, &c) && !hkv_set(c, "child", 5, v, sizeof(v), NULL) &&
-		     !send_on_data_socket(sock, 0);
-		if (write(p[1], &ok, 1) != 1)
-			_exit(1);
-		pause();
-		_exit(0);
-	}
-	CHECK(pid > 0);
-	if (read(p[0], &ok, 1) != 1 || !ok || (usleep(4000 * 1000),
-					      area_left(probe, cls, &carved, &free0, &held0))) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		CHECK(!"the child set its item and wrote on its socket; the probe read the class");
-	}
-	close(p[0]);
-	close(p[1]);
-	printf("# dropped while its process lives: %llu B of the class still held after 4 s; "
-	       "server says it waits: %d\n", (unsigned long long)held0,
-	       hkvserver_log_count(&s, "waits for the process to exit"));
-	CHECK(held0 > 0);
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	for (; waited < 80; waited++) {
-		CHECK_RC(area_left(probe, cls, &carved, &free0, &held1), 0);
-		if (held1 == 0)
-			break;
-		usleep(100 * 1000);
-	}
-	held2 = held1;
-	printf("# killed: held %llu B after %d ms\n", (unsigned long long)held2, waited * 100);
-	CHECK(held2 == 0);
-	hkv_close(probe);
-	hkvserver_stop(&s);
+	claim_stall("cache");
 }
 
 int main(int argc, char **argv)
@@ -946,8 +832,5 @@ int main(int argc, char **argv)
 	RUN_TEST(test_late_give_back);
 	RUN_TEST(test_claim_stall_store);
 	RUN_TEST(test_claim_stall_cache);
-	RUN_TEST(test_hold_stall_store);
-	RUN_TEST(test_hold_stall_cache);
-	RUN_TEST(test_shm_drop_waits_for_exit);
 	return hkv_test_finish();
 }
