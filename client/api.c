@@ -137,8 +137,8 @@ HKV_EXPORT uint32_t hkv_time(struct hkv_client *c)
 		return hkv_router_time(c);
 	if (c->repl)
 		return hkv_repl_time(c);
-	if (!c->conn->error && hkv_coarse_ns() - c->clock_at_ns >= HKV_CLOCK_MAX_AGE_NS)
-		(void)hkv_clock_refresh(c); /* (failed: the offset we had) */
+	if (!c->conn->error)
+		(void)hkv_clock_keep(c); /* (failed: the offset we had) */
 	return hkv_region_s(c);
 }
 

@@ -59,18 +59,23 @@ static int no_eagain(struct hkv_client *c, int ret)
 
 /* ---- the region's clock (common/layout.h, HKV_CLOCK_OFF) ----------------------- */
 
+uint64_t hkv_wall_off_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec - hkv_coarse_ns();
+}
+
 /* The clock word was READ (into atom[7]) between t0 and t1 (coarse ns). */
 static void clock_learn(struct hkv_client *c, uint64_t t0, uint64_t t1)
 {
 	uint64_t ms = c->atom[7], mid = t0 + (t1 - t0) / 2;
-	struct timespec ts;
 
-	if (!ms) { /* a server without the word: our own wall clock */
-		clock_gettime(CLOCK_REALTIME, &ts);
-		c->clock_off_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec - t1;
-	} else { /* (the word is up to a tick old when read: half a tick on average) */
+	if (!ms) /* a server without the word: our own wall clock */
+		c->clock_off_ns = hkv_wall_off_ns();
+	else /* (the word is up to a tick old when read: half a tick on average) */
 		c->clock_off_ns = ms * 1000000ull + HKV_CLOCK_TICK_MS * 500000ull - mid;
-	}
 	c->clock_at_ns = t1 ? t1 : 1;
 }
 
@@ -83,6 +88,12 @@ int hkv_clock_refresh(struct hkv_client *c)
 	if (!ret)
 		clock_learn(c, t0, hkv_coarse_ns());
 	return ret;
+}
+
+int hkv_clock_keep(struct hkv_client *c)
+{
+	/* (a clock that went back shows as a huge age too) */
+	return hkv_coarse_ns() - c->clock_at_ns >= HKV_CLOCK_MAX_AGE_NS ? hkv_clock_refresh(c) : 0;
 }
 
 #define CLOCK_RIDE_MAX 31 /* chains this long or shorter carry the clock READ */

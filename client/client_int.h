@@ -408,6 +408,12 @@ int hkv_revive(struct hkv_client *c);
 uint64_t hkv_repl_clock_off(const struct hkv_client *c);
 /* Learn the region's clock now: one READ of its word (a round trip). */
 int hkv_clock_refresh(struct hkv_client *c);
+/* ... only if it is HKV_CLOCK_MAX_AGE_NS old or our clock went back; 0 or
+ * the READ's error. Before an operation (hkv_revive) and in hkv_time(). */
+int hkv_clock_keep(struct hkv_client *c);
+/* This host's wall clock less its coarse monotonic one: a handle's clock
+ * offset where no region clock is known. */
+uint64_t hkv_wall_off_ns(void);
 /* The region's clock is refreshed riding on a chain once older than this,
  * and by a round trip of its own before an operation once older than
  * HKV_CLOCK_MAX_AGE_NS (or when our monotonic clock went back). */

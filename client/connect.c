@@ -501,12 +501,8 @@ int hkv_revive(struct hkv_client *c)
 	uint64_t now = hkv_now_ns();
 	int ret;
 
-	if (!c->conn->error) {
-		uint64_t age = hkv_coarse_ns() - c->clock_at_ns;
-
-		/* (a clock that went back shows as a huge age too) */
-		return age >= HKV_CLOCK_MAX_AGE_NS ? hkv_clock_refresh(c) : 0;
-	}
+	if (!c->conn->error)
+		return hkv_clock_keep(c);
 	if (!c->origin || (c->revive_ns && now - c->revive_ns < HKV_REVIVE_INTERVAL_MS * 1000000ull))
 		return HKV_EDISCONNECTED;
 	c->revive_ns = now;

@@ -468,14 +468,11 @@ void hkv_repl_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 uint64_t hkv_repl_clock_off(const struct hkv_client *c)
 {
 	const struct hkv_repl *rp = c->repl;
-	struct timespec ts;
 
 	for (int i = 0; i < rp->r; i++)
 		if (rp->h[i] && rp->h[i]->clock_at_ns)
 			return rp->h[i]->clock_off_ns;
-	/* none connected yet: our own wall clock */
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec - hkv_coarse_ns();
+	return hkv_wall_off_ns(); /* none connected yet: our own wall clock */
 }
 
 uint32_t hkv_repl_time(struct hkv_client *c)
