@@ -1415,6 +1415,7 @@ static int follow_move(struct hkv_cluster *cl, const struct snap *sn)
 			cl->copy_crs = crs;
 			crs = NULL;
 			issue(cl, job);
+			ret = 0; /* (homes_ready's 1) */
 			goto out;
 		} else {
 			/* copied: the new homes must be the registrations copied into */

@@ -11,8 +11,12 @@ earlier keys at random) and now and then read one back; for each key the test
 keeps the last value whose set was acknowledged (STORED) and the values tried
 after it whose sets failed (SERVER_ERROR, a closed connection, a timeout: the
 write may or may not have happened). 2 s in, rb is SIGKILLed; the traffic goes
-on for the lease TTL + 5 s (the coordinator drops rb from every replica list
-~2 s after its lease ends; meanwhile writes to its partitions fail).
+on for at least the lease TTL + 5 s and until the cluster has settled (the
+coordinator drops rb from every replica list ~2 s after its lease ends, then a
+repair gives every short list a second server again, its final pass fenced;
+meanwhile writes to those partitions may fail), then SETTLE_GRACE + QUIET_TAIL
+more. The settling is read from etcd, not assumed from a time: on a loaded
+machine the repair commits later.
 
 A 4th connection only reads the writers' keys meanwhile. Every operation is
 sorted by what rb was in its key's list of the first map (primary, backup, or
@@ -62,6 +66,8 @@ KEYS_PER_THREAD = 300
 BEFORE_KILL = 2.0              # seconds of traffic before the SIGKILL
 AFTER_KILL = LEASE_TTL + 5.0   # ... and after it
 QUIET_TAIL = 1.5               # no set may fail in the traffic's last seconds
+SETTLE_GRACE = 1.5             # after the settled map: clients reconnect (a retry lasts 1 s)
+SETTLE_CAP = 45.0              # the cluster must settle this long after the kill
 CLIENT_TIMEOUT = 15            # > the library's 5 s op timeout (a write may be retried)
 
 
@@ -197,6 +203,19 @@ class Cluster:
     def read_map(self):
         raw = self.etcd_range(self.prefix + "/map")
         return json.loads(raw) if raw else None
+
+    def settled(self, victim):
+        """The map has victim on no list, every list full (--replicas 2), and no
+        move (PREFIX/next) or repair (PREFIX/fill) is pending."""
+        try:
+            m = self.read_map()
+            if not m or self.etcd_range(self.prefix + "/next") is not None or \
+                    self.etcd_range(self.prefix + "/fill") is not None:
+                return False
+        except (OSError, ValueError):
+            return False
+        lists = map_lists(m)
+        return bool(lists) and all(len(ls) == 2 and victim not in ls for ls in lists)
 
     # -- hatchkv ------------------------------------------------------------
     def write_token(self):
@@ -557,6 +576,12 @@ def run(cl):
     print("# %s SIGKILLed %.1f s into the traffic (the coordinator: %s)" % (
         VICTIM, t_kill[0] - t_start, ", ".join(coord) or "?"), flush=True)
     time.sleep(AFTER_KILL)
+    while not cl.settled(VICTIM) and time.monotonic() - t_kill[0] < SETTLE_CAP:
+        time.sleep(0.1)
+    t_settled = time.monotonic()
+    check(cl.settled(VICTIM), "the cluster settled %.1f s after the kill: %s on no list, "
+          "every list on 2 servers, no move or repair pending" % (t_settled - t_kill[0], VICTIM))
+    time.sleep(SETTLE_GRACE + QUIET_TAIL)
     stop.set()
     t_end = time.monotonic()
     for w in writers + [reader]:
