@@ -311,8 +311,13 @@ int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_
 	return 0;
 }
 
-/* One READ of the header; trust nothing in it until it validates. */
-static int read_geometry(struct hkv_client *c)
+/*
+ * READ the header; trust nothing in it until it validates and, when the
+ * welcome names it, carries the server's sum. A writer can overwrite the
+ * header (shm, verbs --no-windows); the server puts it back within
+ * HKV_CLOCK_TICK_MS, so a bad read is read again, for up to ~200 ms.
+ */
+static int read_geometry(struct hkv_client *c, const struct hkv_ctl_welcome *w)
 {
 	struct hkv_geometry *g = hkv_aligned_alloc(64, sizeof(*g));
 	struct hkv_mr *mr;
@@ -326,11 +331,18 @@ static int read_geometry(struct hkv_client *c)
 		hkv_free(g);
 		return -errno;
 	}
-	wr = (struct hkv_wr){.opcode = HKV_WR_READ, .local = g, .mr = mr, .remote_addr = c->base,
-			     .rkey = c->rkey, .length = sizeof(*g)};
-	ret = hkv_conn_exec(c->conn, &wr, 1);
-	if (!ret)
-		ret = hkv_geometry_check(g, hkv_conn_region(c->conn)->length);
+	for (int tries = 0;; tries++) {
+		wr = (struct hkv_wr){.opcode = HKV_WR_READ, .local = g, .mr = mr,
+				     .remote_addr = c->base, .rkey = c->rkey, .length = sizeof(*g)};
+		ret = hkv_conn_exec(c->conn, &wr, 1);
+		if (!ret)
+			ret = hkv_geometry_check(g, hkv_conn_region(c->conn)->length);
+		if (!ret && (w->flags & HKV_WELCOME_F_GEOM_SUM) && g->sum != w->geom_sum)
+			ret = HKV_ECORRUPT; /* sealed by someone else */
+		if (ret != HKV_ECORRUPT || tries == 40)
+			break;
+		usleep(5000);
+	}
 	if (!ret)
 		c->g = *g;
 	hkv_conn_dereg(c->conn, mr);
@@ -429,7 +441,7 @@ static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 	if (!ret && c->windows) /* our rkey is a window on our own connection */
 		ret = hkv_grant_base(c);
 	if (!ret)
-		ret = read_geometry(c);
+		ret = read_geometry(c, &w);
 	if (!ret)
 		ret = setup_arena(c, o->max_value);
 	if (!ret)

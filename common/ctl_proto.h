@@ -68,11 +68,15 @@ struct hkv_ctl_welcome {
 	uint8_t ticket[HKV_TICKET_LEN];
 	char data_endpoint[112]; /* shm: socket path; verbs: rdma_cm port */
 	uint32_t flags;          /* HKV_WELCOME_F_* */
-	uint32_t pad;
+	uint32_t geom_sum;       /* with HKV_WELCOME_F_GEOM_SUM: the sum of the server's geometry */
 };
 
 /* The token was the read-only one: the data plane grants READ rights only. */
 #define HKV_WELCOME_F_READONLY 0x1
+/* geom_sum is set: the header a client reads must carry that sum, else a
+ * writer has overwritten it (shm, --no-windows) and the client reads it
+ * again (the server puts its own copy back every HKV_CLOCK_TICK_MS). */
+#define HKV_WELCOME_F_GEOM_SUM 0x2
 
 /* The data plane's hello: which ticket this connection redeems. */
 struct hkv_data_hello {

@@ -44,6 +44,10 @@ static void page_clients(struct evbuffer *b, const struct hkv_store *s)
 	hkv_metrics_counter(b, "hatchkv_keepalive_drops_total",
 			    "Data connections closed because the peer did not answer keepalives "
 			    "(verbs).", st->keepalive_drops);
+	hkv_metrics_counter(b, "hatchkv_header_restores_total",
+			    "Times the region header differed from the server's own geometry (a "
+			    "writer overwrote it: shm, verbs --no-windows) and was put back.",
+			    s->header_restores);
 	hkv_metrics_family(b, "hatchkv_grants_total", "counter",
 			   "GRANT requests (memory windows, verbs), by result.");
 	hkv_metrics_sample(b, "hatchkv_grants_total", "result=\"granted\"", st->grants);

@@ -2,8 +2,12 @@
 #include "server/store.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/hkv_alloc.h"
 #include "common/log.h"
@@ -15,6 +19,84 @@
 static int windows_on(const struct hkv_store *s)
 {
 	return s->data && (hkv_listener_region(s->data)->access & HKV_ACCESS_WINDOWS);
+}
+
+/*
+ * The geometry of a --memory-file region is also kept in PATH.geom, a file
+ * of the server's own (0600) that no client can write: a warm restart whose
+ * header a writer damaged (shm, verbs --no-windows) rebuilds the header
+ * from it (store_reopen). Written to a temporary name, synced, renamed.
+ */
+static void geom_path(char *out, size_t cap, const char *memory_file, const char *suffix)
+{
+	snprintf(out, cap, "%s.geom%s", memory_file, suffix);
+}
+
+static int geom_save(const char *memory_file, const struct hkv_geometry *g)
+{
+	char path[4096], tmp[4096];
+	int fd, ret = 0;
+
+	geom_path(path, sizeof(path), memory_file, "");
+	geom_path(tmp, sizeof(tmp), memory_file, ".tmp");
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0 || write(fd, g, sizeof(*g)) != (ssize_t)sizeof(*g) || fsync(fd) ||
+	    rename(tmp, path))
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (ret) {
+		hkv_err("store: cannot keep the region's geometry in %s: %s", path, strerror(-ret));
+		unlink(tmp);
+	}
+	return ret;
+}
+
+/* PATH.geom, if it holds a geometry that validates for a region of len bytes. */
+static int geom_load(const char *memory_file, uint64_t len, struct hkv_geometry *g)
+{
+	char path[4096];
+	struct stat st;
+	int fd, ret;
+
+	geom_path(path, sizeof(path), memory_file, "");
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+		hkv_warn("store: %s is not this user's own 0600 file: not used", path);
+		close(fd);
+		return -EPERM;
+	}
+	ret = read(fd, g, sizeof(*g)) == (ssize_t)sizeof(*g) ? 0 : HKV_ECORRUPT;
+	close(fd);
+	return ret ? ret : hkv_geometry_check(g, len);
+}
+
+/* Do the segment table and the index fit geometry g? A header is rebuilt
+ * only over a region whose structures still make sense under it. */
+static int structures_fit(const struct hkv_store *s, const struct hkv_geometry *g,
+			  uint64_t *bad_segs, uint64_t *bad_slots)
+{
+	const uint8_t *base = s->region.base;
+	const uint64_t *tab = (const uint64_t *)(base + g->seg_table_off);
+	const uint64_t *slot = (const uint64_t *)(base + g->index_off);
+	uint64_t data_end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
+
+	*bad_segs = *bad_slots = 0;
+	for (uint32_t i = 0; i < g->nsegs; i++) {
+		uint32_t st = hkv_seg_state(tab[i]);
+
+		*bad_segs += st > HKV_SEG_DRAINING ||
+			     (st != HKV_SEG_FREE && hkv_seg_class(tab[i]) >= g->nclasses);
+	}
+	for (uint64_t i = 0; i < g->nbuckets * HKV_BUCKET_SLOTS; i++) {
+		uint64_t off = hkv_slot_off(slot[i]);
+
+		*bad_slots += slot[i] && (off < g->data_off || off >= data_end ||
+					  hkv_slot_class(slot[i]) >= g->nclasses);
+	}
+	return !*bad_segs && !*bad_slots;
 }
 
 /* A fresh region: lay out the header. */
@@ -35,8 +117,9 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 	if (o->hash_key)
 		memcpy(g.hash_key, o->hash_key, sizeof(g.hash_key));
 	hkv_geometry_seal(&g);
-	memcpy(s->geom, &g, sizeof(g));
-	return 0;
+	s->geom_own = g;
+	memcpy(s->region.base, &g, sizeof(g));
+	return o->memory_file ? geom_save(o->memory_file, &g) : 0;
 }
 
 /*
@@ -47,21 +130,47 @@ static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
  */
 static int store_reopen(struct hkv_store *s, const struct hkv_store_opts *o)
 {
+	const struct hkv_geometry *hdr = s->region.base;
+	struct hkv_geometry kept;
 	const uint64_t *slot;
-	uint64_t entries = 0;
-	int ret = hkv_geometry_check(s->geom, s->region.length);
+	uint64_t entries = 0, bad_segs, bad_slots;
+	int ret = hkv_geometry_check(hdr, s->region.length), have_kept;
 
 	if (ret == HKV_EPROTO) {
 		hkv_err("store: %s has region layout version %u; this server writes version %u. "
-			"Refusing to serve it.", o->memory_file, s->geom->version, HKV_LAYOUT_VERSION);
+			"Refusing to serve it.", o->memory_file, hdr->version, HKV_LAYOUT_VERSION);
 		return ret;
 	}
-	if (ret) {
+	have_kept = !geom_load(o->memory_file, s->region.length, &kept);
+	if (ret && have_kept) {
+		/* a writer's bytes over the header (or a torn write of it): the
+		 * server's own record says what it was */
+		if (!structures_fit(s, &kept, &bad_segs, &bad_slots)) {
+			hkv_err("store: %s: region header fails validation, and under the geometry "
+				"kept in %s.geom %llu segment table entries and %llu index slots make "
+				"no sense. Refusing to serve it; move both files away to start empty.",
+				o->memory_file, o->memory_file, (unsigned long long)bad_segs,
+				(unsigned long long)bad_slots);
+			return HKV_ECORRUPT;
+		}
+		hkv_warn("store: %s: region header fails validation; rebuilt from %s.geom (the "
+			 "segment table and the index fit it)", o->memory_file, o->memory_file);
+		memcpy(s->region.base, &kept, sizeof(kept));
+		ret = 0;
+	} else if (ret) {
 		hkv_err("store: %s: region header fails validation (torn, corrupt or not a hatchkv "
-			"region). Refusing to serve it; move the file away to start empty.",
-			o->memory_file);
+			"region) and there is no %s.geom to rebuild it from. Refusing to serve it; "
+			"move the file away to start empty.", o->memory_file, o->memory_file);
 		return ret;
+	} else if (have_kept && memcmp(hdr, &kept, sizeof(kept))) {
+		/* both validate and differ: a writer sealed a header of its own */
+		hkv_warn("store: %s: region header differs from %s.geom; the server's record wins",
+			 o->memory_file, o->memory_file);
+		memcpy(s->region.base, &kept, sizeof(kept));
 	}
+	s->geom_own = *hdr;
+	if (!have_kept && (ret = geom_save(o->memory_file, &s->geom_own)))
+		return ret; /* (a file from before PATH.geom: keep it from now on) */
 	if ((ret = hkv_slab_rebuild(s)))
 		return ret;
 	slot = (const uint64_t *)((uint8_t *)s->region.base + s->geom->index_off);
@@ -91,7 +200,7 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 		hkv_free(s->clients);
 		return ret;
 	}
-	s->geom = s->region.base;
+	s->geom = &s->geom_own;
 	ret = existed ? store_reopen(s, o) : store_format(s, o);
 	if (ret) {
 		hkv_store_fini(s);
@@ -141,6 +250,8 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 		memset(w, 0, sizeof(*w));
 		w->client_id = id;
 		memcpy(w->ticket, c->ticket, HKV_TICKET_LEN);
+		w->flags = HKV_WELCOME_F_GEOM_SUM;
+		w->geom_sum = s->geom_own.sum;
 		return 0;
 	}
 	return -EUSERS;
@@ -307,11 +418,24 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 void hkv_store_clock(struct hkv_store *s)
 {
 	struct timespec ts;
+	uint64_t now;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	__atomic_store_n((uint64_t *)((uint8_t *)s->region.base + HKV_CLOCK_OFF),
 			 (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u,
 			 __ATOMIC_RELAXED);
+	/* (a client reading the header meanwhile sees a bad sum and reads again) */
+	if (!memcmp(s->region.base, &s->geom_own, sizeof(s->geom_own)))
+		return;
+	memcpy(s->region.base, &s->geom_own, sizeof(s->geom_own));
+	s->header_restores++;
+	now = hkv_now_ns();
+	if (now - s->header_log_ns >= 5000000000ull || !s->header_log_ns) {
+		s->header_log_ns = now;
+		hkv_warn("store: the region header was overwritten (by a writer client); put back "
+			 "from the server's copy (%llu times so far)",
+			 (unsigned long long)s->header_restores);
+	}
 }
 
 void hkv_store_tick(struct hkv_store *s)

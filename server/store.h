@@ -106,7 +106,14 @@ struct hkv_store_stats {
 
 struct hkv_store {
 	struct hkv_region region;
-	struct hkv_geometry *geom; /* in the region, offset 0 */
+	/* The server's own geometry (issue 28): everything it divides by, loops
+	 * over or indexes with comes from here, never from the region, whose
+	 * header a writer can overwrite (shm, verbs --no-windows). The header
+	 * is a copy for clients, put back by hkv_store_clock if it differs. */
+	const struct hkv_geometry *geom; /* = &geom_own */
+	struct hkv_geometry geom_own;
+	uint64_t header_restores; /* times the header differed and was put back */
+	uint64_t header_log_ns;
 	struct hkv_client_rec *clients; /* indexed by client id (1..HKV_MAX_CLIENTS) */
 	uint32_t next_id;
 	uint32_t nconnected;
@@ -148,7 +155,9 @@ int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 /* Expire tickets not redeemed in time; called from a 1 s timer. */
 void hkv_store_tick(struct hkv_store *s);
 /* Store the region's clock word: this server's Unix time in ms (layout.h,
- * HKV_CLOCK_OFF). Every HKV_CLOCK_TICK_MS, and before the first client. */
+ * HKV_CLOCK_OFF); and put the header's geometry back from the server's own
+ * copy if a writer changed it (a memcmp of its few hundred bytes). Every
+ * HKV_CLOCK_TICK_MS, and before the first client. */
 void hkv_store_clock(struct hkv_store *s);
 
 /* server/slab.c. Carve a segment for class cls (see hkv_store_carve). */

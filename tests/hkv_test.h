@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hatchkv_err.h"
 
@@ -109,6 +110,17 @@ static inline int hkv_test_rdma_devices(void)
 			return;                                                             \
 		}                                                                           \
 	} while (0)
+
+/* Remove a --memory-file region and the server's record of its geometry
+ * (PATH.geom, server/store.c). */
+static inline void hkv_test_unlink_region(const char *path)
+{
+	char geom[4096];
+
+	snprintf(geom, sizeof(geom), "%s.geom", path);
+	unlink(path);
+	unlink(geom);
+}
 
 static inline int hkv_test_finish(void)
 {

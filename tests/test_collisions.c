@@ -56,7 +56,7 @@ static int start_rekeyed(struct hkvserver *s, const char *const *mode)
 		extra[n++] = mode[i];
 	extra[n] = NULL;
 	snprintf(path, sizeof(path), "/tmp/hkv-coll-%d.region", (int)getpid());
-	unlink(path);
+	hkv_test_unlink_region(path);
 	if ((ret = hkvserver_start(s, use_verbs, "16M", "64K", extra)))
 		return ret;
 	hkvserver_kill(s);
@@ -71,7 +71,7 @@ static void stop_rekeyed(struct hkvserver *s)
 
 	snprintf(path, sizeof(path), "/tmp/hkv-coll-%d.region", (int)getpid());
 	hkvserver_stop(s);
-	unlink(path);
+	hkv_test_unlink_region(path);
 }
 
 /* Every handle reads key as want (NULL: absent). */

@@ -14,6 +14,11 @@
  * test_garbage_table: the same, with garbage CASed into the segment table
  * and the free bitmaps (what any writer's ATOMIC rights reach).
  *
+ * test_garbage_header: a writer WRITEs random bytes over the region header
+ * (every geometry field, forged sealed headers, the clock word) while
+ * clients work and newcomers keep connecting: the server keeps its own
+ * geometry, puts the header back, and serves every newcomer.
+ *
  * test_sigkill_writer: a client killed with SIGKILL in a write loop. A fresh
  * client then sees every key absent or whole, never torn; the blocks the
  * dead client held come back by the server's sweep within 5 s, and a new
@@ -38,6 +43,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -103,6 +109,8 @@ enum counter {
 	C_CLAIMED,       /* hkv_client_stats: blocks its claims took */
 	C_GIVEN_BACK,    /* hkv_client_stats: held blocks it gave back */
 	C_TIMEDOUT,      /* HKV_ETIMEDOUT: allowed by test_garbage_table only */
+	C_OPENS,         /* newcomer: hkv_open that worked */
+	C_OPEN_FAILS,    /* newcomer: hkv_open that failed */
 	NCOUNTERS
 };
 
@@ -129,6 +137,8 @@ static const char *const counter_names[NCOUNTERS] = {
 	[C_CLAIMED] = "claimed",
 	[C_GIVEN_BACK] = "given_back",
 	[C_TIMEDOUT] = "timedout",
+	[C_OPENS] = "opens",
+	[C_OPEN_FAILS] = "open_fails",
 };
 
 static unsigned long long cv(const uint64_t *cnt, enum counter i)
@@ -1117,6 +1127,150 @@ static int run_table_vandal(const struct worker_args *a)
 	return ret ? 2 : 0;
 }
 
+/* ---- the header vandal (test_garbage_header) ----------------------------------------- */
+
+#define HEADER_ROUNDS 200
+
+static const struct {
+	size_t off, len;
+} header_fields[] = {
+#define F(f) {offsetof(struct hkv_geometry, f), sizeof(((struct hkv_geometry *)0)->f)}
+	F(magic), F(version), F(flags), F(total_size), F(seg_table_off), F(bitmap_off),
+	F(index_off), F(data_off), F(nbuckets), F(nsegs), F(seg_size), F(bitmap_bytes),
+	F(nclasses), F(boot_id), F(rsv_segs), F(hash_key), F(reserved), F(class_size), F(sum),
+#undef F
+	{HKV_CLOCK_OFF, 8},
+};
+
+/*
+ * One strike at the header: a field gets random bytes or 0 / all ones; a
+ * class size 0 (the divisor the server once took from here); a forged
+ * header that validates (sealed, another hash key or segment count); or
+ * random bytes anywhere in the header's 4 KiB.
+ */
+static int header_strike(struct raw *r, uint64_t *rs, uint64_t *cnt)
+{
+	unsigned kind = (unsigned)(rnd(rs) % 100);
+	size_t nf = sizeof(header_fields) / sizeof(header_fields[0]);
+	uint64_t off;
+	uint32_t len;
+
+	if (kind < 50) {
+		size_t f = rnd(rs) % nf;
+
+		off = header_fields[f].off;
+		len = (uint32_t)header_fields[f].len;
+		for (uint32_t i = 0; i < len; i++)
+			r->buf[i] = kind < 30 ? (uint8_t)rnd(rs) : kind < 40 ? 0 : 0xff;
+	} else if (kind < 65) {
+		uint32_t zero = 0, c = (uint32_t)(rnd(rs) % HKV_NCLASSES_MAX);
+
+		off = offsetof(struct hkv_geometry, class_size) + c * sizeof(uint32_t);
+		len = 4;
+		memcpy(r->buf, &zero, 4);
+	} else if (kind < 80) {
+		struct hkv_geometry g = r->g;
+
+		if (kind < 70)
+			g.hash_key[rnd(rs) % sizeof(g.hash_key)] ^= 0x5a;
+		else if (kind < 75)
+			g.nsegs = g.nsegs / 2 + 1;
+		else
+			g.class_size[0] = 64 * (1 + (uint32_t)(rnd(rs) % 4));
+		hkv_geometry_seal(&g);
+		off = 0;
+		len = sizeof(g);
+		memcpy(r->buf, &g, len);
+	} else {
+		len = 1 + (uint32_t)(rnd(rs) % 64);
+		off = rnd(rs) % (HKV_HEADER_SIZE - len + 1);
+		for (uint32_t i = 0; i < len; i++)
+			r->buf[i] = (uint8_t)rnd(rs);
+	}
+	cnt[C_VANDAL_WRITES]++;
+	cnt[C_VANDAL_BYTES] += len;
+	return raw_xfer(r, HKV_WR_WRITE, off, len);
+}
+
+/* Quiet for ms/8, HEADER_ROUNDS strikes spread over 5ms/8, then gone. */
+static int run_header_vandal(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, rs = seed_of(a->id + 3000), t0;
+	struct raw r;
+	int ret = raw_open(&r, a->uri, a->token_file);
+
+	if (ret) {
+		fprintf(stderr, "header vandal: cannot connect: %s\n", hkv_strerror(ret));
+		return 2;
+	}
+	sleep_ms((uint64_t)a->ms / 8);
+	t0 = now_ms();
+	for (int i = 0; !ret && i < HEADER_ROUNDS; i++) {
+		uint64_t at = t0 + (uint64_t)a->ms * 5 / 8 * (uint64_t)(i + 1) / HEADER_ROUNDS;
+
+		ret = header_strike(&r, &rs, cnt);
+		while (now_ms() < at)
+			sleep_ms(1);
+	}
+	if (ret)
+		fprintf(stderr, "header vandal: a WRITE failed: %s\n", hkv_strerror(ret));
+	raw_close(&r);
+	emit_counters(a->fd, cnt);
+	return ret ? 2 : 0;
+}
+
+/* New clients, one after another for ms: each connects, sets its key and
+ * reads it back. An open that fails, and anything but the value just set,
+ * is counted. */
+static int run_newcomer(const struct worker_args *a)
+{
+	uint64_t cnt[NCOUNTERS] = {0}, end = now_ms() + (uint64_t)a->ms;
+	char key[32], val[64], got[64];
+
+	for (int n = 0; now_ms() < end; n++) {
+		struct hkv_config *cfg = hkv_config_new();
+		struct hkv_client *c = NULL;
+		size_t vlen = 0;
+		int ret = -ENOMEM;
+
+		if (cfg && !hkv_config_add_server(cfg, a->uri) &&
+		    !hkv_config_set_token_file(cfg, a->token_file))
+			ret = hkv_open(cfg, &c);
+		hkv_config_free(cfg);
+		if (ret) {
+			cnt[C_OPEN_FAILS]++;
+			fprintf(stderr, "newcomer %d: cannot open a client: %s\n", n,
+				hkv_strerror(ret));
+			sleep_ms(20);
+			continue;
+		}
+		cnt[C_OPENS]++;
+		snprintf(key, sizeof(key), "newcomer-%d-%d", a->id, n % 50);
+		snprintf(val, sizeof(val), "value %d of %s", n, key);
+		cnt[C_SETS]++;
+		ret = hkv_set(c, key, strlen(key), val, strlen(val), NULL);
+		if (!ret) {
+			cnt[C_SETS_OK]++;
+			cnt[C_GETS]++;
+			ret = hkv_get(c, key, strlen(key), got, sizeof(got), &vlen, NULL);
+			if (!ret && (vlen != strlen(val) || memcmp(got, val, vlen)))
+				cnt[C_BAD]++;
+			else if (!ret)
+				cnt[C_HITS]++;
+			else
+				cnt[C_RB_MISS]++;
+		}
+		if (ret && ret != HKV_EFULL && ret != HKV_EAGAIN) {
+			cnt[C_OTHER]++;
+			fprintf(stderr, "newcomer %d: %s\n", n, hkv_strerror(ret));
+		}
+		hkv_close(c);
+		sleep_ms(5);
+	}
+	emit_counters(a->fd, cnt);
+	return 0;
+}
+
 /* ---- the holder (test_holder_killed) --------------------------------------------------- */
 
 /* Classes whose claims take two blocks or more (16 KiB's worth, client/alloc.c). */
@@ -1218,6 +1372,10 @@ static int worker_main(int argc, char **argv)
 		return run_vandal(&a);
 	if (!strcmp(a.role, "tablevandal"))
 		return run_table_vandal(&a);
+	if (!strcmp(a.role, "headervandal"))
+		return run_header_vandal(&a);
+	if (!strcmp(a.role, "newcomer"))
+		return run_newcomer(&a);
 	if (!strcmp(a.role, "holder"))
 		return run_holder(&a);
 	if (!strcmp(a.role, "flap-load"))
@@ -1603,6 +1761,76 @@ static void test_garbage_table(void)
 	CHECK(sum[C_VANDAL_WRITES] > 0);
 	CHECK(sum[C_HITS] > 0 && fresh[C_HITS] > 0 && fresh[C_SETS_OK] > 0);
 	CHECK(fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
+}
+
+/*
+ * test_garbage_header (issue 28): a writer reaches the region header where
+ * memory windows are off (shm; verbs --no-windows). The server once took
+ * its geometry from there in place: class_size[0] = 0 killed it with
+ * SIGFPE, a huge bitmap_off with SIGSEGV, and bogus nsegs/nbuckets left
+ * every new client HKV_ECORRUPT for the server's life. Now the vandal
+ * writes HEADER_ROUNDS strikes over every header field (random bytes,
+ * zeroes, all ones, class sizes 0, forged headers that validate, the clock
+ * word) while rw clients work and a newcomer connects again and again: the
+ * server lives, puts the header back, and every newcomer connects and reads
+ * back what it set; no client gets a value nobody wrote. After the vandal,
+ * the header is the server's again and a fresh client reads and writes.
+ */
+static void test_garbage_header(void)
+{
+	const int nrw = use_verbs ? 1 : 2, ms = use_verbs ? 12000 : 4000;
+	const char *const no_windows[] = {"--no-windows", NULL};
+	uint64_t sum[NCOUNTERS] = {0}, nc[NCOUNTERS] = {0}, fresh[NCOUNTERS] = {0};
+	struct worker w[4];
+	struct hkv_geometry before = {0};
+	struct hkvserver s;
+	struct raw r;
+	int crashed = 0, alive, nw = nrw + 2, same = 0;
+
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", no_windows) == 0);
+	if (!raw_open(&r, s.uri, s.token_file)) {
+		before = r.g;
+		raw_close(&r);
+	}
+	for (int i = 0; i < nw; i++)
+		if (spawn_worker(&w[i], &s, i < nrw ? "rw" : i == nrw ? "newcomer" : "headervandal",
+				 i + 1, ms)) {
+			perror("spawn_worker");
+			abort();
+		}
+	for (int i = 0; i < nw; i++) {
+		wait_worker(&w[i], ms + 60000);
+		crashed += !worker_ok(&w[i]);
+		for (int k = 0; k < NCOUNTERS; k++)
+			(i == nrw ? nc : sum)[k] += w[i].cnt[k];
+	}
+	sleep_ms(50); /* the server's tick puts back the vandal's last strike */
+	if (server_alive(&s) && !raw_open(&r, s.uri, s.token_file)) {
+		same = !memcmp(&r.g, &before, sizeof(before));
+		raw_close(&r);
+	}
+	printf("# garbage header: %d clients and a newcomer for %.1f s; vandal: %llu WRITEs, "
+	       "%llu bytes over the header\n", nrw, ms / 1000.0, cv(sum, C_VANDAL_WRITES),
+	       cv(sum, C_VANDAL_BYTES));
+	print_rw_counts("clients", sum);
+	printf("# newcomers: %llu connected, %llu could not; %llu sets, %llu read back, %llu "
+	       "wrong, %llu missing, %llu other errors\n", cv(nc, C_OPENS), cv(nc, C_OPEN_FAILS),
+	       cv(nc, C_SETS_OK), cv(nc, C_HITS), cv(nc, C_BAD), cv(nc, C_RB_MISS),
+	       cv(nc, C_OTHER));
+	if (server_alive(&s))
+		fresh_client_pass(&s, fresh, 0, 0);
+	print_rw_counts("fresh client after the vandal", fresh);
+	alive = server_alive(&s);
+	hkvserver_stop(&s);
+	CHECK(alive);
+	CHECK(crashed == 0);
+	CHECK(sum[C_VANDAL_WRITES] == HEADER_ROUNDS);
+	CHECK(same); /* the header is the server's geometry again */
+	CHECK(sum[C_BAD] == 0 && nc[C_BAD] == 0 && fresh[C_BAD] == 0);
+	CHECK(sum[C_OTHER] == 0 && nc[C_OTHER] == 0 && fresh[C_OTHER] == 0);
+	CHECK(nc[C_OPENS] >= 20 && nc[C_OPEN_FAILS] == 0);
+	CHECK(nc[C_HITS] == nc[C_SETS_OK] && nc[C_SETS_OK] > 0);
+	CHECK(fresh[C_SETS_OK] > 0 && fresh[C_RB_MISS] == 0 && fresh[C_RB_STALE] == 0);
 }
 
 /*
@@ -2062,7 +2290,7 @@ static void test_sigkill_writer(void)
 	CHECK(n_fresh > 0);
 
 	snprintf(path, sizeof(path), "/tmp/hkv-sigkill-%d.region", (int)getpid());
-	unlink(path);
+	hkv_test_unlink_region(path);
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", extra) == 0);
 	killed = run_and_kill_writer(&s);
 	t_kill = now_ms();
@@ -2104,7 +2332,7 @@ static void test_sigkill_writer(void)
 	       (unsigned long long)(held + other), (unsigned long long)before_restart, FILL_VLEN,
 	       n_fresh, n_after, n_fresh ? 100.0 * n_after / n_fresh : 0.0);
 	hkvserver_stop(&s);
-	unlink(path);
+	hkv_test_unlink_region(path);
 	CHECK(killed == 0);
 	CHECK_RC(ret, 0);
 	CHECK(kc.bad == 0 && kc.other == 0 && kc.del_fail == 0);
@@ -2540,10 +2768,10 @@ static void test_secret_files(void)
 	args[3] = mem;
 	write_file(mem, "", 0644); /* a region others can read */
 	r[3] = server_refuses(dir, args);
-	unlink(mem);
+	hkv_test_unlink_region(mem);
 	CHECK(!symlink(good, mem));
 	r[4] = server_refuses(dir, args);
-	unlink(mem);
+	hkv_test_unlink_region(mem);
 	args[2] = NULL;
 	write_file(tok, "aaaaaaaaaaaaaaaaaaaaaaaa\n", 0600); /* guessable: a warning */
 	r[5] = server_refuses(dir, args);
@@ -2986,7 +3214,7 @@ static void test_unpublished_reclaimed(void)
 	int freed[4] = {-1, -1, -1, -1}, before[4] = {-1, -1, -1, -1}, bad;
 
 	snprintf(path, sizeof(path), "/tmp/hkv-unpub-%d.region", (int)getpid());
-	unlink(path);
+	hkv_test_unlink_region(path);
 	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", extra) == 0);
 	c = hkvserver_client(&s);
 	CHECK_RC(put_values(c, "kept", 50), 0);
@@ -3039,7 +3267,7 @@ static void test_unpublished_reclaimed(void)
 	CHECK_RC(hkv_get(c, "unpub-2", 7, got, sizeof(got), &vlen_got, NULL), HKV_ENOTFOUND);
 	hkv_close(c);
 	hkvserver_stop(&s);
-	unlink(path);
+	hkv_test_unlink_region(path);
 }
 
 /* ---- test_move_takes_leftovers ------------------------------------------------------ */
@@ -3981,7 +4209,7 @@ static void test_netdev_down(void)
 	       "down (HKV_NETDEV_FAULT_UNDER_LOAD=1: operations go on)" : "operations go on "
 	       "while the link is down; rdma_cm over the device stays dead after this");
 	snprintf(file, sizeof(file), "/tmp/hkv-netdev-%d.region", (int)getpid());
-	unlink(file);
+	hkv_test_unlink_region(file);
 	CHECK(hkvserver_start(&s, 1, "16M", "64K", extra) == 0);
 	l->c = nd_open(&s, 0, &o);
 	CHECK_RC(o.ret, 0);
@@ -4058,7 +4286,7 @@ static void test_netdev_down(void)
 		hkv_close(l->c);
 	alive = s.pid > 0 && server_alive(&s);
 	hkvserver_stop(&s);
-	unlink(file);
+	hkv_test_unlink_region(file);
 	for (int i = 0; i < l->ncodes; i++)
 		codes_ok &= nd_error_ok(l->codes[i]);
 	CHECK(fault_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -4771,13 +4999,13 @@ static void test_netdev_flap(void)
 	       dev, rdev, cidr, ND_HOLD_MS, rdev);
 	signal(SIGPIPE, SIG_IGN);
 	snprintf(file, sizeof(file), "/tmp/hkv-netflap-%d.region", (int)getpid());
-	unlink(file);
+	hkv_test_unlink_region(file);
 	CHECK(hkvserver_start_noclient(&s, 1, "16M", "64K", extra) == 0);
 	if (nf_spawn(&ld, "flap-load", &s) || nd_wait_word(ld.from, "ready", 120000)) {
 		fprintf(stderr, "netdev flap: the loaded client did not get ready\n");
 		nf_reap(&ld, 1000);
 		hkvserver_stop(&s);
-		unlink(file);
+		hkv_test_unlink_region(file);
 		CHECK(0);
 	}
 
@@ -4857,7 +5085,7 @@ static void test_netdev_flap(void)
 		       nf_val(rd.out, "new", "n"), nf_val(rd.out, "new", "max_ms"));
 	}
 	hkvserver_stop(&s);
-	unlink(file);
+	hkv_test_unlink_region(file);
 
 	CHECK(fault_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	CHECK(ready);
@@ -4940,6 +5168,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_windows);
 	RUN_TEST(test_garbage);
 	RUN_TEST(test_garbage_table);
+	RUN_TEST(test_garbage_header);
 	RUN_TEST(test_sigkill_writer);
 	RUN_TEST(test_holder_killed);
 	RUN_TEST(test_stray_bits);

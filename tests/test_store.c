@@ -853,7 +853,7 @@ static void test_reconnect(void)
 	size_t vlen;
 
 	snprintf(file, sizeof(file), "/tmp/hkv-reconnect-%d.region", (int)getpid());
-	unlink(file);
+	hkv_test_unlink_region(file);
 	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
 	c = hkvserver_client(&s);
 	for (int i = 0; i < 100; i++) {
@@ -897,7 +897,7 @@ static void test_reconnect(void)
 	CHECK(st.reconnects >= 1);
 	hkv_close(c);
 	hkvserver_stop(&s);
-	unlink(file);
+	hkv_test_unlink_region(file);
 }
 
 /*
@@ -946,22 +946,91 @@ static void test_limits(void)
 	hkvserver_stop(&s);
 }
 
+/* Overwrite len bytes of file at off. */
+static int patch_file(const char *file, long off, const void *bytes, size_t len)
+{
+	FILE *f = fopen(file, "r+b");
+	int ret = -1;
+
+	if (f && !fseek(f, off, SEEK_SET) && fwrite(bytes, 1, len, f) == len)
+		ret = 0;
+	if (f && fclose(f))
+		ret = -1;
+	return ret;
+}
+
+/* The region file's header, read or written whole. */
+static int header_io(const char *file, struct hkv_geometry *g, int write)
+{
+	FILE *f = fopen(file, write ? "r+b" : "rb");
+	int ret = -1;
+
+	if (f && (write ? fwrite(g, sizeof(*g), 1, f) : fread(g, sizeof(*g), 1, f)) == 1)
+		ret = 0;
+	if (f && fclose(f))
+		ret = -1;
+	return ret;
+}
+
+/* A header that validates but is not the server's: another hash key, sealed. */
+static int forge_hash_key(const char *file)
+{
+	struct hkv_geometry g;
+
+	if (header_io(file, &g, 0))
+		return -1;
+	g.hash_key[0] ^= 0xff;
+	hkv_geometry_seal(&g);
+	return header_io(file, &g, 1);
+}
+
+static uint64_t saved_slot, saved_index_off;
+
+/* The first index slot made to point into the header (the header must
+ * validate: read before it is torn); put_back_slot() undoes it. */
+static int stray_slot(const char *file)
+{
+	struct hkv_geometry g;
+	uint64_t bad = hkv_slot_make(1, 0, 0, HKV_HEADER_SIZE);
+	FILE *f;
+	int ret = -1;
+
+	if (header_io(file, &g, 0) || hkv_geometry_check(&g, g.total_size))
+		return -1;
+	saved_index_off = g.index_off;
+	if (!(f = fopen(file, "r+b")))
+		return -1;
+	if (!fseek(f, (long)g.index_off, SEEK_SET) && fread(&saved_slot, 8, 1, f) == 1 &&
+	    !fseek(f, (long)g.index_off, SEEK_SET) && fwrite(&bad, 8, 1, f) == 1)
+		ret = 0;
+	if (fclose(f))
+		ret = -1;
+	return ret;
+}
+
+static int put_back_slot(const char *file)
+{
+	return patch_file(file, (long)saved_index_off, &saved_slot, 8);
+}
+
 /*
  * --memory-file: the server is SIGKILLed and started again on the same file;
- * every committed item is there, deletes stay deleted, new writes work. A
- * header that fails validation is refused, not served.
+ * every committed item is there, deletes stay deleted, new writes work.
+ * The header is only a copy for clients (issue 28): a torn one is rebuilt
+ * from FILE.geom, the server's own record, when the segment table and the
+ * index fit it; a forged one that validates is overruled; a torn one with a
+ * slot that makes no sense, or without the record, is refused.
  */
 static void test_warm_restart(void)
 {
-	char file[128], key[32], val[600], buf[700];
+	char file[128], geom[160], key[32], val[600], buf[700];
 	const char *extra[] = {"--memory-file", file, NULL};
 	struct hkvserver s;
 	struct hkv_client *c;
 	size_t vlen;
-	FILE *f;
 
 	snprintf(file, sizeof(file), "/tmp/hkv-warm-%d.region", (int)getpid());
-	unlink(file);
+	hkv_test_unlink_region(file);
 	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
 	c = hkvserver_client(&s);
 	for (int i = 0; i < 300; i++) {
@@ -992,13 +1061,38 @@ static void test_warm_restart(void)
 	hkv_close(c);
 	hkvserver_stop(&s);
 	printf("# warm restart after SIGKILL: 200 items back, 100 deletes kept\n");
-	f = fopen(file, "r+b"); /* tear the header */
-	CHECK(f != NULL);
-	fseek(f, 40, SEEK_SET);
-	fputc(0x5a, f);
-	fclose(f);
+	/* a writer's bytes over the header, then the server killed before its
+	 * tick put them back: rebuilt from FILE.geom, the items still there */
+	CHECK(patch_file(file, 40, "\x5a", 1) == 0);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	c = hkvserver_client(&s);
+	CHECK(c != NULL);
+	CHECK_RC(get_str(c, "after", buf, sizeof(buf), NULL), 0);
+	CHECK(!strcmp(buf, "restart"));
+	CHECK_RC(hkv_get(c, "w1", 2, buf, sizeof(buf), &vlen, NULL), 0);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	/* a forged header that validates (another hash key, sealed): the
+	 * server's record wins, every key is where it was */
+	CHECK(forge_hash_key(file) == 0);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) == 0);
+	c = hkvserver_client(&s);
+	CHECK(c != NULL);
+	CHECK_RC(get_str(c, "after", buf, sizeof(buf), NULL), 0);
+	hkv_close(c);
+	hkvserver_stop(&s);
+	/* a torn header and a slot pointing out of the data area: refused */
+	CHECK(stray_slot(file) == 0);
+	CHECK(patch_file(file, 40, "\x5a", 1) == 0);
 	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) != 0);
-	unlink(file);
+	/* a torn header and no record of the geometry: refused, not served */
+	CHECK(put_back_slot(file) == 0);
+	snprintf(geom, sizeof(geom), "%s.geom", file);
+	CHECK(unlink(geom) == 0);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "64K", extra) != 0);
+	printf("# a torn header rebuilt from the server's record, a forged one overruled; "
+	       "refused with a stray slot or without the record\n");
+	hkv_test_unlink_region(file);
 }
 
 /*
