@@ -12,19 +12,28 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include <netdb.h>
+
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
+#include <event2/listener.h>
 
 #include "common/hkv_alloc.h"
+#include "common/log.h"
 #include "hatchkv.h"
 
-#define METRICS_TIMEOUT_S   5
+#define METRICS_DEADLINE_S  5    /* accept to the answer's last byte */
 #define METRICS_HEADERS_MAX 8192
-#define METRICS_BODY_MAX    1024 /* a GET has none */
+#define METRICS_LINE_MAX    1024 /* the request line we look at */
+#define METRICS_CONNS_MAX   64   /* scrapers are few */
 
 struct hkv_metrics {
-	struct evhttp *http;
+	struct evconnlistener *lis;
+	struct event *resume; /* accepting again after an accept error */
+	struct mconn *conns;
+	unsigned nconns;
+	uint64_t refused, dropped_slow;
 	uint16_t port;
 	char url[300];
 	hkv_metrics_page_fn page;
@@ -130,42 +139,225 @@ int hkv_metrics_addr_ok(const char *spec)
 	return !hkv_metrics_parse_addr(spec, host, sizeof(host), &port);
 }
 
-static void on_request(struct evhttp_request *req, void *arg)
+/*
+ * The endpoint is a small HTTP/1.1 responder of its own (not evhttp, whose
+ * 2.1 API can neither cap connections nor bound the time a request's
+ * headers take: a peer sending a byte every few seconds kept a descriptor
+ * forever). Every connection: at most METRICS_CONNS_MAX at once (more are
+ * closed at accept), one request, answered with Connection: close, and
+ * METRICS_DEADLINE_S from accept to the last byte of the answer, whatever
+ * the peer sends meanwhile. An accept error (out of descriptors) pauses
+ * accepting for 100 ms and logs at most once a second.
+ */
+struct mconn {
+	struct hkv_metrics *m;
+	struct mconn *prev, *next; /* m->conns */
+	struct bufferevent *bev;
+	struct event *deadline;
+	int answered;
+};
+
+static void mconn_free(struct mconn *c)
 {
-	struct hkv_metrics *m = arg;
-	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-	struct evbuffer *out;
+	c->m->nconns--;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		c->m->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	bufferevent_free(c->bev);
+	event_free(c->deadline);
+	hkv_free(c);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct mconn *c = arg;
+
+	c->m->dropped_slow++;
+	mconn_free(c);
+}
+
+static void on_written(struct bufferevent *bev, void *arg)
+{
+	struct mconn *c = arg;
+
+	if (c->answered && !evbuffer_get_length(bufferevent_get_output(bev)))
+		mconn_free(c);
+}
+
+static void on_mevent(struct bufferevent *bev, short what, void *arg)
+{
+	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+		mconn_free(arg);
+}
+
+/* Answer with status and body (HEAD: the headers only), then close. */
+static void answer(struct mconn *c, int head, const char *status, const char *ctype,
+		   const char *extra, struct evbuffer *body)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	size_t len = body ? evbuffer_get_length(body) : 0;
+
+	evbuffer_add_printf(out, "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+			    "%sConnection: close\r\n\r\n", status, ctype, len, extra ? extra : "");
+	if (body && !head)
+		evbuffer_add_buffer(out, body);
+	c->answered = 1;
+	bufferevent_disable(c->bev, EV_READ);
+	bufferevent_enable(c->bev, EV_WRITE);
+}
+
+static void answer_text(struct mconn *c, int head, const char *status, const char *extra,
+			const char *text)
+{
+	struct evbuffer *b = evbuffer_new();
+
+	if (b)
+		evbuffer_add_printf(b, "%s\n", text);
+	answer(c, head, status, "text/plain; charset=utf-8", extra, b);
+	if (b)
+		evbuffer_free(b);
+}
+
+static void serve_page(struct mconn *c, int head)
+{
+	struct hkv_metrics *m = c->m;
+	struct evbuffer *out = evbuffer_new();
 	double t0;
 
-	if (!path || strcmp(path, "/metrics")) {
-		evhttp_send_error(req, HTTP_NOTFOUND, "the metrics are at /metrics");
-		return;
-	}
-	out = evbuffer_new();
 	if (!out) {
-		evhttp_send_error(req, HTTP_SERVUNAVAIL, NULL);
+		answer_text(c, head, "503 Service Unavailable", NULL, "out of memory");
 		return;
 	}
 	t0 = mono_s();
 	m->page(out, m->arg);
+	hkv_metrics_counter(out, "hatchkv_metrics_connections_refused_total",
+			    "Connections to this endpoint closed at accept: 64 were open.",
+			    m->refused);
+	hkv_metrics_counter(out, "hatchkv_metrics_connections_dropped_total",
+			    "Connections to this endpoint dropped unanswered, 5 s after accept.",
+			    m->dropped_slow);
 	hkv_metrics_gauge(out, "hatchkv_metrics_page_seconds",
 			  "Seconds the previous scrape's page took to build (its cost to the "
 			  "serving thread).",
 			  m->last_page_s);
 	m->last_page_s = mono_s() - t0;
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  HKV_METRICS_CONTENT_TYPE);
-	evhttp_send_reply(req, HTTP_OK, "OK", out);
+	answer(c, head, "200 OK", HKV_METRICS_CONTENT_TYPE, NULL, out);
 	evbuffer_free(out);
 }
 
-static uint16_t bound_port(struct evhttp_bound_socket *bs)
+/* The request line once the headers are whole: METHOD SP TARGET SP HTTP/1.x */
+static void on_mread(struct bufferevent *bev, void *arg)
+{
+	struct mconn *c = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_ptr end = evbuffer_search(in, "\r\n\r\n", 4, NULL);
+	char line[METRICS_LINE_MAX + 1], *sp, *target, *q;
+	size_t n;
+	int head;
+
+	if (c->answered)
+		return;
+	if (end.pos < 0) {
+		end = evbuffer_search(in, "\n\n", 2, NULL); /* (bare LF, as some tools send) */
+		if (end.pos < 0) {
+			if (evbuffer_get_length(in) > METRICS_HEADERS_MAX)
+				answer_text(c, 0, "431 Request Header Fields Too Large", NULL,
+					    "request headers over 8 KiB");
+			return;
+		}
+	}
+	n = evbuffer_copyout(in, line, sizeof(line) - 1);
+	line[n] = 0;
+	line[strcspn(line, "\r\n")] = 0;
+	sp = strchr(line, ' ');
+	target = sp ? sp + 1 : NULL;
+	q = target ? strchr(target, ' ') : NULL;
+	if (!sp || !q || strncmp(q + 1, "HTTP/1.", 7)) {
+		answer_text(c, 0, "400 Bad Request", NULL, "not an HTTP/1 request line");
+		return;
+	}
+	*sp = *q = 0;
+	head = !strcmp(line, "HEAD");
+	if (strcmp(line, "GET") && !head) {
+		answer_text(c, 0, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
+			    "only GET and HEAD");
+		return;
+	}
+	target[strcspn(target, "?#")] = 0; /* (a query string is ignored) */
+	if (strcmp(target, "/metrics")) {
+		answer_text(c, head, "404 Not Found", NULL, "the metrics are at /metrics");
+		return;
+	}
+	serve_page(c, head);
+}
+
+static void on_maccept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+		       int salen, void *arg)
+{
+	struct hkv_metrics *m = arg;
+	struct event_base *base = evconnlistener_get_base(l);
+	struct timeval tmo = {METRICS_DEADLINE_S, 0};
+	struct mconn *c;
+
+	if (m->nconns >= METRICS_CONNS_MAX) {
+		m->refused++;
+		hkv_warn_limited("metrics: %d connections open; refusing more", METRICS_CONNS_MAX);
+		evutil_closesocket(fd);
+		return;
+	}
+	c = hkv_calloc(1, sizeof(*c));
+	if (!c) {
+		evutil_closesocket(fd);
+		return;
+	}
+	c->m = m;
+	c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->deadline = evtimer_new(base, on_deadline, c);
+	if (!c->bev || !c->deadline || evtimer_add(c->deadline, &tmo)) {
+		if (c->bev)
+			bufferevent_free(c->bev);
+		else
+			evutil_closesocket(fd);
+		if (c->deadline)
+			event_free(c->deadline);
+		hkv_free(c);
+		return;
+	}
+	m->nconns++;
+	c->next = m->conns;
+	if (m->conns)
+		m->conns->prev = c;
+	m->conns = c;
+	bufferevent_setcb(c->bev, on_mread, on_written, on_mevent, c);
+	bufferevent_setwatermark(c->bev, EV_READ, 0, METRICS_HEADERS_MAX + 2);
+	bufferevent_enable(c->bev, EV_READ);
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(((struct hkv_metrics *)arg)->lis);
+}
+
+static void on_maccept_error(struct evconnlistener *l, void *arg)
+{
+	struct hkv_metrics *m = arg;
+	struct timeval pause = {0, 100000};
+
+	hkv_warn_limited("metrics: accept: %s; pausing 100 ms",
+			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+	evconnlistener_disable(l);
+	evtimer_add(m->resume, &pause);
+}
+
+static uint16_t bound_port(evutil_socket_t fd)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof(ss);
 
-	if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &len))
+	if (getsockname(fd, (struct sockaddr *)&ss, &len))
 		return 0;
 	return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 					       : ((struct sockaddr_in *)&ss)->sin_port);
@@ -174,9 +366,9 @@ static uint16_t bound_port(struct evhttp_bound_socket *bs)
 struct hkv_metrics *hkv_metrics_start(struct event_base *base, const char *spec,
 				      hkv_metrics_page_fn page, void *arg)
 {
-	struct evhttp_bound_socket *bs;
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
 	struct hkv_metrics *m;
-	char host[256];
+	char host[256], port_s[8];
 	uint16_t port;
 	int err;
 
@@ -184,37 +376,39 @@ struct hkv_metrics *hkv_metrics_start(struct event_base *base, const char *spec,
 		errno = EINVAL;
 		return NULL;
 	}
-	m = hkv_calloc(1, sizeof(*m));
-	if (!m)
+	snprintf(port_s, sizeof(port_s), "%u", (unsigned)port);
+	if (getaddrinfo(host, port_s, &hints, &ai)) {
+		errno = EADDRNOTAVAIL;
 		return NULL;
+	}
+	m = hkv_calloc(1, sizeof(*m));
+	if (!m) {
+		freeaddrinfo(ai);
+		return NULL;
+	}
 	m->page = page;
 	m->arg = arg;
-	m->http = evhttp_new(base);
-	if (!m->http)
-		goto free_m;
-	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-	evhttp_set_timeout(m->http, METRICS_TIMEOUT_S);
-	evhttp_set_max_headers_size(m->http, METRICS_HEADERS_MAX);
-	evhttp_set_max_body_size(m->http, METRICS_BODY_MAX);
-	evhttp_set_gencb(m->http, on_request, m);
 	errno = 0;
-	bs = evhttp_bind_socket_with_handle(m->http, host, port);
-	if (!bs)
-		goto free_http;
-	m->port = bound_port(bs);
+	m->lis = evconnlistener_new_bind(base, on_maccept, m,
+					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC |
+						 LEV_OPT_REUSEABLE,
+					 64, ai->ai_addr, (int)ai->ai_addrlen);
+	freeaddrinfo(ai);
+	m->resume = m->lis ? evtimer_new(base, on_resume, m) : NULL;
+	if (!m->resume) {
+		err = errno ? errno : EADDRNOTAVAIL;
+		if (m->lis)
+			evconnlistener_free(m->lis);
+		hkv_free(m);
+		errno = err;
+		return NULL;
+	}
+	evconnlistener_set_error_cb(m->lis, on_maccept_error);
+	m->port = bound_port(evconnlistener_get_fd(m->lis));
 	snprintf(m->url, sizeof(m->url), strchr(host, ':') ? "http://[%s]:%u/metrics"
 							    : "http://%s:%u/metrics",
 		 host, (unsigned)m->port);
 	return m;
-free_http:
-	err = errno ? errno : EADDRNOTAVAIL;
-	evhttp_free(m->http);
-	errno = err;
-free_m:
-	err = errno ? errno : ENOMEM;
-	hkv_free(m);
-	errno = err;
-	return NULL;
 }
 
 uint16_t hkv_metrics_port(const struct hkv_metrics *m)
@@ -227,11 +421,21 @@ const char *hkv_metrics_url(const struct hkv_metrics *m)
 	return m->url;
 }
 
+void hkv_metrics_endpoint_stats(const struct hkv_metrics *m, uint64_t *refused,
+				uint64_t *dropped_slow)
+{
+	*refused = m ? m->refused : 0;
+	*dropped_slow = m ? m->dropped_slow : 0;
+}
+
 void hkv_metrics_stop(struct hkv_metrics *m)
 {
 	if (!m)
 		return;
-	evhttp_free(m->http);
+	while (m->conns)
+		mconn_free(m->conns);
+	evconnlistener_free(m->lis);
+	event_free(m->resume);
 	hkv_free(m);
 }
 

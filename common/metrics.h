@@ -1,7 +1,7 @@
 /*
  * metrics.h - a Prometheus endpoint: the text exposition format (0.0.4) on
- * an optional HTTP port, served by libevent's evhttp on the caller's event
- * loop. Shared by hatchkv-server and hatchkv-memcached (docs/metrics.md).
+ * an optional HTTP port, served on the caller's event loop by a small
+ * HTTP/1.1 responder of its own (metrics.c says why not evhttp). Shared by hatchkv-server and hatchkv-memcached (docs/metrics.md).
  *
  *   GET /metrics  ->  200, Content-Type: text/plain; version=0.0.4
  *
@@ -13,8 +13,11 @@
  *     hatchkv_segments{state="free"} 12
  *     hatchkv_segments{state="shared"} 50
  *
- * Anything else is 404; methods other than GET and HEAD are refused, a
- * request's headers are capped at 8 KiB and its connection at 5 s idle.
+ * Anything else is 404; methods other than GET and HEAD are refused (405),
+ * a request's headers are capped at 8 KiB, a connection lives 5 s at most
+ * from accept to the answer's last byte (one request each, Connection:
+ * close), at most 64 are open at once (more are closed at accept), and an
+ * accept error pauses accepting for 100 ms.
  * There is no authentication: bind it to loopback or a trusted network.
  *
  * The page is built by the owner's callback, on the loop thread, once per
@@ -65,6 +68,9 @@ uint16_t hkv_metrics_port(const struct hkv_metrics *m);
 const char *hkv_metrics_url(const struct hkv_metrics *m);
 /* Close the port; requests in flight are dropped. NULL is a no-op. */
 void hkv_metrics_stop(struct hkv_metrics *m);
+/* Connections closed at accept (the cap), and dropped at the deadline. */
+void hkv_metrics_endpoint_stats(const struct hkv_metrics *m, uint64_t *refused,
+				uint64_t *dropped_slow);
 
 /* One family's # HELP and # TYPE lines; type "counter" or "gauge". */
 void hkv_metrics_family(struct evbuffer *out, const char *name, const char *type,

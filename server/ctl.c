@@ -211,7 +211,7 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 		refuse(cc, HKV_REFUSED_TOKEN, HKV_EAUTH, "wrong token");
 		return;
 	}
-	ret = hkv_store_admit(cc->ctl->store, &w, !full);
+	ret = hkv_store_admit(cc->ctl->store, &w, !full, cc->source);
 	if (ret) {
 		refuse(cc, ret == HKV_EDISCONNECTED ? HKV_REFUSED_FENCED : HKV_REFUSED_MAX_CLIENTS,
 		       ret, ret == HKV_EDISCONNECTED
@@ -222,7 +222,7 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	}
 	cc->ctl->store->stats.admitted++;
 	w.transport = o->kind;
-	w.flags = full ? 0 : HKV_WELCOME_F_READONLY;
+	w.flags |= full ? 0 : HKV_WELCOME_F_READONLY;
 	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", o->data_endpoint);
 	reply(cc, HKV_CTL_WELCOME, 0, &w, sizeof(w));
 }

@@ -18,6 +18,7 @@
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
 #include "common/paths.h"
+#include "common/fdlimit.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/token.h"
@@ -628,6 +629,29 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/*
+ * The descriptor budget (issue 28, item 6): the soft limit raised to the
+ * hard one. On shm every connected client holds a descriptor (its data
+ * socket), so --max-clients is capped below what is left after the control
+ * plane's 256 connections, the metrics endpoint's 64 and a reserve; a
+ * flood is then refused at the caps with a line, never by running out.
+ */
+static void size_clients(struct server_opts *o)
+{
+	long lim = hkv_fd_limit_raise("hatchkv-server");
+	long room = lim - HKV_CTL_MAX_CONNS - 64 - 128;
+
+	if (o->kind != HKV_TRANSPORT_SHM)
+		return;
+	if (room < 8)
+		room = 8;
+	if (!o->store.max_clients || o->store.max_clients > room) {
+		hkv_warn("server: --max-clients %u is more than %ld descriptors allow on shm (%ld "
+			 "in all); using %ld", o->store.max_clients, room, lim, room);
+		o->store.max_clients = (uint32_t)room;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct server_opts o = {
@@ -658,6 +682,7 @@ int main(int argc, char **argv)
 		return 2;
 	if (!o.kind)
 		o.kind = hkv_verbs_available() ? HKV_TRANSPORT_VERBS : HKV_TRANSPORT_SHM;
+	size_clients(&o);
 	if (!o.socket_path) {
 		if (hkv_default_socket(default_socket, sizeof(default_socket),
 				       o.kind == HKV_TRANSPORT_SHM))

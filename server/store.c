@@ -13,7 +13,7 @@
 #include "common/log.h"
 #include "common/transport_int.h"
 
-#define TICKET_TTL_NS (10ull * 1000000000ull)
+#define TICKET_TTL_NS ((uint64_t)HKV_TICKET_TTL_S * 1000000000ull)
 
 /* Does the data plane hand out memory windows (and so take GRANTs)? */
 static int windows_on(const struct hkv_store *s)
@@ -225,15 +225,61 @@ void hkv_store_fini(struct hkv_store *s)
 	s->clients = NULL;
 }
 
-int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly)
+/* The source's pending count (made if absent and create); NULL if the
+ * table has no room for it near its hash. */
+static struct hkv_pend_src *pend_of(struct hkv_store *s, uint64_t key, int create)
+{
+	uint64_t h = hkv_hash64(&key, sizeof(key));
+	struct hkv_pend_src *free_e = NULL;
+
+	for (uint32_t i = 0; i < HKV_PEND_PROBES; i++) {
+		struct hkv_pend_src *e = &s->pend_src[(h + i) & (HKV_PEND_SOURCES - 1)];
+
+		if (e->n && e->key == key)
+			return e;
+		if (!e->n && !free_e)
+			free_e = e;
+	}
+	if (free_e && create)
+		free_e->key = key;
+	return create ? free_e : NULL;
+}
+
+/* A pending ticket ends (redeemed, expired, replaced). */
+static void pend_end(struct hkv_store *s, struct hkv_client_rec *c)
+{
+	struct hkv_pend_src *e = pend_of(s, c->source, 0);
+
+	if (e)
+		e->n--;
+	s->npending_ro -= c->readonly;
+	s->npending--;
+	c->ticket_expiry_ns = 0;
+}
+
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
+		    uint64_t source)
 {
 	uint64_t now = hkv_now_ns();
+	uint32_t quarter = (s->max_clients ? s->max_clients : HKV_MAX_CLIENTS) / 4;
+	struct hkv_pend_src *e;
 
 	if (s->fenced)
 		return HKV_EDISCONNECTED;
 	/* admitted but not connected yet count too (expired tickets until the tick) */
 	if (s->max_clients && s->nconnected + s->npending >= s->max_clients)
 		return -EUSERS;
+	if (readonly && s->npending_ro >= (quarter > 2 ? quarter : 2)) {
+		hkv_warn_limited("store: %u read-only clients admitted and not connected; refusing "
+				 "more for now", s->npending_ro);
+		return -EUSERS;
+	}
+	e = pend_of(s, source, 1);
+	if (!e || e->n >= (quarter > 8 ? quarter : 8)) {
+		hkv_warn_limited("store: a source holds %u admissions not redeemed; refusing its "
+				 "next for now", e ? e->n : 0);
+		return -EUSERS;
+	}
 
 	for (uint32_t tries = 0; tries < HKV_MAX_CLIENTS; tries++) {
 		uint32_t id = s->next_id;
@@ -242,11 +288,18 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 		s->next_id = id % HKV_MAX_CLIENTS + 1; /* round robin: ids are reused late */
 		if (c->connected || c->ticket_expiry_ns > now)
 			continue;
+		if (c->ticket_expiry_ns) /* expired, not yet seen by the tick */
+			pend_end(s, c);
 		if (getrandom(c->ticket, HKV_TICKET_LEN, 0) != HKV_TICKET_LEN)
 			return -errno;
-		s->npending += !c->ticket_expiry_ns; /* else it replaces an expired one */
+		e = pend_of(s, source, 1); /* (pend_end may have emptied it) */
+		e->key = source;
+		e->n++;
+		s->npending++;
+		s->npending_ro += !!readonly;
 		c->ticket_expiry_ns = now + TICKET_TTL_NS;
-		c->readonly = readonly;
+		c->readonly = !!readonly;
+		c->source = source;
 		memset(w, 0, sizeof(*w));
 		w->client_id = id;
 		memcpy(w->ticket, c->ticket, HKV_TICKET_LEN);
@@ -286,8 +339,7 @@ int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_ac
 		s->stats.refused[HKV_REFUSED_TICKET]++;
 		return HKV_EAUTH;
 	}
-	c->ticket_expiry_ns = 0;
-	s->npending--;
+	pend_end(s, c);
 	c->connected = 1;
 	s->nconnected++;
 	out->cookie = h.client_id;
@@ -443,10 +495,8 @@ void hkv_store_tick(struct hkv_store *s)
 	uint64_t now = hkv_now_ns();
 
 	for (uint32_t id = 1; id <= HKV_MAX_CLIENTS; id++) {
-		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now) {
-			s->clients[id].ticket_expiry_ns = 0;
-			s->npending--;
-		}
+		if (s->clients[id].ticket_expiry_ns && s->clients[id].ticket_expiry_ns < now)
+			pend_end(s, &s->clients[id]);
 	}
 }
 

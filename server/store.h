@@ -37,6 +37,16 @@ struct hkv_client_rec {
 	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
 	int connected;
 	int readonly; /* its rkey permits RDMA Read only */
+	uint64_t source; /* while its ticket is pending: who asked (server/ctl.c source_key) */
+};
+
+/* Pending tickets by source (issue 28, item 6): a source's unredeemed
+ * tickets are capped, so no one source holds every --max-clients place. */
+#define HKV_PEND_SOURCES 1024
+#define HKV_PEND_PROBES  16
+struct hkv_pend_src {
+	uint64_t key;
+	uint32_t n;
 };
 
 /* A held block seen by the sweep (server/slab.c). */
@@ -118,6 +128,8 @@ struct hkv_store {
 	uint32_t next_id;
 	uint32_t nconnected;
 	uint32_t npending; /* tickets handed out, not yet redeemed or expired by the tick */
+	uint32_t npending_ro; /* ... of them to read-only clients */
+	struct hkv_pend_src pend_src[HKV_PEND_SOURCES];
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	struct hkv_slab slab;
@@ -128,9 +140,14 @@ struct hkv_store {
 int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o);
 void hkv_store_fini(struct hkv_store *s);
 
-/* Control plane: a client authenticated; fill its welcome (id + ticket).
- * -EUSERS at the client limit, HKV_EDISCONNECTED while fenced. */
-int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly);
+/* Control plane: a client authenticated from source (server/ctl.c
+ * source_key); fill its welcome (id + ticket, valid HKV_TICKET_TTL_S).
+ * -EUSERS at the client limit, when the source already holds its share of
+ * pending tickets (a quarter of --max-clients, at least 8), or read-only
+ * clients theirs (a quarter, at least 2); HKV_EDISCONNECTED while fenced. */
+#define HKV_TICKET_TTL_S 5
+int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
+		    uint64_t source);
 
 /* Transport callbacks (arg = the store). */
 int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out);

@@ -2643,6 +2643,220 @@ static void test_fd_exhaustion(void)
 	hkvserver_stop(&s);
 }
 
+/* ---- test_metrics_flood, test_admission_flood (issue 28, item 6) --------------------- */
+
+/* The port of the server's --metrics endpoint, from its log; 0 if none. */
+static int metrics_port(const struct hkvserver *s)
+{
+	char path[200], line[512];
+	const char *p;
+	int port = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	while (!port && fgets(line, sizeof(line), f))
+		if ((p = strstr(line, "metrics at http://127.0.0.1:")))
+			port = atoi(p + strlen("metrics at http://127.0.0.1:"));
+	fclose(f);
+	return port;
+}
+
+/* Lines of the server's log, but for the newcomers' own "client N
+ * connected/disconnected" lines. */
+static int log_lines(const struct hkvserver *s)
+{
+	return server_log_lines(s, "") - server_log_lines(s, "connected");
+}
+
+/* A TCP connection to 127.0.0.1:port, non-blocking (connect in progress); -1 if none. */
+static int tcp_start(int port)
+{
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sin, sizeof(sin)) && errno != EINPROGRESS) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* One GET /metrics: the HTTP status, or -1. */
+static int scrape(int port)
+{
+	char buf[64] = {0};
+	int fd = tcp_start(port), flags, st = -1;
+	struct pollfd pf;
+
+	if (fd < 0)
+		return -1;
+	pf = (struct pollfd){.fd = fd, .events = POLLOUT};
+	flags = fcntl(fd, F_GETFL);
+	if (poll(&pf, 1, 2000) == 1 && !fcntl(fd, F_SETFL, flags & ~O_NONBLOCK)) {
+		struct timeval tmo = {2, 0};
+
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo));
+		if (write_full(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 35) == 0 &&
+		    read(fd, buf, sizeof(buf) - 1) > 12 && !strncmp(buf, "HTTP/1.1 ", 9))
+			st = atoi(buf + 9);
+	}
+	close(fd);
+	return st;
+}
+
+/* A new client: open, set, get back, close. 0 or the error; *ms what it took. */
+static int newcomer_once(const struct hkvserver *s, const char *token_file, int n, uint64_t *ms)
+{
+	struct hkv_config *cfg = hkvserver_config(s);
+	struct hkv_client *c = NULL;
+	uint64_t t0 = now_ms();
+	char key[32], got[32];
+	size_t vlen = 0;
+	int ret;
+
+	hkv_config_set_timeout_ms(cfg, 5000);
+	if (token_file)
+		hkv_config_set_token_file(cfg, token_file);
+	snprintf(key, sizeof(key), "flood-%d", n);
+	ret = hkv_open(cfg, &c);
+	if (!ret)
+		ret = hkv_set(c, key, strlen(key), key, strlen(key), NULL);
+	if (!ret)
+		ret = hkv_get(c, key, strlen(key), got, sizeof(got), &vlen, NULL);
+	if (!ret && (vlen != strlen(key) || memcmp(got, key, vlen)))
+		ret = HKV_ECORRUPT;
+	if (c)
+		hkv_close(c);
+	hkv_config_free(cfg);
+	*ms = now_ms() - t0;
+	return ret;
+}
+
+/*
+ * test_metrics_flood: the server at 512 descriptors, 600 connections to its
+ * --metrics port, each sending one header byte a second for 6 s (evhttp's
+ * idle timeout restarted on every byte: they stayed, every descriptor went,
+ * and the server spun on accept writing millions of lines). Now: at most
+ * 64 at once, each gone 5 s after accept; new clients connect, store and
+ * read back every 250 ms within their timeout; the log grows by a few
+ * lines a second; a scrape answers 200 once the flood stops.
+ */
+static void test_metrics_flood(void)
+{
+	const char *const extra[] = {"--metrics", "127.0.0.1:0", NULL};
+	static int fds[600];
+	struct rlimit lim = {512, 512};
+	struct hkvserver s;
+	uint64_t t0, worst = 0, ms;
+	int port, lines0, lines, fails = 0, served = 0, st = -1, open_now = 0;
+
+	if (use_verbs) {
+		printf("# (shm only: the endpoint is the same code on verbs)\n");
+		return;
+	}
+	CHECK(hkvserver_start(&s, 0, "8M", "64K", extra) == 0);
+	CHECK((port = metrics_port(&s)) > 0);
+	CHECK(!prlimit(s.pid, RLIMIT_NOFILE, &lim, NULL));
+	lines0 = log_lines(&s);
+	for (int i = 0; i < 600; i++)
+		fds[i] = tcp_start(port);
+	t0 = now_ms();
+	for (int tick = 0; now_ms() - t0 < 6000; tick++) {
+		if (tick % 4 == 0) /* a header byte on each, once a second */
+			for (int i = 0; i < 600; i++)
+				if (fds[i] >= 0 && send(fds[i], "G", 1, MSG_NOSIGNAL) < 0 &&
+				    errno != EAGAIN && errno != ENOTCONN) {
+					close(fds[i]);
+					fds[i] = tcp_start(port); /* dropped: come back */
+				}
+		int ret = newcomer_once(&s, NULL, tick, &ms);
+
+		fails += ret != 0;
+		served += ret == 0;
+		worst = ms > worst ? ms : worst;
+		if (ret)
+			printf("#   a new client during the flood: %s after %llu ms\n",
+			       hkv_strerror(ret), (unsigned long long)ms);
+		sleep_ms(250);
+	}
+	for (int i = 0; i < 600; i++)
+		if (fds[i] >= 0) {
+			open_now++;
+			close(fds[i]);
+		}
+	lines = log_lines(&s) - lines0;
+	for (int i = 0; i < 20 && st != 200; i++) {
+		sleep_ms(100);
+		st = scrape(port);
+	}
+	printf("# 600 slow connections to --metrics (512 descriptors), 6 s: %d new clients "
+	       "served, %d failed, slowest %llu ms; %d log lines; a scrape after: %d\n", served,
+	       fails, (unsigned long long)worst, lines, st);
+	CHECK(server_alive(&s));
+	hkvserver_stop(&s);
+	CHECK(fails == 0 && served >= 10);
+	CHECK(worst < 5000);
+	CHECK(lines <= 6 * 4 + 10);
+	CHECK(st == 200);
+	(void)open_now;
+}
+
+/*
+ * test_admission_flood: a read-only token holder sends AUTH 100 times a
+ * second and never redeems its tickets (they were good for 10 s and
+ * uncapped: every --max-clients place was taken, writers got "too many
+ * clients"). Now read-only admissions not redeemed are capped at a quarter
+ * of --max-clients (at least 2), a source's at a quarter (at least 8), and
+ * tickets last 5 s: a writer connects every 200 ms throughout.
+ */
+static void test_admission_flood(void)
+{
+	char ro_file[160], token[HKV_TOKEN_MAX + 1];
+	const char *const extra[] = {"--ro-token-file", ro_file, "--max-clients", "8", NULL};
+	struct hkv_ctl_welcome w;
+	struct ctl_ep ep;
+	struct hkvserver s;
+	uint64_t t0, ms, worst = 0;
+	int welcomed = 0, refused = 0, fails = 0, served = 0, lines0, lines;
+
+	snprintf(ro_file, sizeof(ro_file), "/tmp/hkv-flood-ro-%d.token", (int)getpid());
+	unlink(ro_file);
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", extra) == 0);
+	CHECK(hkv_token_load(ro_file, token, sizeof(token), 0) > 0);
+	CHECK(ep_parse(s.uri, &ep) == 0);
+	lines0 = log_lines(&s);
+	t0 = now_ms();
+	for (int n = 0; now_ms() - t0 < 4000; n++) {
+		for (int k = 0; k < 20; k++) { /* 100 AUTHs a second */
+			if (ctl_auth(&ep, token, &w) == 0)
+				welcomed++;
+			else
+				refused++;
+			sleep_ms(10);
+		}
+		int ret = newcomer_once(&s, NULL, n, &ms);
+
+		fails += ret != 0;
+		served += ret == 0;
+		worst = ms > worst ? ms : worst;
+		if (ret)
+			printf("#   a writer during the flood: %s\n", hkv_strerror(ret));
+	}
+	lines = log_lines(&s) - lines0;
+	printf("# read-only AUTHs never redeemed, 100/s for 4 s (--max-clients 8): %d welcomed, "
+	       "%d refused; writers: %d connected, %d failed, slowest %llu ms; %d log lines\n",
+	       welcomed, refused, served, fails, (unsigned long long)worst, lines);
+	CHECK(server_alive(&s));
+	hkvserver_stop(&s);
+	unlink(ro_file);
+	CHECK(fails == 0 && served >= 10);
+	CHECK(welcomed >= 2 && refused > 0);
+	CHECK(lines <= 4 * 4 + 30);
+}
+
 /* ---- test_secret_files, test_shm_region_rights ---------------------------------------- */
 
 /*
@@ -5176,6 +5390,8 @@ int main(int argc, char **argv)
 	RUN_TEST(test_abort_dies);
 	RUN_TEST(test_hello_and_go);
 	RUN_TEST(test_fd_exhaustion);
+	RUN_TEST(test_metrics_flood);
+	RUN_TEST(test_admission_flood);
 	RUN_TEST(test_secret_files);
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);

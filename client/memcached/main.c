@@ -24,7 +24,8 @@ static void usage(FILE *f)
 		"  -p, --port PORT         TCP port (default 11211; 0 = any free port, logged)\n"
 		"  -l, --listen ADDR       address to listen on (default 127.0.0.1)\n"
 		"  -t, --threads N         worker threads, one hatchkv handle each (default 4)\n"
-		"  -c, --conn-limit N      max simultaneous connections (default 1024)\n"
+		"  -c, --conn-limit N      max simultaneous connections (default 1024, capped\n"
+		"                          below the descriptor limit)\n"
 		"      --depth N           requests in flight per worker (1..64; default 1 on\n"
 		"                          shm:, where a round trip is CPU work, else 8): above 1\n"
 		"                          a worker runs its connections' requests on N lanes\n"
@@ -137,7 +138,7 @@ int main(int argc, char **argv)
 		.port = 11211,
 		.threads = 4,
 		.depth = 0, /* by transport: see mc_server_run */
-		.max_conns = 1024,
+		.max_conns = 0, /* 1024, or what the descriptor limit allows */
 		.item_max = 1u << 20,
 		.server_uri = NULL,
 		.token_file = "hatchkv.token",

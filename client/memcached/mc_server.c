@@ -26,6 +26,7 @@
 
 #include "client/memcached/mc_metrics.h"
 #include "client/memcached/mc_proto.h"
+#include "common/fdlimit.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "hatchkv.h"
@@ -78,6 +79,7 @@ struct mc_server {
 	struct hkv_config *cfg;
 	struct event_base *base;    /* accept thread */
 	struct evconnlistener *lis;
+	struct event *resume; /* accepting again after an accept error */
 	struct hkv_metrics *metrics; /* --metrics, on the accept thread's loop */
 	struct worker *workers;
 	int nworkers;
@@ -1613,6 +1615,50 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	}
 }
 
+/*
+ * The descriptor budget (issue 28, item 6): the soft limit raised to the
+ * hard one; of it, HANDLE_FDS per worker's hatchkv handle and a reserve for
+ * the listeners, metrics and logs; --conn-limit (default 1024) capped
+ * below what is left, so that a flood of connections is refused at
+ * --conn-limit with a line, never by running out of descriptors.
+ */
+#define HANDLE_FDS  16
+#define FD_RESERVE  (64 + 64) /* listeners, metrics (64 connections), logs, libevent */
+
+static void size_conns(struct mc_server *s)
+{
+	long lim = hkv_fd_limit_raise("hatchkv-memcached");
+	long room = lim - FD_RESERVE - (long)s->nworkers * HANDLE_FDS;
+
+	if (room < 16)
+		room = 16;
+	if (!s->o.max_conns) {
+		s->o.max_conns = room < 1024 ? (int)room : 1024;
+	} else if (s->o.max_conns > room) {
+		hkv_warn("--conn-limit %d is more than %ld descriptors allow (%ld in all); "
+			 "using %ld", s->o.max_conns, room, lim, room);
+		s->o.max_conns = (int)room;
+	}
+}
+
+/* accept() failed (out of descriptors, say): one line a second at most, and
+ * a 100 ms pause instead of spinning on a readable socket. */
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(((struct mc_server *)arg)->lis);
+}
+
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+	struct mc_server *s = arg;
+	struct timeval pause = {0, 100000};
+
+	hkv_warn_limited("accept: %s; pausing 100 ms",
+			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+	evconnlistener_disable(l);
+	evtimer_add(s->resume, &pause);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct mc_server *s = arg;
@@ -1646,12 +1692,17 @@ static int start_listener(struct mc_server *s)
 		hkv_err("cannot listen on %s port %d: %s", spec, s->o.port, strerror(errno));
 		return -1;
 	}
+	s->resume = evtimer_new(s->base, on_accept_resume, s);
+	if (!s->resume)
+		return -1;
+	evconnlistener_set_error_cb(s->lis, on_accept_error);
 	getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&ss, &alen);
 	s->o.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						    : ((struct sockaddr_in *)&ss)->sin_port);
 	hkv_info("listening on %s:%d (memcached text protocol), %d workers x %d requests in "
-		 "flight, hatchkv server %s, item size max %zu", s->o.listen_addr, s->o.port,
-		 s->nworkers, s->o.depth, s->o.server_uri, s->o.item_max);
+		 "flight, hatchkv server %s, item size max %zu, connections max %d",
+		 s->o.listen_addr, s->o.port, s->nworkers, s->o.depth, s->o.server_uri,
+		 s->o.item_max, s->o.max_conns);
 	return 0;
 }
 
@@ -1740,6 +1791,7 @@ int mc_server_run(const struct mc_options *opts)
 	if (!s.o.depth) /* shm: a round trip is our own CPU's work, nothing to overlap */
 		s.o.depth = strncmp(s.o.server_uri, "shm:", 4) ? 8 : 1;
 	s.started = time(NULL);
+	size_conns(&s);
 	pthread_mutex_init(&s.count_lock, NULL);
 	pthread_mutex_init(&s.walk_lock, NULL);
 	if (evthread_use_pthreads() || make_config(&s))
@@ -1766,6 +1818,8 @@ free_listener:
 	hkv_metrics_stop(s.metrics);
 	if (s.lis)
 		evconnlistener_free(s.lis);
+	if (s.resume)
+		event_free(s.resume);
 	if (ev_int)
 		event_free(ev_int);
 	if (ev_term)

@@ -40,7 +40,7 @@ struct mc_options {
 	int port;                /* default 11211; 0 = any free port (logged) */
 	int threads;             /* workers (default 4) */
 	int depth;               /* requests in flight per worker (0: 1 on shm, else 8) */
-	int max_conns;           /* default 1024 */
+	int max_conns;           /* 0: 1024, or what the descriptor limit allows */
 	size_t item_max;         /* -I (default 1 MiB) */
 	int verbose;
 	int no_flush;            /* -F: flush_all refused, as memcached's -F */

@@ -10,6 +10,7 @@ process started here is killed on close(), also when the test fails.
 """
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -80,11 +81,13 @@ class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 
     def __init__(self, mc_bin, srv_bin, item_max="1m", threads=2, memory="256M", cache=False,
-                 rekey=None, mc_extra=(), cache_segment="64K"):
+                 rekey=None, mc_extra=(), cache_segment="64K", mc_nofile=None):
         """rekey: path of hkv-rekey; the region (a file) gets the test secret first.
         mc_extra: more hatchkv-memcached arguments. cache_segment: the segment size
-        in cache mode (None: the server's default, as scripts/memcached-demo runs it)."""
+        in cache mode (None: the server's default, as scripts/memcached-demo runs it).
+        mc_nofile: hatchkv-memcached's descriptor limit (soft and hard)."""
         self.procs = []
+        self.mc_nofile = mc_nofile
         self.cache_segment = cache_segment
         self.tmp = tempfile.mkdtemp(prefix="hkv-mc-test-")
         self.rekey = rekey
@@ -95,9 +98,13 @@ class Daemons:
             self.close()
             raise
 
-    def _spawn(self, argv, log):
+    def _spawn(self, argv, log, nofile=None):
         f = open(os.path.join(self.tmp, log), "w")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                             preexec_fn=limit if nofile else None)
         self.procs.append(p)
         return p
 
@@ -136,7 +143,8 @@ class Daemons:
         if depth and "--depth" not in self.mc_extra:
             self.mc_extra += ["--depth", depth]
         mc = self._spawn([mc_bin, "--server", uri, "--token-file", token, "-p", "0",
-                          "-t", str(threads), "-I", item_max] + self.mc_extra, "memcached.log")
+                          "-t", str(threads), "-I", item_max] + self.mc_extra, "memcached.log",
+                         self.mc_nofile)
         pat = re.compile(r"listening on \S+:(\d+)")
         wait_for(lambda: pat.search(self.log("memcached.log")) or mc.poll() is not None, 60,
                  "hatchkv-memcached")
