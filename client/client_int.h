@@ -395,6 +395,11 @@ extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
  * huge one models a stop after the age check, inside the post). */
 extern uint64_t hkv_test_view_max_ns;
 /* Control plane: ask for a segment of class cls (CARVE); *seg on success. */
+/* The control plane's mutual authentication on a connected fd (connect.c;
+ * common/ctl_proto.h): fills *w with the ticket in clear; HKV_ESERVERAUTH
+ * if the server fails to prove it holds token (nothing but a nonce sent). */
+struct hkv_ctl_welcome;
+int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w);
 int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t flags,
 		  uint32_t *seg);
 /* Memory windows: the base grant (READ rkey, and a writer's ATOMIC and

@@ -23,6 +23,7 @@
 
 #include "client/client_int.h"
 #include "client/replica.h"
+#include "common/ctl_auth.h"
 #include "common/ctl_proto.h"
 #include "common/hkv_alloc.h"
 #include "common/log.h"
@@ -149,67 +150,117 @@ static int read_full(int fd, void *buf, size_t len, int timeout_ms)
 	return 0;
 }
 
-/*
- * One control-plane request: send type + body, read the reply. A reply of
- * type `want` and exactly out_len bytes fills out; an ERROR reply returns
- * its status (the message goes to the debug log).
- */
-static int ctl_request(const struct endpoint *ep, uint16_t type, const void *body, uint32_t len,
-		       int timeout_ms, uint16_t want, void *out, uint32_t out_len)
+/* Send one control message (header + body) in one send, never SIGPIPE: a
+ * server that went away mid-request is an error for this call, not a
+ * signal that kills the application. */
+static int ctl_send(int fd, uint16_t type, const void *body, uint32_t len)
 {
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
 				.type = type, .len = len};
-	char msg[HKV_CTL_BODY_MAX + 1];
 	uint8_t req[sizeof(h) + HKV_CTL_BODY_MAX];
+
+	if (len > HKV_CTL_BODY_MAX)
+		return -EINVAL;
+	memcpy(req, &h, sizeof(h));
+	memcpy(req + sizeof(h), body, len);
+	if (send(fd, req, sizeof(h) + len, MSG_NOSIGNAL) != (ssize_t)(sizeof(h) + len))
+		return errno == EPIPE || errno == ECONNRESET ? HKV_EDISCONNECTED : -errno;
+	return 0;
+}
+
+/* Read one reply: of type `want` and exactly out_len bytes into out; an
+ * ERROR reply returns its status (the message goes to the debug log). */
+static int ctl_recv(int fd, int timeout_ms, uint16_t want, void *out, uint32_t out_len)
+{
+	struct hkv_ctl_hdr h;
+	char msg[HKV_CTL_BODY_MAX + 1];
+	int ret = read_full(fd, &h, sizeof(h), timeout_ms);
+
+	if (ret)
+		return ret;
+	if (h.magic != HKV_CTL_MAGIC || h.version != HKV_CTL_VERSION || h.len > HKV_CTL_BODY_MAX)
+		return HKV_EPROTO;
+	if ((ret = read_full(fd, msg, h.len, timeout_ms)))
+		return ret;
+	if (h.type == HKV_CTL_ERROR) {
+		msg[h.len] = 0;
+		hkv_debug("client: server refused: %s", msg);
+		return h.status < 0 ? h.status : HKV_EPROTO;
+	}
+	if (h.type != want || h.len != out_len)
+		return HKV_EPROTO;
+	memcpy(out, msg, out_len);
+	return 0;
+}
+
+/* One control-plane request on a connection of its own (GRANT, CARVE). */
+static int ctl_request(const struct endpoint *ep, uint16_t type, const void *body, uint32_t len,
+		       int timeout_ms, uint16_t want, void *out, uint32_t out_len)
+{
 	int fd = ctl_socket(ep, timeout_ms), ret;
 
 	if (fd < 0)
 		return fd;
-	if (len > HKV_CTL_BODY_MAX) {
-		ret = -EINVAL;
-		goto out;
-	}
-	/* one send, and never SIGPIPE: a server that went away mid-request is an
-	 * error for this call, not a signal that kills the application */
-	memcpy(req, &h, sizeof(h));
-	memcpy(req + sizeof(h), body, len);
-	if (send(fd, req, sizeof(h) + len, MSG_NOSIGNAL) != (ssize_t)(sizeof(h) + len)) {
-		ret = errno == EPIPE || errno == ECONNRESET ? HKV_EDISCONNECTED : -errno;
-		goto out;
-	}
-	ret = read_full(fd, &h, sizeof(h), timeout_ms);
-	if (ret)
-		goto out;
-	if (h.magic != HKV_CTL_MAGIC || h.version != HKV_CTL_VERSION || h.len > HKV_CTL_BODY_MAX) {
-		ret = HKV_EPROTO;
-		goto out;
-	}
-	ret = read_full(fd, msg, h.len, timeout_ms);
-	if (ret)
-		goto out;
-	if (h.type == HKV_CTL_ERROR) {
-		msg[h.len] = 0;
-		hkv_debug("client: server refused: %s", msg);
-		ret = h.status < 0 ? h.status : HKV_EPROTO;
-	} else if (h.type != want || h.len != out_len) {
-		ret = HKV_EPROTO;
-	} else {
-		memcpy(out, msg, out_len);
-	}
-out:
+	ret = ctl_send(fd, type, body, len);
+	if (!ret)
+		ret = ctl_recv(fd, timeout_ms, want, out, out_len);
 	close(fd);
 	return ret;
 }
 
-/* AUTH on the control plane; fills the welcome or returns the refusal. */
+/*
+ * The control plane's authentication on a connected fd (common/ctl_proto.h):
+ * HELLO, the server's CHALLENGE checked against our token (nothing more is
+ * sent to a server that fails it: HKV_ESERVERAUTH), PROVE, and the sealed
+ * WELCOME opened with the session key. Fills *w (ticket in clear).
+ */
+int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w)
+{
+	size_t tlen = strlen(token);
+	struct hkv_ctl_hello hello;
+	struct hkv_ctl_challenge ch;
+	struct hkv_ctl_prove pr;
+	struct hkv_ctl_welcome_msg msg;
+	uint8_t want[HKV_CTL_MAC_LEN], sk[HKV_CTL_MAC_LEN];
+	int ret;
+
+	randombytes_buf(hello.nonce_c, sizeof(hello.nonce_c));
+	if ((ret = ctl_send(fd, HKV_CTL_HELLO, &hello, sizeof(hello))) ||
+	    (ret = ctl_recv(fd, timeout_ms, HKV_CTL_CHALLENGE, &ch, sizeof(ch))))
+		return ret;
+	hkv_ctl_mac(want, token, tlen, "hatchkv server", hello.nonce_c, ch.nonce_s);
+	if (!hkv_ctl_mac_equal(want, ch.proof_full) &&
+	    !((ch.flags & HKV_CHALLENGE_F_RO) && hkv_ctl_mac_equal(want, ch.proof_ro)))
+		return HKV_ESERVERAUTH;
+	hkv_ctl_mac(pr.proof_c, token, tlen, "hatchkv client", hello.nonce_c, ch.nonce_s);
+	if ((ret = ctl_send(fd, HKV_CTL_PROVE, &pr, sizeof(pr))) ||
+	    (ret = ctl_recv(fd, timeout_ms, HKV_CTL_WELCOME, &msg, sizeof(msg))))
+		return ret;
+	hkv_ctl_mac(sk, token, tlen, "hatchkv session", hello.nonce_c, ch.nonce_s);
+	ret = hkv_ctl_welcome_open(w, &msg, sk);
+	sodium_memzero(sk, sizeof(sk));
+	if (ret)
+		return HKV_ESERVERAUTH; /* altered on the way: nothing in it is used */
+	w->data_endpoint[sizeof(w->data_endpoint) - 1] = 0;
+	return 0;
+}
+
+/* Authenticate to the endpoint's server; fills the welcome or returns the refusal. */
 static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms,
 		    struct hkv_ctl_welcome *w)
 {
-	int ret = ctl_request(ep, HKV_CTL_AUTH, token, (uint32_t)strlen(token), timeout_ms,
-			      HKV_CTL_WELCOME, w, sizeof(*w));
+	int fd = ctl_socket(ep, timeout_ms), ret;
 
-	if (!ret)
-		w->data_endpoint[sizeof(w->data_endpoint) - 1] = 0;
+	if (fd < 0)
+		return fd;
+	ret = hkv_ctl_handshake(fd, token, timeout_ms, w);
+	close(fd);
+	if (ret == HKV_ESERVERAUTH)
+		hkv_warn_limited("client: the server at %s%s%s did not prove it holds our token: "
+				 "not authenticating to it",
+				 ep->kind == HKV_TRANSPORT_SHM ? ep->path : ep->host,
+				 ep->kind == HKV_TRANSPORT_SHM ? "" : ":",
+				 ep->kind == HKV_TRANSPORT_SHM ? "" : ep->port);
 	return ret;
 }
 

@@ -7,15 +7,33 @@
  *   | magic4 | ver2   | type2  | status4  | len4   |  then len body bytes
  *   +--------+--------+--------+----------+--------+
  *
- *   AUTH     client -> server  body: the shared token (1..HKV_TOKEN_MAX bytes)
- *   WELCOME  server -> client  body: struct hkv_ctl_welcome
+ *   HELLO     client -> server  body: struct hkv_ctl_hello (its nonce)
+ *   CHALLENGE server -> client  body: struct hkv_ctl_challenge (the server's
+ *                               nonce and its proofs that it holds the tokens)
+ *   PROVE     client -> server  body: struct hkv_ctl_prove (the client's proof)
+ *   WELCOME   server -> client  body: struct hkv_ctl_welcome_msg (sealed)
+ *   AUTH      (protocol 1: the token in clear) refused with a message
  *   GRANT    client -> server  body: struct hkv_ctl_grant
  *   GRANTED  server -> client  body: struct hkv_ctl_granted
  *   CARVE    client -> server  body: struct hkv_ctl_carve
  *   CARVED   server -> client  body: struct hkv_ctl_carved
  *   ERROR    server -> client  status: HKV_E* code, body: a message
  *
- * One request per connection. GRANT exists when the data plane uses memory
+ * Authentication (issue 28): the token never crosses the wire, and the
+ * server proves it holds it before the client proves the same. On one
+ * connection: HELLO (nonce_c), CHALLENGE (nonce_s, and HMAC-SHA-256 keyed
+ * by the writer token - and by the read-only token, if the server has one -
+ * over "server", nonce_c, nonce_s); the client checks the proof for its own
+ * token and sends nothing more to a server that fails it; PROVE (HMAC by
+ * its token over "client", nonce_c, nonce_s): the server learns the role
+ * from which token it matches. Both derive a session key (HMAC over
+ * "session", nonce_c, nonce_s); the WELCOME's ticket travels XORed with a
+ * pad from it and the whole WELCOME carries its MAC, so a relay that
+ * passes the exchange through learns no ticket and cannot alter where the
+ * data connection goes. A peer that records the exchange can test guesses
+ * of the token offline only by guessing all of it (16 random bytes).
+ *
+ * Every other request (GRANT, CARVE) is one per connection. GRANT exists when the data plane uses memory
  * windows (the accept's region access has HKV_ACCESS_WINDOWS): a connected
  * client asks for its base rights (READ over the region, and for a writer
  * ATOMIC over everything past the header, a second rkey) and then for WRITE
@@ -39,7 +57,7 @@
 #include <stdint.h>
 
 #define HKV_CTL_MAGIC    0x4c54434bu /* "KCTL" */
-#define HKV_CTL_VERSION  1
+#define HKV_CTL_VERSION  2 /* 2: HELLO/CHALLENGE/PROVE (1: AUTH with the token) */
 #define HKV_CTL_BODY_MAX 1024
 #define HKV_TOKEN_MAX    256
 #define HKV_TICKET_LEN   16
@@ -52,6 +70,30 @@ enum hkv_ctl_type {
 	HKV_CTL_GRANTED = 5,
 	HKV_CTL_CARVE = 6,
 	HKV_CTL_CARVED = 7,
+	HKV_CTL_HELLO = 8,
+	HKV_CTL_CHALLENGE = 9,
+	HKV_CTL_PROVE = 10,
+};
+
+#define HKV_CTL_NONCE_LEN 32
+#define HKV_CTL_MAC_LEN   32
+
+struct hkv_ctl_hello {
+	uint8_t nonce_c[HKV_CTL_NONCE_LEN];
+};
+
+struct hkv_ctl_challenge {
+	uint8_t nonce_s[HKV_CTL_NONCE_LEN];
+	uint8_t proof_full[HKV_CTL_MAC_LEN]; /* keyed by the writer token */
+	uint8_t proof_ro[HKV_CTL_MAC_LEN];   /* by the read-only token (flag) */
+	uint32_t flags;                      /* HKV_CHALLENGE_F_* */
+	uint32_t pad;
+};
+
+#define HKV_CHALLENGE_F_RO 0x1 /* proof_ro is set: the server has a read-only token */
+
+struct hkv_ctl_prove {
+	uint8_t proof_c[HKV_CTL_MAC_LEN];
 };
 
 struct hkv_ctl_hdr {
@@ -69,6 +111,13 @@ struct hkv_ctl_welcome {
 	char data_endpoint[112]; /* shm: socket path; verbs: rdma_cm port */
 	uint32_t flags;          /* HKV_WELCOME_F_* */
 	uint32_t geom_sum;       /* with HKV_WELCOME_F_GEOM_SUM: the sum of the server's geometry */
+};
+
+/* The WELCOME on the wire: the ticket XORed with the session's pad, and a
+ * MAC by the session key over the welcome as sent (common/ctl_auth.h). */
+struct hkv_ctl_welcome_msg {
+	struct hkv_ctl_welcome w;
+	uint8_t mac[HKV_CTL_MAC_LEN];
 };
 
 /* The token was the read-only one: the data plane grants READ rights only. */

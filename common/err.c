@@ -23,6 +23,7 @@ static const char *const hkv_messages[] = {
 	[17] = "no RDMA device or transport unavailable",
 	[18] = "the key's server is out of service; nothing was done",
 	[19] = "replicated write cut off: it may have taken effect (outcome unknown)",
+	[20] = "the server did not prove it holds the token (not the server it claims to be)",
 };
 
 HKV_EXPORT const char *hkv_strerror(int err)

@@ -44,6 +44,9 @@ enum hkv_error {
 	HKV_EUNKNOWN = -1019,       /* replicated write cut off after it may have
 				     * taken effect: it did, or will (the next
 				     * write of the key finishes it), or not */
+	HKV_ESERVERAUTH = -1020,    /* the server did not prove it holds the token:
+				     * not the server it claims to be; nothing
+				     * was sent to it but a nonce */
 };
 
 /* Human-readable text for 0, -errno or HKV_E*; never NULL, static storage. */

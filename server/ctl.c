@@ -29,6 +29,9 @@
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 
+#include <sodium.h>
+
+#include "common/ctl_auth.h"
 #include "common/hkv_alloc.h"
 #include "common/layout.h"
 #include "common/log.h"
@@ -68,6 +71,8 @@ struct ctl_conn {
 	uint64_t grant_until_ns;
 	uint64_t source; /* rate-limit key of the peer */
 	int closing;
+	int challenged; /* a HELLO answered: the next message must be PROVE */
+	uint8_t nonce_c[HKV_CTL_NONCE_LEN], nonce_s[HKV_CTL_NONCE_LEN];
 };
 
 /* ---- rate limit -------------------------------------------------------------- */
@@ -157,7 +162,8 @@ static void conn_free(struct ctl_conn *cc)
 	hkv_free(cc);
 }
 
-static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *body, uint32_t len)
+static void send_msg(struct ctl_conn *cc, uint16_t type, int status, const void *body,
+		     uint32_t len)
 {
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
 				.type = type, .status = status, .len = len};
@@ -165,7 +171,13 @@ static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *bo
 	bufferevent_write(cc->bev, &h, sizeof(h));
 	if (len)
 		bufferevent_write(cc->bev, body, len);
-	cc->closing = 1; /* one request per connection: close once flushed */
+}
+
+/* The last message of a connection: close once flushed. */
+static void reply(struct ctl_conn *cc, uint16_t type, int status, const void *body, uint32_t len)
+{
+	send_msg(cc, type, status, body, len);
+	cc->closing = 1;
 	bufferevent_disable(cc->bev, EV_READ);
 }
 
@@ -187,25 +199,51 @@ static void refuse_limited(struct ctl_conn *cc)
 	reply(cc, HKV_CTL_ERROR, HKV_EAGAIN, why, sizeof(why) - 1);
 }
 
-static int token_equal(const char *secret, size_t slen, const uint8_t *tok, size_t len)
-{
-	const uint8_t *want = (const uint8_t *)secret;
-	uint8_t diff = len != slen;
-
-	/* constant time in the secret: always walk the whole expected token */
-	for (size_t i = 0; i < slen; i++)
-		diff |= want[i] ^ (i < len ? tok[i] : 0);
-	return diff == 0;
-}
-
-static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
+/*
+ * HELLO: answer a CHALLENGE - our nonce and the proofs that we hold the
+ * writer token (and the read-only one, if we have it) - and wait for PROVE
+ * on this connection (within the same deadline).
+ */
+static void process_hello(struct ctl_conn *cc, const uint8_t *body)
 {
 	const struct hkv_ctl_opts *o = &cc->ctl->o;
-	int full = token_equal(o->token, o->token_len, body, len);
-	int ro = o->ro_token && token_equal(o->ro_token, o->ro_token_len, body, len);
-	struct hkv_ctl_welcome w;
-	int ret;
+	struct hkv_ctl_challenge ch = {0};
 
+	memcpy(cc->nonce_c, body, HKV_CTL_NONCE_LEN);
+	randombytes_buf(cc->nonce_s, sizeof(cc->nonce_s));
+	memcpy(ch.nonce_s, cc->nonce_s, sizeof(ch.nonce_s));
+	hkv_ctl_mac(ch.proof_full, o->token, o->token_len, "hatchkv server", cc->nonce_c,
+		    cc->nonce_s);
+	if (o->ro_token) {
+		hkv_ctl_mac(ch.proof_ro, o->ro_token, o->ro_token_len, "hatchkv server",
+			    cc->nonce_c, cc->nonce_s);
+		ch.flags = HKV_CHALLENGE_F_RO;
+	}
+	cc->challenged = 1;
+	send_msg(cc, HKV_CTL_CHALLENGE, 0, &ch, sizeof(ch));
+}
+
+/* PROVE: the client's MAC names its token (writer or read-only); admit it
+ * and send the WELCOME sealed under the session key. */
+static void process_prove(struct ctl_conn *cc, const uint8_t *body)
+{
+	const struct hkv_ctl_opts *o = &cc->ctl->o;
+	struct hkv_ctl_welcome_msg msg;
+	struct hkv_ctl_welcome w;
+	uint8_t want[HKV_CTL_MAC_LEN], sk[HKV_CTL_MAC_LEN];
+	const char *tok = o->token;
+	size_t tlen = o->token_len;
+	int full, ro = 0, ret;
+
+	hkv_ctl_mac(want, o->token, o->token_len, "hatchkv client", cc->nonce_c, cc->nonce_s);
+	full = hkv_ctl_mac_equal(want, body);
+	if (!full && o->ro_token) {
+		hkv_ctl_mac(want, o->ro_token, o->ro_token_len, "hatchkv client", cc->nonce_c,
+			    cc->nonce_s);
+		ro = hkv_ctl_mac_equal(want, body);
+		tok = o->ro_token;
+		tlen = o->ro_token_len;
+	}
 	if (!full && !ro) {
 		source_charge(cc);
 		refuse(cc, HKV_REFUSED_TOKEN, HKV_EAUTH, "wrong token");
@@ -224,7 +262,11 @@ static void process_auth(struct ctl_conn *cc, const uint8_t *body, uint32_t len)
 	w.transport = o->kind;
 	w.flags |= full ? 0 : HKV_WELCOME_F_READONLY;
 	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", o->data_endpoint);
-	reply(cc, HKV_CTL_WELCOME, 0, &w, sizeof(w));
+	hkv_ctl_mac(sk, tok, tlen, "hatchkv session", cc->nonce_c, cc->nonce_s);
+	hkv_ctl_welcome_seal(&msg, &w, sk);
+	sodium_memzero(sk, sizeof(sk));
+	sodium_memzero(&w, sizeof(w));
+	reply(cc, HKV_CTL_WELCOME, 0, &msg, sizeof(msg));
 }
 
 static void grant_step(struct ctl_conn *cc);
@@ -363,14 +405,23 @@ static void on_read(struct bufferevent *bev, void *arg)
 	} else if (v == HKV_CTL_REJECT) {
 		source_charge(cc);
 		refuse(cc, HKV_REFUSED_MALFORMED, req.status, req.why);
+	} else if (cc->challenged != (req.type == HKV_CTL_PROVE)) {
+		/* PROVE only right after our CHALLENGE; nothing else then */
+		source_charge(cc);
+		refuse(cc, HKV_REFUSED_MALFORMED, HKV_EPROTO,
+		       cc->challenged ? "expected PROVE after CHALLENGE" : "PROVE without HELLO");
 	} else if (req.type == HKV_CTL_GRANT) {
 		process_grant(cc, req.token);
 	} else if (req.type == HKV_CTL_CARVE) {
 		process_carve(cc, req.token);
+	} else if (req.type == HKV_CTL_HELLO) {
+		process_hello(cc, req.token);
 	} else {
-		process_auth(cc, req.token, req.token_len);
+		process_prove(cc, req.token);
 	}
-	evbuffer_drain(in, evbuffer_get_length(in));
+	evbuffer_drain(in, req.consumed ? req.consumed : evbuffer_get_length(in));
+	if (!cc->closing && evbuffer_get_length(in))
+		on_read(bev, arg); /* (a PROVE sent right behind its HELLO: refused) */
 }
 
 static void on_write(struct bufferevent *bev, void *arg)

@@ -4,15 +4,16 @@
  * state; server/ctl.c calls it on every read, tests/fuzz/fuzz_ctl.c feeds it
  * garbage.
  *
- * A request is one AUTH, GRANT or CARVE message (common/ctl_proto.h):
+ * A request is one HELLO, PROVE, GRANT or CARVE message (common/ctl_proto.h):
  *
  *   +--------+--------+--------+----------+--------+------------------+
  *   | magic4 | ver2   | type2  | status4  | len4   | body, len bytes  |
  *   +--------+--------+--------+----------+--------+------------------+
- *   AUTH: the token, 1 <= len <= HKV_TOKEN_MAX; GRANT: len ==
- *   sizeof(struct hkv_ctl_grant); CARVE: len == sizeof(struct
- *   hkv_ctl_carve). So a request is at most HKV_CTL_REQ_MAX
- *   bytes: the server never buffers more per connection.
+ *   HELLO, PROVE, GRANT, CARVE: len == the size of their struct. AUTH
+ *   (protocol 1: the token in clear) and a protocol-1 header are refused
+ *   from the header, with a message that says to upgrade the client. So a
+ *   request is at most HKV_CTL_REQ_MAX bytes: the server never buffers
+ *   more per connection.
  *
  * The header is judged as soon as it is complete (magic, then version, then
  * type and length), before the body arrives: a bad header is rejected at
@@ -37,9 +38,9 @@ enum hkv_ctl_verdict {
 };
 
 struct hkv_ctl_req {
-	uint16_t type;        /* HKV_CTL_AUTH, HKV_CTL_GRANT or HKV_CTL_CARVE */
+	uint16_t type;        /* HKV_CTL_HELLO, PROVE, GRANT or CARVE */
 	const uint8_t *token; /* the body: points into the caller's bytes */
-	uint32_t token_len;   /* AUTH: 1..HKV_TOKEN_MAX; GRANT: sizeof(struct hkv_ctl_grant) */
+	uint32_t token_len;   /* the body's length (its struct's size) */
 	size_t consumed;      /* header + body bytes of this request */
 	int status;           /* REJECT: the ERROR reply's status (HKV_EPROTO) */
 	const char *why;      /* REJECT: the ERROR reply's text (static) */
@@ -62,9 +63,13 @@ static inline enum hkv_ctl_verdict hkv_ctl_decode(const void *buf, size_t len,
 	req->status = HKV_EPROTO;
 	if (h.magic != HKV_CTL_MAGIC)
 		req->why = "not a hatchkv control message";
+	else if (h.version == 1 || (h.version == HKV_CTL_VERSION && h.type == HKV_CTL_AUTH))
+		req->why = "control protocol 1 (the token sent in clear) is no longer served: "
+			   "upgrade the client";
 	else if (h.version != HKV_CTL_VERSION)
 		req->why = "unsupported control protocol version";
-	else if (h.type == HKV_CTL_AUTH    ? h.len == 0 || h.len > HKV_TOKEN_MAX
+	else if (h.type == HKV_CTL_HELLO   ? h.len != sizeof(struct hkv_ctl_hello)
+		 : h.type == HKV_CTL_PROVE ? h.len != sizeof(struct hkv_ctl_prove)
 		 : h.type == HKV_CTL_GRANT ? h.len != sizeof(struct hkv_ctl_grant)
 		 : h.type == HKV_CTL_CARVE ? h.len != sizeof(struct hkv_ctl_carve)
 					   : 1)

@@ -1,6 +1,8 @@
 /*
- * test_ctl.c - the control plane under bad input, from raw sockets: a wrong
- * token, a wrong protocol version, a wrong magic, an oversized or truncated
+ * test_ctl.c - the control plane under bad input, from raw sockets: the
+ * mutual authentication done by hand (the server proves it holds the token
+ * first), a wrong token, protocol 1's token in clear, a wrong protocol
+ * version, a wrong magic, an oversized or truncated
  * request, garbage bytes, a silent client. Each is refused (an ERROR reply
  * with the right code, or the connection closed) and the server keeps
  * serving real clients throughout. Then the limits: requests at the body
@@ -27,6 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
+#include "common/ctl_auth.h"
 #include "common/ctl_proto.h"
 #include "common/transport.h"
 #include "hatchkv.h"
@@ -71,9 +76,25 @@ static int ctl_connect(void)
 	return -1;
 }
 
+/* read() until len bytes, EOF or an error: the bytes read. */
+static ssize_t read_all(int fd, void *buf, size_t len)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+
+		if (n <= 0)
+			return got ? (ssize_t)got : n;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
 /*
  * Send raw bytes; return the status of an ERROR reply (its text in why, if
- * given), 0 for WELCOME, 1 if closed without a reply.
+ * given), 0 for WELCOME, 1 if closed without a reply. A CHALLENGE (the
+ * answer to a HELLO) is read past: the reply to what followed decides.
  */
 static int exchange_why(const void *msg, size_t len, int timeout_ms, char *why, size_t cap)
 {
@@ -91,12 +112,18 @@ static int exchange_why(const void *msg, size_t len, int timeout_ms, char *why, 
 		return -998;
 	}
 	p = (struct pollfd){.fd = fd, .events = POLLIN};
-	if (poll(&p, 1, timeout_ms) == 1 && (n = read(fd, &h, sizeof(h))) == sizeof(h) &&
-	    h.magic == HKV_CTL_MAGIC) {
+	while (poll(&p, 1, timeout_ms) == 1 && (n = read_all(fd, &h, sizeof(h))) == sizeof(h) &&
+	       h.magic == HKV_CTL_MAGIC) {
+		char skip[sizeof(struct hkv_ctl_challenge)];
+
+		if (h.type == HKV_CTL_CHALLENGE && h.len == sizeof(skip) &&
+		    read_all(fd, skip, sizeof(skip)) == sizeof(skip))
+			continue; /* a HELLO's answer: what follows it decides */
 		ret = h.type == HKV_CTL_WELCOME ? 0 : h.status;
 		if (why && h.type == HKV_CTL_ERROR && h.len < cap &&
-		    (n = read(fd, why, h.len)) >= 0)
+		    (n = read_all(fd, why, h.len)) >= 0)
 			why[n] = 0;
+		break;
 	}
 	close(fd);
 	return ret;
@@ -122,6 +149,91 @@ static int request(uint32_t magic, uint16_t version, uint16_t type, uint32_t len
 		   const char *body, size_t body_len)
 {
 	return request_why(magic, version, type, len, body, body_len, NULL, 0);
+}
+
+/* A whole HELLO message (a fresh nonce). */
+static void hello_msg(uint8_t out[sizeof(struct hkv_ctl_hdr) + sizeof(struct hkv_ctl_hello)])
+{
+	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				.type = HKV_CTL_HELLO, .len = sizeof(struct hkv_ctl_hello)};
+
+	memcpy(out, &h, sizeof(h));
+	randombytes_buf(out + sizeof(h), sizeof(struct hkv_ctl_hello));
+}
+
+/*
+ * The authentication by hand (common/ctl_proto.h), proving token (tl
+ * bytes): 0 for a WELCOME whose MAC checks out under the session key, the
+ * status of an ERROR (its text in why), 1 if closed without a reply, -997
+ * for a WELCOME that does not open. *server_proved: the CHALLENGE proved
+ * the server holds token.
+ */
+static int handshake_why(const char *token, size_t tl, char *why, size_t cap,
+			 int *server_proved)
+{
+	uint8_t hello[sizeof(struct hkv_ctl_hdr) + sizeof(struct hkv_ctl_hello)];
+	uint8_t prove[sizeof(struct hkv_ctl_hdr) + sizeof(struct hkv_ctl_prove)];
+	struct hkv_ctl_hdr h, ph = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
+				    .type = HKV_CTL_PROVE, .len = sizeof(struct hkv_ctl_prove)};
+	struct hkv_ctl_challenge ch;
+	struct hkv_ctl_welcome_msg msg;
+	struct hkv_ctl_welcome w;
+	uint8_t mac[HKV_CTL_MAC_LEN], sk[HKV_CTL_MAC_LEN];
+	const uint8_t *nc = hello + sizeof(h);
+	int fd = ctl_connect(), ret = 1;
+
+	if (why)
+		why[0] = 0;
+	*server_proved = 0;
+	if (fd < 0)
+		return -999;
+	hello_msg(hello);
+	if (send(fd, hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello))
+		goto out;
+	for (int step = 0; step < 2; step++) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+
+		if (poll(&p, 1, 3000) != 1 || read_all(fd, &h, sizeof(h)) != sizeof(h) ||
+		    h.magic != HKV_CTL_MAGIC)
+			break;
+		if (h.type == HKV_CTL_ERROR) {
+			ret = h.status;
+			if (why && h.len < cap) {
+				ssize_t n = read_all(fd, why, h.len);
+
+				why[n > 0 ? n : 0] = 0;
+			}
+			break;
+		}
+		if (step == 0 && h.type == HKV_CTL_CHALLENGE && h.len == sizeof(ch) &&
+		    read_all(fd, &ch, sizeof(ch)) == sizeof(ch)) {
+			hkv_ctl_mac(mac, token, tl, "hatchkv server", nc, ch.nonce_s);
+			*server_proved = hkv_ctl_mac_equal(mac, ch.proof_full);
+			memcpy(prove, &ph, sizeof(ph));
+			hkv_ctl_mac(prove + sizeof(ph), token, tl, "hatchkv client", nc, ch.nonce_s);
+			if (send(fd, prove, sizeof(prove), MSG_NOSIGNAL) != (ssize_t)sizeof(prove))
+				break;
+			continue;
+		}
+		if (step == 1 && h.type == HKV_CTL_WELCOME && h.len == sizeof(msg) &&
+		    read_all(fd, &msg, sizeof(msg)) == sizeof(msg)) {
+			hkv_ctl_mac(sk, token, tl, "hatchkv session", nc, ch.nonce_s);
+			ret = hkv_ctl_welcome_open(&w, &msg, sk) ? -997 : 0;
+		} else {
+			ret = -996; /* not what the protocol says */
+		}
+		break;
+	}
+out:
+	close(fd);
+	return ret;
+}
+
+static int handshake(const char *token, size_t tl)
+{
+	int proved;
+
+	return handshake_why(token, tl, NULL, 0, &proved);
 }
 
 /* The server's token (trailing newline and blanks cut); its length, 0 if unreadable. */
@@ -158,24 +270,47 @@ static void still_serving(void)
 
 static void test_bad_requests(void)
 {
-	char token[300], junk[256];
+	uint8_t hello[sizeof(struct hkv_ctl_hdr) + sizeof(struct hkv_ctl_hello)];
+	char token[300], junk[256], why[200], hbody[sizeof(struct hkv_ctl_hello)] = {0};
 	size_t tl = read_token(token, sizeof(token));
+	int proved = 0;
 
 	CHECK(tl >= 16);
-	/* the real token works over the raw protocol */
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl), 0);
-	/* wrong token, same length and shorter */
+	/* the real token works over the raw protocol, and the server proves it
+	 * holds it before we prove the same */
+	CHECK_RC(handshake_why(token, tl, NULL, 0, &proved), 0);
+	CHECK(proved);
+	/* a wrong token, same length and shorter: the server's proof does not
+	 * check out against it (a client stops there), and its PROVE is refused */
 	token[0] ^= 1;
+	CHECK_RC(handshake_why(token, tl, NULL, 0, &proved), HKV_EAUTH);
+	CHECK(!proved);
+	CHECK_RC(handshake(token, 5), HKV_EAUTH);
+	token[0] ^= 1;
+	/* protocol 1 (the token in clear), as a v1 header or as AUTH in v2:
+	 * refused from the header, saying to upgrade, the token never judged */
+	CHECK_RC(request_why(HKV_CTL_MAGIC, 1, HKV_CTL_AUTH, (uint32_t)tl, token, tl, why,
+			     sizeof(why)), HKV_EPROTO);
+	CHECK(strstr(why, "upgrade the client") != NULL);
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl),
-		 HKV_EAUTH);
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, 5, token, 5), HKV_EAUTH);
-	token[0] ^= 1;
+		 HKV_EPROTO);
 	/* wrong protocol version, wrong magic, wrong type */
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION + 1, HKV_CTL_AUTH, (uint32_t)tl, token, tl),
-		 HKV_EPROTO);
-	CHECK_RC(request(0x12345678, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl),
-		 HKV_EPROTO);
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION + 1, HKV_CTL_HELLO, sizeof(hbody), hbody,
+			 sizeof(hbody)), HKV_EPROTO);
+	CHECK_RC(request(0x12345678, HKV_CTL_VERSION, HKV_CTL_HELLO, sizeof(hbody), hbody,
+			 sizeof(hbody)), HKV_EPROTO);
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, 77, (uint32_t)tl, token, tl), HKV_EPROTO);
+	/* PROVE without a HELLO; a second HELLO where PROVE belongs */
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_PROVE,
+			 sizeof(struct hkv_ctl_prove), junk, sizeof(struct hkv_ctl_prove)),
+		 HKV_EPROTO);
+	{
+		uint8_t two[2 * sizeof(hello)];
+
+		hello_msg(two);
+		hello_msg(two + sizeof(hello));
+		CHECK_RC(exchange(two, sizeof(two), 3000), HKV_EPROTO);
+	}
 	/* GRANT (memory windows): a wrong size is malformed; a forged ticket is
 	 * refused (shm has no windows, so GRANT is refused as unsupported there) */
 	{
@@ -191,41 +326,44 @@ static void test_bad_requests(void)
 				 sizeof(g)), srv.verbs ? HKV_EAUTH : -EOPNOTSUPP);
 	}
 	/* oversized and empty bodies */
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, 1u << 30, token, tl),
-		 HKV_EPROTO);
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, 0, token, 0), HKV_EPROTO);
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_HELLO, 1u << 30, hbody,
+			 sizeof(hbody)), HKV_EPROTO);
+	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_HELLO, 0, hbody, 0), HKV_EPROTO);
 	/* garbage bytes */
 	for (size_t i = 0; i < sizeof(junk); i++)
 		junk[i] = (char)(i * 131 + 7);
 	CHECK(exchange(junk, sizeof(junk), 3000) == HKV_EPROTO);
 	CHECK_PASSES(still_serving());
-	/* truncated: a header promising more than is sent, then silence; and a
-	 * client that sends nothing: both are dropped by the 5 s request timeout */
-	CHECK(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, 3) == 1);
+	/* truncated: a header promising more than is sent, then silence; a
+	 * client that sends nothing; one that says HELLO and never PROVEs: all
+	 * are dropped by the 5 s deadline */
+	CHECK(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_HELLO, sizeof(hbody), hbody, 3) == 1);
 	CHECK(exchange(NULL, 0, 7000) == 1);
+	hello_msg(hello);
+	CHECK(exchange(hello, sizeof(hello), 7000) == 1);
 	CHECK_PASSES(still_serving());
 }
 
-/* Bodies at the limit: HKV_TOKEN_MAX bytes are judged (a wrong token), one
- * more is refused from the header alone; bytes streamed past a request's end
- * are never buffered or judged. */
+/* Bodies at the limit: protocol 1's AUTH of HKV_TOKEN_MAX bytes and of one
+ * more are both refused from the header alone; bytes streamed behind a
+ * HELLO are never buffered past one request, and what follows the HELLO is
+ * judged as the next message (here: garbage). */
 static void test_size_limits(void)
 {
-	char big[HKV_TOKEN_MAX + 1], stream[4096];
-	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
-				.type = HKV_CTL_AUTH, .len = 16};
+	char big[HKV_TOKEN_MAX + 1];
+	uint8_t stream[4096];
 
 	memset(big, 'x', sizeof(big));
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, HKV_TOKEN_MAX, big,
 			 HKV_TOKEN_MAX),
-		 HKV_EAUTH);
+		 HKV_EPROTO);
 	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, HKV_TOKEN_MAX + 1, big,
 			 HKV_TOKEN_MAX + 1),
 		 HKV_EPROTO);
-	/* a 16-byte request followed by 4 KiB more: the 16 bytes are the token */
+	/* a HELLO followed by 4 KiB more: answered, then the rest refused */
 	memset(stream, 'y', sizeof(stream));
-	memcpy(stream, &h, sizeof(h));
-	CHECK_RC(exchange(stream, sizeof(stream), 3000), HKV_EAUTH);
+	hello_msg(stream);
+	CHECK_RC(exchange(stream, sizeof(stream), 3000), HKV_EPROTO);
 	CHECK_PASSES(still_serving());
 }
 
@@ -276,7 +414,7 @@ static void test_idle_flood(void)
 {
 	static int fds[FLOOD_CONNS], seen[FLOOD_CONNS];
 	struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC, .version = HKV_CTL_VERSION,
-				.type = HKV_CTL_AUTH, .len = 16};
+				.type = HKV_CTL_HELLO, .len = sizeof(struct hkv_ctl_hello)};
 	int nopen = 0, beyond, freed = 50, dropped;
 	long rss0 = server_rss_kb(), rss1;
 
@@ -330,7 +468,7 @@ static int log_lines_with(const char *what)
 	return f ? n : -1;
 }
 
-/* 1000 AUTH attempts from one source, every 50th with the right token: once
+/* 1000 authentications from one source, every 50th with the right token: once
  * its bucket is empty everything is "rate limited" (the right token too, so
  * guessing learns nothing), at most one log line a second; after the bucket
  * refills the right token works again. */
@@ -348,9 +486,10 @@ static void test_rate_limit(void)
 	for (int i = 0; i < 1000; i++) {
 		int right = i % 50 == 49, rc;
 
+		int proved;
+
 		token[0] ^= !right;
-		rc = request_why(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token,
-				 tl, why, sizeof(why));
+		rc = handshake_why(token, tl, why, sizeof(why), &proved);
 		token[0] ^= !right;
 		if (rc == HKV_EAGAIN && !strcmp(why, "rate limited")) {
 			limited++;
@@ -374,7 +513,7 @@ static void test_rate_limit(void)
 	CHECK(wrong <= 40 + (int)(20 * el) + 1);
 	CHECK(log0 < 0 || (log1 - log0 >= 1 && log1 - log0 <= (int)el + 2));
 	usleep(2100 * 1000); /* the bucket refills: 40 tokens at 20/s */
-	CHECK_RC(request(HKV_CTL_MAGIC, HKV_CTL_VERSION, HKV_CTL_AUTH, (uint32_t)tl, token, tl), 0);
+	CHECK_RC(handshake(token, tl), 0);
 	CHECK_PASSES(still_serving());
 }
 

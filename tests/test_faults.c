@@ -70,6 +70,8 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <sodium.h>
+
 #include "client/client_int.h"
 #include "common/ctl_proto.h"
 #include "common/layout.h"
@@ -421,11 +423,17 @@ static int ctl_call(const struct ctl_ep *ep, uint16_t type, const void *req, uin
 	return ret;
 }
 
-/* Control plane: AUTH with the token, WELCOME with client id and ticket. */
+/* Control plane: the library's mutual authentication (HELLO, CHALLENGE,
+ * PROVE), WELCOME with client id and ticket. */
 static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w)
 {
-	return ctl_call(ep, HKV_CTL_AUTH, token, (uint32_t)strlen(token), HKV_CTL_WELCOME, w,
-			sizeof(*w));
+	int fd = ctl_connect(ep), ret;
+
+	if (fd < 0)
+		return fd;
+	ret = hkv_ctl_handshake(fd, token, 5000, w);
+	close(fd);
+	return ret;
 }
 
 /* Memory windows: ask for rights to segment seg (HKV_GRANT_BASE: base rights). */
@@ -3205,6 +3213,253 @@ static void test_socket_squatter(void)
 	}
 }
 
+/* ---- test_impostor (issue 28, item 3) -------------------------------------------------- */
+
+#define IMP_REC (64u << 10)
+
+/* What an impostor saw: the bytes from the client, from the server, and
+ * whether its own data connection with the ticket it saw got in. */
+struct imp_report {
+	uint32_t from_client, from_server;
+	int redeemed; /* 1: the server took the ticket it saw; 0: refused; -1: not tried */
+	uint8_t c2s[IMP_REC], s2c[IMP_REC];
+};
+
+static int unix_listen(const char *path)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (strlen(path) >= sizeof(sun.sun_path)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	unlink(path);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sizeof(sun)) || listen(fd, 4)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The WELCOME in a server-to-client byte stream (after the CHALLENGE), or NULL. */
+static const struct hkv_ctl_welcome_msg *seen_welcome(const uint8_t *b, uint32_t n)
+{
+	uint32_t off = 0;
+
+	while (off + sizeof(struct hkv_ctl_hdr) <= n) {
+		struct hkv_ctl_hdr h;
+
+		memcpy(&h, b + off, sizeof(h));
+		if (h.type == HKV_CTL_WELCOME && h.len == sizeof(struct hkv_ctl_welcome_msg) &&
+		    off + sizeof(h) + h.len <= n)
+			return (const void *)(b + off + sizeof(h));
+		off += (uint32_t)sizeof(h) + h.len;
+	}
+	return NULL;
+}
+
+/* Try to redeem what looks like a ticket in a WELCOME seen on the way. */
+static int imp_redeem(const struct hkv_ctl_welcome_msg *m)
+{
+	struct hkv_data_hello hello = {.client_id = m->w.client_id};
+	struct hkv_conn_cfg cc = {.kind = HKV_TRANSPORT_SHM, .hello = &hello,
+				  .hello_len = sizeof(hello), .timeout_ms = 2000};
+	char path[sizeof(m->w.data_endpoint)];
+	struct hkv_conn *conn;
+
+	memcpy(path, m->w.data_endpoint, sizeof(path));
+	path[sizeof(path) - 1] = 0;
+	cc.path = cc.port = path;
+	memcpy(hello.ticket, m->w.ticket, HKV_TICKET_LEN);
+	conn = hkv_conn_open(&cc, NULL, NULL);
+	if (!conn)
+		return 0;
+	hkv_conn_close(conn);
+	return 1;
+}
+
+/*
+ * The impostor, a child of the test (same uid: the client's peer check
+ * passes). real == NULL: it answers a HELLO with a CHALLENGE of random
+ * bytes and records what else comes. real: it relays both ways to the real
+ * server's control socket, and when the WELCOME passes by it first tries
+ * to redeem the ticket in it itself. Its report goes to fd.
+ */
+static void impostor(int lfd, const char *real, int fd)
+{
+	static struct imp_report rep;
+	struct pollfd pf[2];
+	int c, sfd = -1, nfd = 1;
+
+	memset(&rep, 0, sizeof(rep));
+	rep.redeemed = -1;
+	pf[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+	if (poll(pf, 1, 5000) != 1 || (c = accept(lfd, NULL, NULL)) < 0)
+		_exit(3);
+	if (real) {
+		struct sockaddr_un sun = {.sun_family = AF_UNIX};
+
+		if (strlen(real) >= sizeof(sun.sun_path))
+			_exit(4);
+		memcpy(sun.sun_path, real, strlen(real) + 1);
+		sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (sfd < 0 || connect(sfd, (struct sockaddr *)&sun, sizeof(sun)))
+			_exit(4);
+		nfd = 2;
+	}
+	for (;;) {
+		pf[0] = (struct pollfd){.fd = c, .events = POLLIN};
+		pf[1] = (struct pollfd){.fd = sfd, .events = POLLIN};
+		if (poll(pf, (nfds_t)nfd, 1500) <= 0)
+			break;
+		if (pf[0].revents) {
+			uint8_t *at = rep.c2s + rep.from_client;
+			ssize_t r = read(c, at, IMP_REC - rep.from_client);
+
+			if (r <= 0)
+				break;
+			rep.from_client += (uint32_t)r;
+			if (real && write_full(sfd, at, (size_t)r))
+				break;
+			if (!real && rep.from_client >= sizeof(struct hkv_ctl_hdr) +
+							    sizeof(struct hkv_ctl_hello)) {
+				struct hkv_ctl_hdr h = {.magic = HKV_CTL_MAGIC,
+							.version = HKV_CTL_VERSION,
+							.type = HKV_CTL_CHALLENGE,
+							.len = sizeof(struct hkv_ctl_challenge)};
+				uint8_t ch[sizeof(struct hkv_ctl_challenge)];
+				static int once;
+
+				randombytes_buf(ch, sizeof(ch));
+				if (!once++ && (write_full(c, &h, sizeof(h)) || write_full(c, ch, sizeof(ch))))
+					break;
+			}
+		}
+		if (nfd == 2 && pf[1].revents) {
+			uint8_t *at = rep.s2c + rep.from_server;
+			const struct hkv_ctl_welcome_msg *m;
+			ssize_t r = read(sfd, at, IMP_REC - rep.from_server);
+
+			if (r <= 0)
+				break;
+			rep.from_server += (uint32_t)r;
+			m = seen_welcome(rep.s2c, rep.from_server);
+			if (m && rep.redeemed < 0) /* before the client gets it */
+				rep.redeemed = imp_redeem(m);
+			if (write_full(c, at, (size_t)r))
+				break;
+		}
+	}
+	_exit(write_full(fd, &rep, sizeof(rep)) ? 5 : 0);
+}
+
+/* Does the recording hold the token's bytes (or its first 8 anywhere)? */
+static int holds_token(const uint8_t *b, uint32_t n, const char *tok)
+{
+	size_t tl = strlen(tok) < 8 ? strlen(tok) : 8;
+
+	for (uint32_t i = 0; i + tl <= n; i++)
+		if (!memcmp(b + i, tok, tl))
+			return 1;
+	return 0;
+}
+
+/*
+ * test_impostor: whoever listens where a client looks for its server - a
+ * process at the shm socket path as the client's own uid, a fake member's
+ * endpoint - used to receive the token in clear. Now: (1) an impostor that
+ * cannot prove it holds the token gets one HELLO (a nonce) and nothing
+ * else, and the client fails with HKV_ESERVERAUTH; (2) an impostor that
+ * relays the exchange to the real server sees no token and no ticket: the
+ * ticket it finds in the WELCOME is sealed, the server refuses it, and the
+ * client, whose data connection goes straight to the server the WELCOME
+ * names, works.
+ */
+static void test_impostor(void)
+{
+	static struct imp_report rep;
+	char path[300], uri[320], token[HKV_TOKEN_MAX + 1];
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *c = NULL;
+	int p[2], lfd, ret[2], status, forwarded = 0, ok_after = -1;
+	pid_t pid;
+
+	if (use_verbs) {
+		printf("# (shm: the verbs control plane runs the same code)\n");
+		return;
+	}
+	CHECK(hkvserver_start(&s, 0, "8M", "64K", NULL) == 0);
+	CHECK(hkv_token_load(s.token_file, token, sizeof(token), 0) > 0);
+	snprintf(path, sizeof(path), "%s/impostor.sock", s.dir);
+	snprintf(uri, sizeof(uri), "shm:%s", path);
+	c = hkvserver_client(&s);
+	CHECK_RC(hkv_set(c, "via", 3, "relay", 5, NULL), 0);
+	hkv_close(c);
+	c = NULL;
+	for (int round = 0; round < 2; round++) {
+		CHECK((lfd = unix_listen(path)) >= 0);
+		CHECK(!pipe(p));
+		fflush(NULL);
+		pid = fork();
+		if (pid == 0) {
+			close(p[0]);
+			impostor(lfd, round ? s.uri + 4 : NULL, p[1]);
+		}
+		close(p[1]);
+		close(lfd);
+		cfg = hkv_config_new();
+		hkv_config_add_server(cfg, uri);
+		hkv_config_set_token_file(cfg, s.token_file);
+		hkv_config_set_timeout_ms(cfg, 2000);
+		ret[round] = hkv_open(cfg, &c);
+		if (!ret[round]) { /* (a read: a write may CARVE, and the relay is gone) */
+			char v[8];
+			size_t vlen = 0;
+
+			ok_after = hkv_get(c, "via", 3, v, sizeof(v), &vlen, NULL);
+			if (!ok_after && (vlen != 5 || memcmp(v, "relay", 5)))
+				ok_after = HKV_ECORRUPT;
+			hkv_close(c);
+			c = NULL;
+		}
+		hkv_config_free(cfg);
+		CHECK(read_full(p[0], &rep, sizeof(rep)) == 0);
+		CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+		      WEXITSTATUS(status) == 0);
+		close(p[0]);
+		unlink(path);
+		CHECK(!holds_token(rep.c2s, rep.from_client, token));
+		CHECK(!holds_token(rep.s2c, rep.from_server, token));
+		if (round == 0) {
+			printf("# an impostor at the socket path (our uid) without the token: hkv_open "
+			       "%s; it got %u bytes (one HELLO: %zu), no token\n",
+			       hkv_strerror(ret[0]), rep.from_client,
+			       sizeof(struct hkv_ctl_hdr) + sizeof(struct hkv_ctl_hello));
+			CHECK_RC(ret[0], HKV_ESERVERAUTH);
+			CHECK(rep.from_client == sizeof(struct hkv_ctl_hdr) +
+						       sizeof(struct hkv_ctl_hello));
+		} else {
+			forwarded = seen_welcome(rep.s2c, rep.from_server) != NULL;
+			printf("# an impostor relaying to the real server: it saw %u + %u bytes, no "
+			       "token; the ticket in the WELCOME it saw: %s; the client %s\n",
+			       rep.from_client, rep.from_server,
+			       rep.redeemed < 0 ? "(none seen)"
+			       : rep.redeemed ? "REDEEMED by the impostor" : "refused by the server",
+			       ret[1] ? hkv_strerror(ret[1]) : ok_after ? "connected, get failed"
+								: "connected and read its item");
+			CHECK(forwarded && rep.redeemed == 0);
+			CHECK_RC(ret[1], 0);
+			CHECK_RC(ok_after, 0);
+		}
+	}
+	hkvserver_stop(&s);
+}
+
 /* ---- test_abort_dies ------------------------------------------------------------------- */
 
 static struct hkv_client *abort_victim;
@@ -5395,6 +5650,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_secret_files);
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);
+	RUN_TEST(test_impostor);
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_move_takes_leftovers);

@@ -6,9 +6,8 @@
  *   - it reads outside the bytes given (ASan: they sit in an exact-size
  *     heap copy);
  *   - a verdict disagrees with the wire format: a DECODED request has a
- *     valid header (AUTH with 1..HKV_TOKEN_MAX token bytes, GRANT with
- *     exactly a struct hkv_ctl_grant, or CARVE with exactly a struct
- *     hkv_ctl_carve) and its body inside the input, a
+ *     valid header (HELLO, PROVE, GRANT or CARVE with exactly its struct;
+ *     protocol 1 and its AUTH are rejected) and its body inside the input, a
  *     REJECT has a complete header that is bad, NEED_MORE has a good
  *     header whose body is incomplete, or no whole header;
  *   - it waits for more than HKV_CTL_REQ_MAX bytes (the server reads no
@@ -17,7 +16,8 @@
  *     at exactly its length; a rejection stands once the header is there).
  *
  * The client's decoding of WELCOME/ERROR replies is not fuzzed here: it sits
- * inside ctl_auth() in client/connect.c, interleaved with its socket reads.
+ * inside hkv_ctl_handshake() in client/connect.c, interleaved with its socket
+ * reads.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +45,9 @@ static int header_good(const struct hkv_ctl_hdr *h)
 		return h->len == sizeof(struct hkv_ctl_grant);
 	if (h->type == HKV_CTL_CARVE)
 		return h->len == sizeof(struct hkv_ctl_carve);
-	return h->type == HKV_CTL_AUTH && h->len >= 1 && h->len <= HKV_TOKEN_MAX;
+	if (h->type == HKV_CTL_HELLO)
+		return h->len == sizeof(struct hkv_ctl_hello);
+	return h->type == HKV_CTL_PROVE && h->len == sizeof(struct hkv_ctl_prove);
 }
 
 /* The verdict on the first len bytes of buf, checked against the format. */

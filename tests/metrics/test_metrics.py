@@ -11,6 +11,8 @@ a scrape of a 1 GiB region of 64 KiB segments stays cheap.
 
 usage: test_metrics.py HATCHKV_MEMCACHED HATCHKV_SERVER
 """
+import hashlib
+import hmac
 import os
 import re
 import signal
@@ -128,19 +130,34 @@ def metrics_url(log):
 
 
 def auth(sock_path, token):
-    """One raw control-plane AUTH (common/ctl_proto.h): (type, status)."""
+    """The control plane's authentication by hand (common/ctl_proto.h: HELLO,
+    CHALLENGE, PROVE; HMAC-SHA-256 keyed by the token over a label and both
+    nonces): the type and status of the reply to PROVE (or to HELLO)."""
+    def recv_exact(s, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    def mac(label, nc, ns):
+        return hmac.new(token, label + b"\0" + nc + ns, hashlib.sha256).digest()
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
     s.connect(sock_path)
-    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 1, 1, 0, len(token)) + token)
-    hdr = b""
-    while len(hdr) < 16:
-        chunk = s.recv(16 - len(hdr))
-        if not chunk:
-            break
-        hdr += chunk
+    nc = os.urandom(32)
+    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, len(nc)) + nc)
+    _, _, typ, status, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
+    body = recv_exact(s, ln)
+    if typ == 9:  # CHALLENGE: nonce_s, proofs; answer PROVE
+        ns = body[:32]
+        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) +
+                  mac(b"hatchkv client", nc, ns))
+        _, _, typ, status, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
     s.close()
-    _, _, typ, status, _ = struct.unpack("<IHHiI", hdr)
     return typ, status
 
 
@@ -175,10 +192,10 @@ class MetricsDaemons(Daemons):
         self.srv_extra = list(srv_extra)
         super().__init__(*args, **kw)
 
-    def _spawn(self, argv, log):
+    def _spawn(self, argv, log, nofile=None):
         if log.startswith("server"):
             argv = list(argv) + self.srv_extra
-        return super()._spawn(argv, log)
+        return super()._spawn(argv, log, nofile)
 
 
 def test_off_by_default(mc_bin, srv_bin):
