@@ -9,6 +9,7 @@
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
+#include "hatchkv_err.h"
 
 int hkv_cluster_id_valid(const char *s)
 {
@@ -486,6 +487,58 @@ int hkv_cmap_identity_get(struct hkv_etcd *e, uint32_t partitions_if_new, int st
 		hkv_free(json);
 		if (ret && ret != -ECANCELED)
 			return ret;
+	}
+	return -EAGAIN;
+}
+
+static void token_mac(uint8_t mac[32], const void *token, size_t token_len, const uint8_t salt[16])
+{
+	crypto_auth_hmacsha256_state st;
+
+	crypto_auth_hmacsha256_init(&st, token, token_len);
+	crypto_auth_hmacsha256_update(&st, (const uint8_t *)"hatchkv cluster token", 21);
+	crypto_auth_hmacsha256_update(&st, salt, 16);
+	crypto_auth_hmacsha256_final(&st, mac);
+}
+
+int hkv_cmap_token_check(struct hkv_etcd *e, const void *token, size_t token_len)
+{
+	char key[300], hex_salt[40], hex_mac[80], json[200];
+	uint8_t salt[16], mac[32], want[32];
+	struct hkv_etcd_kv *kvs;
+	int n, ret;
+
+	snprintf(key, sizeof(key), "%s/token_check", hkv_etcd_prefix(e));
+	for (int tries = 0; tries < 2; tries++) {
+		json_object *o;
+
+		if ((ret = hkv_etcd_range(e, key, 0, &kvs, &n, NULL)))
+			return ret;
+		if (n) {
+			o = parse(kvs[0].value, kvs[0].vlen);
+			hkv_etcd_kvs_free(kvs, n);
+			ret = !o || get_string(o, "salt", hex_salt, sizeof(hex_salt)) ||
+			      get_string(o, "mac", hex_mac, sizeof(hex_mac)) ||
+			      sodium_hex2bin(salt, sizeof(salt), hex_salt, strlen(hex_salt), NULL, NULL,
+					     NULL) || sodium_hex2bin(want, sizeof(want), hex_mac,
+								     strlen(hex_mac), NULL, NULL, NULL)
+				      ? -EPROTO : 0;
+			json_object_put(o);
+			if (ret)
+				return ret;
+			token_mac(mac, token, token_len, salt);
+			return sodium_memcmp(mac, want, sizeof(mac)) ? HKV_EAUTH : 0;
+		}
+		randombytes_buf(salt, sizeof(salt));
+		token_mac(mac, token, token_len, salt);
+		sodium_bin2hex(hex_salt, sizeof(hex_salt), salt, sizeof(salt));
+		sodium_bin2hex(hex_mac, sizeof(hex_mac), mac, sizeof(mac));
+		snprintf(json, sizeof(json), "{\"salt\":\"%s\",\"mac\":\"%s\"}", hex_salt, hex_mac);
+		ret = hkv_etcd_put_if(e, key, json, strlen(json), 0, 0, NULL);
+		if (ret && ret != -ECANCELED)
+			return ret;
+		if (!ret)
+			return 0;
 	}
 	return -EAGAIN;
 }

@@ -114,6 +114,17 @@ static inline uint32_t hkv_cmap_partition_of(const struct hkv_cmap *map, uint64_
 {
 	return (uint32_t)((((h >> 22) & 0xffffffffull) * map->partitions) >> 32);
 }
+struct hkv_etcd;
+/*
+ * Members share the cluster's token (issue 28, item 4): PREFIX/token_check
+ * holds {"salt": 16 random bytes, "mac": HMAC-SHA-256 keyed by the token
+ * over "hatchkv cluster token" || salt} (hex). Absent, it is made from our
+ * token (the first member of a cluster, or the first started after an
+ * upgrade). 0 if our token matches, HKV_EAUTH if it does not, or the etcd
+ * error. The record lets a guess of the token be tested offline, which
+ * takes guessing all of it (16 random bytes).
+ */
+int hkv_cmap_token_check(struct hkv_etcd *e, const void *token, size_t token_len);
 /* Read PREFIX/identity, writing it first if absent (partitions, a new
  * random key, the mode). 0 and *partitions, hash_key, *store_mode filled,
  * or an error. */

@@ -87,6 +87,31 @@ static void human(uint64_t b, char *out, size_t cap)
 		snprintf(out, cap, "%llu MiB", (unsigned long long)(b >> 20));
 }
 
+/* Servers that refused to join (PREFIX/refused/ID: {"why", "at"}), with why. */
+static void print_refused(struct admin *a)
+{
+	char key[512];
+	struct hkv_etcd_kv *kvs;
+	int n;
+
+	snprintf(key, sizeof(key), "%s/refused/", a->prefix);
+	if (hkv_etcd_range(a->e, key, 1, &kvs, &n, NULL))
+		return;
+	for (int i = 0; i < n; i++) {
+		const char *why = strstr(kvs[i].value, "\"why\":\""), *end;
+		int len = 0;
+
+		if (why) {
+			why += 7;
+			end = strchr(why, '"');
+			len = end ? (int)(end - why) : 0;
+		}
+		printf("%-16s refused to join: %.*s\n", kvs[i].key + strlen(key), len,
+		       len ? why : "(no reason recorded)");
+	}
+	hkv_etcd_kvs_free(kvs, n);
+}
+
 static int cmd_members(struct admin *a)
 {
 	char key[512], coord[HKV_CLUSTER_ID_MAX] = "";
@@ -133,6 +158,7 @@ static int cmd_members(struct admin *a)
 	printf("map epoch %lld, %u partitions\n", (long long)map.epoch, map.partitions);
 	hkv_etcd_kvs_free(kvs, n);
 	hkv_cmap_free(&map);
+	print_refused(a);
 	return 0;
 }
 

@@ -630,6 +630,55 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
+ * A member joins only on the cluster's token (issue 28, item 4). A token the
+ * package made up on this host by itself (TOKEN.package beside it) is
+ * refused: the package cannot know a cluster will be configured. A token
+ * whose check differs from PREFIX/token_check is refused and recorded in
+ * PREFIX/refused/ID for hatchkv-admin members. 0, or the exit status
+ * (EXIT_CONFIG: the member unit does not restart it).
+ */
+#define EXIT_CONFIG 78
+
+static int member_token_ok(struct hkv_etcd *e, const struct server_opts *o, const char *token,
+			   size_t tlen)
+{
+	char marker[4096], key[400], why[300];
+	int ret;
+
+	snprintf(marker, sizeof(marker), "%s.package", o->token_file);
+	if (!access(marker, F_OK)) {
+		hkv_err("server: %s was made up by the package on this host (%s says so); a cluster "
+			"member needs the cluster's token: copy it from a member to %s (0600, the "
+			"server's user) and delete %s on every host (docs/operating.md, \"One token "
+			"for a cluster\")", o->token_file, marker, o->token_file, marker);
+		snprintf(why, sizeof(why), "{\"why\":\"its token was made by the package on its "
+			 "host\",\"at\":%lld}", (long long)time(NULL));
+		ret = HKV_EAUTH;
+	} else {
+		ret = hkv_cmap_token_check(e, token, tlen);
+		if (ret && ret != HKV_EAUTH) {
+			hkv_err("server: cannot check the cluster's token at %s: %s", o->cluster.uri,
+				hkv_strerror(ret));
+			return 1;
+		}
+		if (ret)
+			hkv_err("server: %s is not the cluster's token (it fails %s/token_check): "
+				"refusing to join; copy the token of a member to every host "
+				"(docs/operating.md, \"One token for a cluster\")", o->token_file,
+				hkv_etcd_prefix(e));
+		snprintf(why, sizeof(why), "{\"why\":\"its token is not the cluster's\",\"at\":%lld}",
+			 (long long)time(NULL));
+	}
+	snprintf(key, sizeof(key), "%s/refused/%s", hkv_etcd_prefix(e), o->cluster.id);
+	if (!ret) {
+		hkv_etcd_delete(e, key, 0, NULL); /* (a refusal of before is over) */
+		return 0;
+	}
+	hkv_etcd_put(e, key, why, strlen(why), 0, NULL);
+	return EXIT_CONFIG;
+}
+
+/*
  * The descriptor budget (issue 28, item 6): the soft limit raised to the
  * hard one. On shm every connected client holds a descriptor (its data
  * socket), so --max-clients is capped below what is left after the control
@@ -708,6 +757,10 @@ int main(int argc, char **argv)
 						    &o.cluster.replicas)
 			    : -errno;
 
+		if (!ret && (ret = member_token_ok(e, &o, token, (size_t)tlen))) {
+			hkv_etcd_close(e);
+			return ret;
+		}
 		hkv_etcd_close(e);
 		if (ret) {
 			hkv_err("server: cannot read the cluster's identity at %s: %s", o.cluster.uri,

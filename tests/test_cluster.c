@@ -67,6 +67,7 @@
  *                        histories linearizable, nothing acknowledged lost.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -922,6 +923,156 @@ static void test_memcached_front(void)
 		}
 		CHECK(servers_used >= 2);
 	}
+}
+
+/* Write a token file (0600): 32 hex digits of a fresh random token, or a
+ * copy of the one at from. */
+static int write_token(const char *path, const char *from)
+{
+	char tok[80] = "";
+	FILE *f;
+
+	if (from) {
+		f = fopen(from, "r");
+		if (!f || !fgets(tok, sizeof(tok), f)) {
+			if (f)
+				fclose(f);
+			return -1;
+		}
+		fclose(f);
+	} else {
+		unsigned char rnd[16];
+
+		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+			return -1;
+		for (int i = 0; i < 16; i++)
+			sprintf(tok + 2 * i, "%02x", rnd[i]);
+		strcat(tok, "\n");
+	}
+	unlink(path);
+	f = fopen(path, "w");
+	if (!f || fputs(tok, f) < 0) {
+		if (f)
+			fclose(f);
+		return -1;
+	}
+	fclose(f);
+	return chmod(path, 0600);
+}
+
+/* hatchkv-server as member id on token file tok (shm, its log at log);
+ * with wait_ms, the exit status once it exits (-1: still running after
+ * wait_ms, then *pid is it). */
+static int run_member(const char *id, const char *tok, const char *log, int wait_ms, pid_t *pid)
+{
+	char bin[400], sock[300], mem[8] = "16M";
+	uint64_t t0 = now_ms();
+	int st;
+
+	snprintf(bin, sizeof(bin), "%s/hatchkv-server", bindir);
+	snprintf(sock, sizeof(sock), "%s/%s.sock", etcd.dir, id);
+	fflush(NULL);
+	*pid = fork();
+	if (*pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		execl(bin, bin, "--cluster", curi, "--id", id, "--lease-ttl", TTL, "--partitions",
+		      "1024", "--token-file", tok, "--cache", "-t", "shm", "-s", sock, "-m", mem,
+		      "-S", "256K", (char *)NULL);
+		_exit(127);
+	}
+	while (now_ms() - t0 < (uint64_t)wait_ms) {
+		if (waitpid(*pid, &st, WNOHANG) == *pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		sleep_ms(50);
+	}
+	return -1;
+}
+
+/* Does out have a line "ID<blanks>WHAT..."? */
+static int refused_line(const char *out, const char *id, const char *what)
+{
+	for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		size_t n = strlen(id);
+		const char *p = l + n;
+
+		if (strncmp(l, id, n) || *p != ' ')
+			continue;
+		while (*p == ' ')
+			p++;
+		if (!strncmp(p, what, strlen(what)))
+			return 1;
+	}
+	return 0;
+}
+
+static int file_has(const char *path, const char *what)
+{
+	char buf[1 << 14];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return strstr(buf, what) != NULL;
+}
+
+/*
+ * test_member_token (issue 28, item 4): before, a server started with
+ * another token registered, took partitions and refused every client
+ * ("wrong token"); a cluster installed from the .deb on several hosts was
+ * broken so, and nothing said why. Now a member on another token refuses
+ * to join (exit 78), says why, and `hatchkv-admin members` lists it as
+ * refused; so does one whose token the package made up on its host (the
+ * .package marker); started on the cluster's token it joins, and the
+ * refusal is gone.
+ */
+static void test_member_token(void)
+{
+	char tok[300], marker[320], log[300], out[1 << 16];
+	pid_t pid;
+	int st, joined = 0;
+	uint64_t t0;
+
+	snprintf(tok, sizeof(tok), "%s/x.token", etcd.dir);
+	snprintf(log, sizeof(log), "%s/x.log", etcd.dir);
+	CHECK(write_token(tok, NULL) == 0);
+	st = run_member("x", tok, log, 15000, &pid);
+	CHECK(st == 78);
+	CHECK(file_has(log, "is not the cluster's token"));
+	CHECK_RC(admin(out, sizeof(out), "members"), 0);
+	CHECK(refused_line(out, "x", "refused to join: its token is not the cluster's"));
+	printf("# a member on another token: exit %d, \"is not the cluster's token\"; "
+	       "hatchkv-admin members lists it refused\n", st);
+	/* the cluster's token, but a copy the package says it made here */
+	CHECK(write_token(tok, token_file) == 0);
+	snprintf(marker, sizeof(marker), "%s.package", tok);
+	CHECK(write_token(marker, NULL) == 0);
+	st = run_member("x", tok, log, 15000, &pid);
+	CHECK(st == 78);
+	CHECK(file_has(log, "made up by the package"));
+	unlink(marker);
+	/* the cluster's token: it joins, the refusal is cleared */
+	st = run_member("x", tok, log, 500, &pid);
+	CHECK(st == -1);
+	t0 = now_ms();
+	while (!joined && now_ms() - t0 < 15000) {
+		if (!admin(out, sizeof(out), "members"))
+			joined = strstr(out, "\nx ") && !refused_line(out, "x", "refused");
+		if (!joined)
+			sleep_ms(200);
+	}
+	kill(pid, SIGTERM);
+	CHECK(waitpid(pid, &st, 0) == pid);
+	printf("# on the cluster's token: %s; it exits %d on SIGTERM\n",
+	       joined ? "registered, no refusal listed" : "NOT registered",
+	       WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	CHECK(joined);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	unlink(tok);
 }
 
 static void test_bad_map(void)
@@ -1855,6 +2006,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_fence);
 	RUN_TEST(test_memcached_front);
 	RUN_TEST(test_bad_map);
+	RUN_TEST(test_member_token);
 	for (int i = 0; i < NSERV; i++)
 		if (srv[i].pid)
 			hkvserver_stop(&srv[i]);

@@ -172,7 +172,8 @@ tok=/etc/hatchkv/hatchkv.token
 grep -Eqx '[0-9a-f]{32}' "$tok" || fail "$tok is not 32 hex digits: $(cat "$tok")"
 [ "$(wc -l <"$tok")" -eq 1 ] || fail "$tok is not one line"
 [ "$(stat -c '%U' /var/lib/hatchkv)" = hatchkv ] || fail "/var/lib/hatchkv is not hatchkv's"
-[ -z "$(ls -A /etc/hatchkv | grep -v '^hatchkv.token$')" ] || fail "leftovers in /etc/hatchkv: $(ls -A /etc/hatchkv)"
+[ -f /etc/hatchkv/hatchkv.token.package ] || fail "no marker hatchkv.token.package beside the token it made"
+[ -z "$(ls -A /etc/hatchkv | grep -v '^hatchkv.token\(.package\)\?$')" ] || fail "leftovers in /etc/hatchkv: $(ls -A /etc/hatchkv)"
 before=$(cat "$tok")
 "$C/postinst" configure || fail "a second postinst configure failed"
 [ "$(cat "$tok")" = "$before" ] || fail "a second postinst changed the token"
