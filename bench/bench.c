@@ -34,6 +34,7 @@
 #include "bench/drivers.h"
 #include "bench/hist.h"
 #include "bench/ycsb.h"
+#include "common/cli.h"
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "hatchkv.h"
@@ -1369,11 +1370,13 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"child-result", required_argument, NULL, 'O'},
 		{"child-gate", required_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 258},
 		{"metrics-file", required_argument, NULL, 'M'}, {NULL, 0, NULL, 0}};
 	int c;
 
 	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:p:h", lo, NULL)) != -1) {
 		switch (c) {
+		case 258: hkv_print_version(stdout, "hatchkv-bench"); exit(0);
 		case 'C': o->compare = 1; break;
 		case 'Q': o->quick = 1; break;
 		case 'w': o->workloads = optarg; break;

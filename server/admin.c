@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cli.h"
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
@@ -320,17 +321,19 @@ int main(int argc, char **argv)
 					      {"wait", required_argument, NULL, 'w'},
 					      {"force", no_argument, NULL, 'f'},
 					      {"help", no_argument, NULL, 'h'},
+					      {"version", no_argument, NULL, 'V'},
 					      {NULL, 0, NULL, 0}};
 	const char *uri = getenv("HATCHKV_CLUSTER"), *cmd, *id = NULL;
 	struct admin a;
 	int wait_s = 30, force = 0, c, ret;
 
-	while ((c = getopt_long(argc, argv, "c:w:fh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:w:fVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'f': force = 1; break;
 		case 'c': uri = optarg; break;
 		case 'w': wait_s = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
+		case 'V': hkv_print_version(stdout, "hatchkv-admin"); return 0;
 		default: usage(stderr); return 2;
 		}
 	}

@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -18,6 +21,7 @@
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
 #include "common/paths.h"
+#include "common/cli.h"
 #include "common/fdlimit.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -35,6 +39,7 @@ struct server_opts {
 	const char *host, *port, *socket_path, *token_file, *ro_token_file;
 	struct hkv_store_opts store;
 	int no_windows;
+	int force; /* --force: a region larger than the memory available */
 	int keepalive_ms;
 	char data_port[16], data_path[128];
 	struct hkv_cluster_opts cluster; /* cluster.uri NULL: standalone */
@@ -79,7 +84,10 @@ static void usage(FILE *f)
 		"                             (e.g. 127.0.0.1:9740; port 0: any, logged; default\n"
 		"                             off; no authentication: keep it on a trusted\n"
 		"                             network; docs/metrics.md)\n"
+		"      --force                start even if --memory is more than the memory\n"
+		"                             available (MemAvailable, the cgroup's memory.max)\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
+		"  -V, --version              version, region layout, control protocol, git revision\n"
 		"cluster (docs/design.md \"Cluster\"):\n"
 		"  -E, --cluster URI          join the cluster kept in etcd at\n"
 		"                             etcd://HOST:PORT/PREFIX (needs --id; the cluster's\n"
@@ -101,21 +109,15 @@ static void usage(FILE *f)
 		"  -h, --help\n");
 }
 
-static int parse_size(const char *s, uint64_t *out)
+/* A size option's value, or a message that says what is wrong with it. */
+static int size_arg(const char *opt, const char *s, uint64_t *out)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
+	const char *why;
 
-	switch (*end) {
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
-	default: break;
-	}
-	if (end == s || *end || !v)
-		return -EINVAL;
-	*out = v;
-	return 0;
+	if (!hkv_parse_size(s, out, &why))
+		return 0;
+	fprintf(stderr, "bad %s '%s': %s\n", opt, s, why);
+	return -1;
 }
 
 static int parse_args(int argc, char **argv, struct server_opts *o)
@@ -139,11 +141,13 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"replicas", required_argument, NULL, 'R'},
 		{"route-lease-ms", required_argument, NULL, 'T'},
 		{"metrics", required_argument, NULL, 256},
+		{"force", no_argument, NULL, 257},
+		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:T:vh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:T:vVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (!(o->kind = hkv_transport_parse(optarg)))
@@ -153,12 +157,14 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		case 'p': o->port = optarg; break;
 		case 's': o->socket_path = optarg; break;
 		case 'm':
-			if (parse_size(optarg, &o->store.memory))
-				return fprintf(stderr, "bad --memory '%s'\n", optarg), -1;
+			if (size_arg("--memory", optarg, &o->store.memory))
+				return -1;
 			break;
 		case 'S':
-			if (parse_size(optarg, &v) || v > (1u << 30))
-				return fprintf(stderr, "bad --segment-size '%s'\n", optarg), -1;
+			if (size_arg("--segment-size", optarg, &v))
+				return -1;
+			if (v > (1u << 30))
+				return fprintf(stderr, "bad --segment-size '%s': over 1G\n", optarg), -1;
 			o->store.seg_size = (uint32_t)v;
 			break;
 		case 'F': {
@@ -171,8 +177,8 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			break;
 		}
 		case 'i':
-			if (parse_size(optarg, &o->store.index_slots))
-				return fprintf(stderr, "bad --index-slots '%s'\n", optarg), -1;
+			if (size_arg("--index-slots", optarg, &o->store.index_slots))
+				return -1;
 			break;
 		case 'k': o->token_file = optarg; break;
 		case 'f': o->store.memory_file = optarg; break;
@@ -223,13 +229,24 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
 			o->metrics = optarg;
 			break;
+		case 257: o->force = 1; break;
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
+		case 'V': hkv_print_version(stdout, "hatchkv-server"); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
 	}
 	if (optind != argc)
 		return usage(stderr), -1;
+	if (!o->force) {
+		const char *from;
+		uint64_t avail = hkv_memory_available(&from);
+
+		if (avail && o->store.memory > avail)
+			return fprintf(stderr, "--memory %.1f GiB is more than this machine has for it "
+					       "(%s: %.1f GiB); use less, or --force\n",
+				       o->store.memory / 1073741824.0, from, avail / 1073741824.0), -1;
+	}
 	if (o->cluster.replicas > 1 && o->store.cache_mode)
 		return fprintf(stderr, "--replicas needs a store (a cache evicts on its own)\n"), -1;
 	if (o->cluster.uri) {
@@ -629,6 +646,26 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* Does a process accept connections at the unix socket path? (A second
+ * server on one --socket would unlink and take over the first's sockets:
+ * the first kept its data, unreachable, and lost them when the second
+ * exited and deleted the files.) */
+static int socket_live(const char *path)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	int fd, live;
+
+	if (strlen(path) >= sizeof(sun.sun_path))
+		return 0; /* (the control plane says it is too long) */
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	live = !connect(fd, (struct sockaddr *)&sun, sizeof(sun));
+	close(fd);
+	return live;
+}
+
 /*
  * A member joins only on the cluster's token (issue 28, item 4). A token the
  * package made up on this host by itself (TOKEN.package beside it) is
@@ -775,6 +812,11 @@ int main(int argc, char **argv)
 		}
 		o.cluster.store_mode = store_mode;
 		o.store.hash_key = cluster_key;
+	}
+	if (o.kind == HKV_TRANSPORT_SHM && socket_live(o.socket_path)) {
+		hkv_err("server: another server is serving at %s; not taking it over (stop it "
+			"first, or give this one another --socket)", o.socket_path);
+		return 1;
 	}
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "client/memcached/mc_server.h"
+#include "common/cli.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/paths.h"
@@ -80,12 +81,14 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"disable-flush-all", no_argument, NULL, 'F'},
 		{"depth", required_argument, NULL, 256},
 		{"metrics", required_argument, NULL, 257},
+		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
 	int c, udp;
 
-	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'F': o->no_flush = 1; break;
+		case 'V': hkv_print_version(stdout, "hatchkv-memcached"); exit(0);
 		case 256:
 			if (parse_int(optarg, 1, 64, &o->depth))
 				return fprintf(stderr, "bad --depth '%s' (1..64)\n", optarg), -1;

@@ -1,0 +1,25 @@
+/*
+ * cli.h - what every program's command line shares (issue 30): --version,
+ * and sizes parsed strictly (digits, one binary suffix K/M/G/T with an
+ * optional "B" or "iB"; no sign, no blanks, no overflow) with a message that
+ * says what is wrong, and a region size checked against the memory this
+ * machine (or its cgroup) has available.
+ */
+#ifndef HKV_CLI_H
+#define HKV_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* "PROG 0.1.0 (region layout 6, control protocol 2, git REV)\n" to out. */
+void hkv_print_version(FILE *out, const char *prog);
+
+/* 0 and *out, or -EINVAL with *why (static text) saying what is wrong. */
+int hkv_parse_size(const char *s, uint64_t *out, const char **why);
+
+/* Bytes this process may still take: MemAvailable, or less if its cgroup's
+ * memory.max leaves less; 0 if neither can be read. *from names the limit
+ * ("MemAvailable" or "cgroup memory.max"). */
+uint64_t hkv_memory_available(const char **from);
+
+#endif /* HKV_CLI_H */
