@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <sodium.h>
 
 #include "common/cluster_map.h"
 #include "common/etcd.h"
@@ -646,6 +647,30 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/*
+ * A member's region hashes keys into buckets with a key of its own (issue
+ * 28, item 2): HMAC-SHA-256 keyed by the cluster's token over "hatchkv
+ * region key" || the identity's hash key, cut to 16 bytes. Etcd holds only
+ * the partition hash key: reading it lets one aim keys at a partition (a
+ * server), not at a bucket. Every member on the token derives the same key;
+ * clients read it from the header after they authenticate. A region keeps
+ * the key it was made with (its header, FILE.geom), so rotating the token
+ * re-homes nothing.
+ */
+static void region_key(const uint8_t cluster_key[16], const char *token, size_t tlen,
+		       uint8_t out[16])
+{
+	crypto_auth_hmacsha256_state st;
+	uint8_t mac[crypto_auth_hmacsha256_BYTES];
+
+	crypto_auth_hmacsha256_init(&st, (const uint8_t *)token, tlen);
+	crypto_auth_hmacsha256_update(&st, (const uint8_t *)"hatchkv region key", 18);
+	crypto_auth_hmacsha256_update(&st, cluster_key, 16);
+	crypto_auth_hmacsha256_final(&st, mac);
+	memcpy(out, mac, 16);
+	sodium_memzero(mac, sizeof(mac));
+}
+
 /* Does a process accept connections at the unix socket path? (A second
  * server on one --socket would unlink and take over the first's sockets:
  * the first kept its data, unreachable, and lost them when the second
@@ -759,7 +784,7 @@ int main(int argc, char **argv)
 	struct timeval cluster_poll = {0, 100 * 1000};
 	char endpoint[300];
 	char token[HKV_TOKEN_MAX + 1], ro_token[HKV_TOKEN_MAX + 1], default_socket[300];
-	uint8_t cluster_key[16];
+	uint8_t cluster_key[16], region_hash_key[16];
 	int tlen, ro_len = 0, rc = 1;
 
 	hkv_log_set_prog("hatchkv-server");
@@ -811,7 +836,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		o.cluster.store_mode = store_mode;
-		o.store.hash_key = cluster_key;
+		region_key(cluster_key, token, (size_t)tlen, region_hash_key);
+		o.store.hash_key = region_hash_key;
 	}
 	if (o.kind == HKV_TRANSPORT_SHM && socket_live(o.socket_path)) {
 		hkv_err("server: another server is serving at %s; not taking it over (stop it "

@@ -84,6 +84,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/client_int.h"
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "hatchkv.h"
@@ -323,10 +324,14 @@ static void test_join_and_route(void)
 	}
 	CHECK_RC(hkv_count_items(c, &items_n, &bytes), 0);
 	CHECK(items_n == 3000);
-	/* each key on the server the map names, and only there */
+	/* each key on the server the map names, and only there; every region
+	 * hashes buckets with a key of its own, not etcd's (issue 28, item 2),
+	 * the same on every member */
 	for (int i = 0; i < 3; i++) {
 		direct[i] = direct_client(&srv[i]);
 		CHECK(direct[i]);
+		CHECK(memcmp(direct[i]->g.hash_key, map.hash_key, sizeof(map.hash_key)));
+		CHECK(!memcmp(direct[i]->g.hash_key, direct[0]->g.hash_key, sizeof(map.hash_key)));
 		CHECK_RC(hkv_count_items(direct[i], &items_n, &bytes), 0);
 		printf("# server %s holds %llu items\n", ids[i], (unsigned long long)items_n);
 		CHECK(items_n > 500);
