@@ -441,6 +441,7 @@ static int setup_arena(struct hkv_client *c, size_t max_value)
 static int load_token(const struct hkv_config *cfg, char *tok, size_t cap, long *owner)
 {
 	struct stat st;
+	int ret;
 
 	*owner = -1;
 	if (cfg->token) {
@@ -453,7 +454,14 @@ static int load_token(const struct hkv_config *cfg, char *tok, size_t cap, long 
 		return -EINVAL;
 	if (!stat(cfg->token_file, &st))
 		*owner = (long)st.st_uid;
-	return hkv_token_load(cfg->token_file, tok, cap, 0) < 0 ? HKV_EAUTH : 0;
+	ret = hkv_token_load(cfg->token_file, tok, cap, 0);
+	if (ret >= 0)
+		return 0;
+	/* say which file and what is wrong with it (a missing or unreadable
+	 * file is that, not a refusal by a server: nothing was sent) */
+	hkv_err("client: token file %s: %s", cfg->token_file,
+		ret == HKV_EAUTH ? "not a token (16 to 256 printable characters)" : hkv_strerror(ret));
+	return ret;
 }
 
 /* The config's location cache, made by its first handle (configs are

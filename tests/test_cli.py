@@ -12,7 +12,9 @@
     memory.max) is refused with the figure, unless --force (before: accepted,
     growing ~700 MB/s until killed);
   - a second server on a live --socket refuses to start and leaves the first
-    one's sockets alone (before: it took them over, and deleted them on exit).
+    one's sockets alone (before: it took them over, and deleted them on exit);
+  - a client's missing token file is named as such (before: "authentication
+    refused (is the hatchkv server ... running?)").
 
 usage: test_cli.py BINDIR
 """
@@ -73,6 +75,13 @@ def main(bindir):
     rc, _, err = run(base + ["--memory", "%dG" % big])
     check(rc == 2 and "is more than this machine has" in err and "--force" in err,
           "--memory %dG (twice the machine) refused: %r" % (big, err.strip()))
+
+    # a missing token file is named as such, not as a refusal by a server
+    rc, _, err = run([os.path.join(bindir, "hatchkv-memcached"), "--server", "shm:" + sock,
+                      "--token-file", os.path.join(tmp, "nosuch.token"), "-p", "0"])
+    check(rc != 0 and "token file %s: No such file or directory" % os.path.join(tmp, "nosuch.token")
+          in err and "authentication refused" not in err,
+          "a missing token file: %r" % err.strip().split("\n")[0])
 
     # a second server on a live socket
     log = open(os.path.join(tmp, "a.log"), "w")
