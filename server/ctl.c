@@ -579,6 +579,15 @@ struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,
 	return ctl;
 }
 
+void hkv_ctl_set_tokens(struct hkv_ctl *ctl, const char *token, size_t token_len,
+			const char *ro_token, size_t ro_token_len)
+{
+	ctl->o.token = token;
+	ctl->o.token_len = token_len;
+	ctl->o.ro_token = ro_token;
+	ctl->o.ro_token_len = ro_token_len;
+}
+
 void hkv_ctl_destroy(struct hkv_ctl *ctl)
 {
 	if (!ctl)

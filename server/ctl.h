@@ -41,5 +41,9 @@ struct hkv_ctl_opts {
 struct hkv_ctl *hkv_ctl_create(struct event_base *base, struct hkv_store *store,
 			       const struct hkv_ctl_opts *o);
 void hkv_ctl_destroy(struct hkv_ctl *ctl);
+/* New tokens for the authentications that start from now (SIGHUP); the
+ * buffers stay the caller's and must outlive the control plane. */
+void hkv_ctl_set_tokens(struct hkv_ctl *ctl, const char *token, size_t token_len,
+			const char *ro_token, size_t ro_token_len);
 
 #endif /* HKV_SERVER_CTL_H */

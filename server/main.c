@@ -276,6 +276,8 @@ struct server {
 	struct hkv_metrics *metrics; /* --metrics, or NULL */
 	struct hkv_cmap *repurge; /* shm: purge again before serving after a move */
 	const char *token;
+	char *tok_buf, *ro_buf;   /* the tokens the control plane uses (SIGHUP rewrites) */
+	size_t tok_len, ro_len;
 	uint64_t fenced_ns;       /* when the data plane last stopped */
 	int rc;
 	/* a replicated store's repair (server/filler.h): the fill we source,
@@ -296,6 +298,66 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	hkv_info("server: %s, shutting down", strsignal((int)sig));
 	event_base_loopbreak(((struct server *)arg)->base);
+}
+
+/* One token file read again for SIGHUP into buf; its length, or -1 (the
+ * old token stays: a missing file is not made anew here). */
+static int reload_token(const char *path, char *buf, size_t cap)
+{
+	char fresh[HKV_TOKEN_MAX + 1];
+	int n;
+
+	if (access(path, F_OK)) {
+		hkv_err("server: SIGHUP: token file %s: %s; keeping the token in use", path,
+			strerror(errno));
+		return -1;
+	}
+	n = hkv_token_load(path, fresh, sizeof(fresh), 1); /* (checks owner and mode) */
+	if (n < 0) {
+		hkv_err("server: SIGHUP: token file %s: %s; keeping the token in use", path,
+			hkv_strerror(n));
+		return -1;
+	}
+	memcpy(buf, fresh, (size_t)n + 1);
+	if ((size_t)n + 1 < cap)
+		memset(buf + n + 1, 0, cap - (size_t)n - 1);
+	sodium_memzero(fresh, sizeof(fresh));
+	return n;
+}
+
+/*
+ * SIGHUP: the token files are read again (issue 30: credentials change
+ * live): authentications from now on use them; connected clients keep
+ * their connections. A cluster member's token is the cluster's and changes
+ * with it (docs/operating.md): nothing is reloaded there. SIGUSR1 and
+ * SIGUSR2 are logged and ignored (before, either killed the server).
+ */
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+	struct server *sv = arg;
+	int n, ro = 0;
+
+	if (sig != SIGHUP) {
+		hkv_info("server: %s ignored", strsignal((int)sig));
+		return;
+	}
+	if (sv->o->cluster.uri) {
+		hkv_warn("server: SIGHUP: a cluster member's token changes with the cluster's "
+			 "(docs/operating.md, \"One token for a cluster\"); nothing reloaded");
+		return;
+	}
+	n = reload_token(sv->o->token_file, sv->tok_buf, HKV_TOKEN_MAX + 1);
+	if (n < 0)
+		return;
+	sv->tok_len = (size_t)n;
+	if (sv->o->ro_token_file &&
+	    (ro = reload_token(sv->o->ro_token_file, sv->ro_buf, HKV_TOKEN_MAX + 1)) > 0)
+		sv->ro_len = (size_t)ro;
+	hkv_ctl_set_tokens(sv->ctl, sv->tok_buf, sv->tok_len, sv->ro_len ? sv->ro_buf : NULL,
+			   sv->ro_len);
+	hkv_info("server: SIGHUP: token file%s read again; new clients authenticate with %s, "
+		 "connected ones stay", sv->o->ro_token_file ? "s" : "",
+		 sv->o->ro_token_file ? "them" : "it");
 }
 
 static int start_data_plane(struct server *sv, struct server_opts *o);
@@ -778,6 +840,7 @@ int main(int argc, char **argv)
 	struct server sv = {0};
 	struct hkv_server_metrics sm = {.started = hkv_metrics_unix_now()};
 	struct event *ev_int, *ev_term, *ev_tick, *ev_idle, *ev_clock, *ev_cluster = NULL;
+	struct event *ev_hup, *ev_usr1, *ev_usr2;
 	struct timeval clock_tick = {0, HKV_CLOCK_TICK_MS * 1000};
 	struct timeval one_sec = {1, 0};
 	struct timeval sweep = {0, HKV_SLAB_TICK_MS * 1000};
@@ -899,6 +962,16 @@ int main(int argc, char **argv)
 	}
 	ev_int = evsignal_new(sv.base, SIGINT, on_signal, &sv);
 	ev_term = evsignal_new(sv.base, SIGTERM, on_signal, &sv);
+	ev_hup = evsignal_new(sv.base, SIGHUP, on_hup, &sv);
+	ev_usr1 = evsignal_new(sv.base, SIGUSR1, on_hup, &sv);
+	ev_usr2 = evsignal_new(sv.base, SIGUSR2, on_hup, &sv);
+	sv.tok_buf = token;
+	sv.tok_len = (size_t)tlen;
+	sv.ro_buf = ro_token;
+	sv.ro_len = ro_len > 0 ? (size_t)ro_len : 0;
+	event_add(ev_hup, NULL);
+	event_add(ev_usr1, NULL);
+	event_add(ev_usr2, NULL);
 	ev_tick = event_new(sv.base, -1, EV_PERSIST, on_tick, &sv);
 	ev_idle = event_new(sv.base, -1, EV_PERSIST, on_slab_tick, &sv);
 	ev_clock = event_new(sv.base, -1, EV_PERSIST, on_clock, &sv);
@@ -921,6 +994,9 @@ int main(int argc, char **argv)
 	event_free(ev_tick);
 	event_free(ev_term);
 	event_free(ev_int);
+	event_free(ev_hup);
+	event_free(ev_usr1);
+	event_free(ev_usr2);
 	rc = sv.rc;
 out:
 	/* clients first: only a server that serves nobody gives its lease back

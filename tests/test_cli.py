@@ -13,14 +13,21 @@
     growing ~700 MB/s until killed);
   - a second server on a live --socket refuses to start and leaves the first
     one's sockets alone (before: it took them over, and deleted them on exit);
+  - SIGHUP makes hatchkv-server read its token files again (new clients
+    authenticate with the new token, the old one is refused); SIGUSR1/2 are
+    logged and ignored, by hatchkv-memcached too (before: exit 129 / 138);
   - a client's missing token file is named as such (before: "authentication
     refused (is the hatchkv server ... running?)").
 
 usage: test_cli.py BINDIR
 """
+import hashlib
+import hmac
 import os
 import re
+import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -46,6 +53,41 @@ def mem_total():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def auth(sock_path, token):
+    """The control plane's authentication by hand (common/ctl_proto.h: HELLO,
+    CHALLENGE, PROVE): the reply's type (2 WELCOME, 3 ERROR)."""
+    def recv_exact(s, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sock_path)
+    nc = os.urandom(32)
+    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, 32) + nc)
+    _, _, typ, _, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
+    body = recv_exact(s, ln)
+    if typ == 9:
+        proof = hmac.new(token, b"hatchkv client\0" + nc + body[:32], hashlib.sha256).digest()
+        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) + proof)
+        _, _, typ, _, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
+    s.close()
+    return typ
+
+
+def write_token(path, tok):
+    tmp = path + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, tok + b"\n")
+    os.close(fd)
+    os.rename(tmp, path)
 
 
 def main(bindir):
@@ -108,6 +150,46 @@ def main(bindir):
         s.connect(sock)
         s.close()
         check(True, "the first server still accepts at its socket")
+
+        # SIGHUP: the token file read again; SIGUSR1/2 ignored (before: killed)
+        old = open(tok, "rb").read().strip()
+        check(auth(sock, old) == 2, "the token authenticates")
+        new = os.urandom(16).hex().encode()
+        write_token(tok, new)
+        a.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        check(a.poll() is None and auth(sock, new) == 2 and auth(sock, old) == 3,
+              "after SIGHUP the new token authenticates and the old one is refused")
+        a.send_signal(signal.SIGUSR1)
+        a.send_signal(signal.SIGUSR2)
+        time.sleep(0.3)
+        check(a.poll() is None and auth(sock, new) == 2, "SIGUSR1 and SIGUSR2 leave it serving")
+        os.unlink(tok)
+        a.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        check(a.poll() is None and auth(sock, new) == 2,
+              "SIGHUP with the token file gone keeps the token in use")
+        with open(os.path.join(tmp, "a.log")) as f:
+            text = f.read()
+        check("SIGHUP: token file read again" in text and "User defined signal 1 ignored" in text
+              and "keeping the token in use" in text, "each signal logged")
+        write_token(tok, new)
+        mlog = open(os.path.join(tmp, "mc.log"), "w")
+        mc = subprocess.Popen([os.path.join(bindir, "hatchkv-memcached"), "--server",
+                               "shm:" + sock, "--token-file", tok, "-p", "0"], stdout=mlog,
+                              stderr=subprocess.STDOUT)
+        try:
+            time.sleep(1.0)
+            for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+                mc.send_signal(sig)
+            time.sleep(0.5)
+            check(mc.poll() is None, "hatchkv-memcached lives through SIGHUP, SIGUSR1, SIGUSR2")
+            mc.terminate()
+            check(mc.wait(10) == 0, "and exits 0 on SIGTERM")
+        finally:
+            if mc.poll() is None:
+                mc.kill()
+            mlog.close()
     finally:
         a.terminate()
         a.wait(10)

@@ -1659,6 +1659,14 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 	evtimer_add(s->resume, &pause);
 }
 
+/* SIGHUP, SIGUSR1, SIGUSR2: logged, the daemon goes on (before, each killed
+ * it). Its handles keep their connections; nothing is read again. */
+static void on_ignored_signal(evutil_socket_t sig, short what, void *arg)
+{
+	hkv_info("%s ignored (nothing to reload: options are read at start)",
+		 strsignal((int)sig));
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct mc_server *s = arg;
@@ -1784,7 +1792,8 @@ static void stop_workers(struct mc_server *s, int started)
 int mc_server_run(const struct mc_options *opts)
 {
 	struct mc_server s = {.o = *opts, .nworkers = opts->threads};
-	struct event *ev_int = NULL, *ev_term = NULL;
+	struct event *ev_int = NULL, *ev_term = NULL, *ev_quiet[3] = {NULL, NULL, NULL};
+	const int quiet[3] = {SIGHUP, SIGUSR1, SIGUSR2};
 	int rc = 1, started = 0;
 
 	signal(SIGPIPE, SIG_IGN);
@@ -1809,6 +1818,9 @@ int mc_server_run(const struct mc_options *opts)
 	started = s.nworkers;
 	ev_int = evsignal_new(s.base, SIGINT, on_signal, &s);
 	ev_term = evsignal_new(s.base, SIGTERM, on_signal, &s);
+	for (int i = 0; i < 3; i++)
+		if ((ev_quiet[i] = evsignal_new(s.base, quiet[i], on_ignored_signal, &s)))
+			event_add(ev_quiet[i], NULL);
 	if (!ev_int || !ev_term || event_add(ev_int, NULL) || event_add(ev_term, NULL) ||
 	    start_listener(&s) || (s.o.metrics && start_metrics(&s)))
 		goto free_listener;
@@ -1824,6 +1836,9 @@ free_listener:
 		event_free(ev_int);
 	if (ev_term)
 		event_free(ev_term);
+	for (int i = 0; i < 3; i++)
+		if (ev_quiet[i])
+			event_free(ev_quiet[i]);
 free_workers:
 	stop_workers(&s, started);
 	for (int i = 0; s.workers && i < opts->threads; i++)
