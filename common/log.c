@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +47,29 @@ int hkv_log_enabled(enum hkv_log_level lvl)
 	return (int)lvl <= cur;
 }
 
+/*
+ * Is stderr the journal's stream? systemd sets JOURNAL_STREAM to
+ * "DEVICE:INODE" of the stream it connected (sd_journal_stream_fd(3)); a
+ * line there starts with "<N>", its syslog priority, and needs no time of
+ * its own. Elsewhere a line starts with the UTC date and time.
+ */
+static int to_journal(void)
+{
+	static int known = -1;
+	const char *js;
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (known >= 0)
+		return known;
+	js = getenv("JOURNAL_STREAM");
+	known = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && !fstat(2, &st) &&
+		(unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+	return known;
+}
+
+static const int syslog_prio[] = {3, 4, 6, 7}; /* err, warning, info, debug */
+
 void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
 {
 	char msg[1024], stamp[32];
@@ -58,10 +82,15 @@ void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	if (to_journal()) {
+		fprintf(stderr, "<%d>%s[%d] %s %s\n", syslog_prio[lvl], log_prog, (int)getpid(),
+			level_names[lvl], msg);
+		return;
+	}
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
-	strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
-	fprintf(stderr, "%s.%03ld %s[%d] %s %s\n", stamp, ts.tv_nsec / 1000000, log_prog,
+	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+	fprintf(stderr, "%s.%03ldZ %s[%d] %s %s\n", stamp, ts.tv_nsec / 1000000, log_prog,
 		(int)getpid(), level_names[lvl], msg);
 }
 

@@ -16,6 +16,8 @@
   - SIGHUP makes hatchkv-server read its token files again (new clients
     authenticate with the new token, the old one is refused); SIGUSR1/2 are
     logged and ignored, by hatchkv-memcached too (before: exit 129 / 138);
+  - log lines carry the UTC date; under journald a syslog priority ("<3>"
+    error .. "<7>" debug) instead of a time of their own;
   - a client's missing token file is named as such (before: "authentication
     refused (is the hatchkv server ... running?)").
 
@@ -117,6 +119,29 @@ def main(bindir):
     rc, _, err = run(base + ["--memory", "%dG" % big])
     check(rc == 2 and "is more than this machine has" in err and "--force" in err,
           "--memory %dG (twice the machine) refused: %r" % (big, err.strip()))
+
+    # log lines: the UTC date and time; under journald (JOURNAL_STREAM names
+    # stderr, as systemd sets it) a syslog priority instead, the journal's own time
+    for journal in (False, True):
+        path = os.path.join(tmp, "j.log" if journal else "d.log")
+        with open(path, "w") as f:
+            env = dict(os.environ)
+            env.pop("JOURNAL_STREAM", None)
+            if journal:
+                st = os.fstat(f.fileno())
+                env["JOURNAL_STREAM"] = "%d:%d" % (st.st_dev, st.st_ino)
+            p = subprocess.Popen(base + ["--memory", "16M", "--token-file", tok + ".j"],
+                                 stdout=f, stderr=f, env=env)
+            time.sleep(1.0)
+            p.terminate()
+            p.wait(10)
+        lines = open(path).read().splitlines()
+        want = (r"^<6>hatchkv-server\[\d+\] INFO " if journal else
+                r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z hatchkv-server\[\d+\] INFO ")
+        check(lines and all(re.match(want.replace("INFO ", "(ERROR|WARN|INFO|DEBUG) ")
+                                      .replace("<6>", "<[3467]>"), ln) for ln in lines)
+              and re.match(want, lines[0]),
+              "log lines %s: %r" % ("under journald" if journal else "dated", lines[0]))
 
     # a missing token file is named as such, not as a refusal by a server
     rc, _, err = run([os.path.join(bindir, "hatchkv-memcached"), "--server", "shm:" + sock,
