@@ -201,6 +201,59 @@ static int del_key(struct admin *a, const char *dir, const char *id)
 	return hkv_etcd_delete(a->e, key, 0, NULL);
 }
 
+/* Delete dir/id; *was: whether it was there. */
+static int del_key_was(struct admin *a, const char *dir, const char *id, int *was)
+{
+	char key[512];
+	int64_t n = 0;
+	int ret;
+
+	snprintf(key, sizeof(key), "%s/%s/%s", a->prefix, dir, id);
+	ret = hkv_etcd_delete(a->e, key, 0, &n);
+	*was = n > 0;
+	return ret;
+}
+
+/* Is there a cluster at the prefix (an identity)? 0, or -ENOENT said. */
+static int cluster_there(struct admin *a)
+{
+	char key[512];
+	struct hkv_etcd_kv *kvs;
+	int n, ret;
+
+	snprintf(key, sizeof(key), "%s/identity", a->prefix);
+	ret = hkv_etcd_range(a->e, key, 0, &kvs, &n, NULL);
+	if (ret)
+		return ret;
+	hkv_etcd_kvs_free(kvs, n);
+	if (n)
+		return 0;
+	fprintf(stderr, "hatchkv-admin: no cluster at prefix '%s' in this etcd (no %s): is the "
+			"prefix right?\n", a->prefix, key);
+	return -ENOENT;
+}
+
+/* Does the cluster know id (a member now, or a name in the map)? Else say
+ * so: a ban on a mistyped name would sit in etcd, shown nowhere. */
+static int known_name(struct admin *a, const char *id, int force)
+{
+	struct hkv_cmap map;
+	int in_map = 0;
+
+	if (force || has_key(a, "servers", id))
+		return 0;
+	if (!load_map(a, &map)) {
+		for (uint32_t i = 0; i < map.nnames; i++)
+			in_map |= !strcmp(map.names[i], id);
+		hkv_cmap_free(&map);
+	}
+	if (in_map)
+		return 0;
+	fprintf(stderr, "hatchkv-admin: no member and no map entry is named '%s' (see "
+			"`hatchkv-admin members`); pass --force to act on the name anyway\n", id);
+	return -ENOENT;
+}
+
 /* Is the cluster a store (its identity says so)? 1, 0, or an error; and
  * its replicas (if repl is not NULL). */
 static int store_mode_r(struct admin *a, uint32_t *repl)
@@ -351,6 +404,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	a.prefix = hkv_etcd_prefix(a.e);
+	ret = cluster_there(&a);
+	if (!ret && id && (!strcmp(cmd, "drain") || !strcmp(cmd, "remove")))
+		ret = known_name(&a, id, force);
+	if (ret) {
+		if (ret != -ENOENT)
+			fprintf(stderr, "hatchkv-admin: %s: %s\n", cmd, hkv_strerror(ret));
+		hkv_etcd_close(a.e);
+		return 1;
+	}
 	if (!strcmp(cmd, "members")) {
 		ret = cmd_members(&a);
 	} else if (!strcmp(cmd, "map")) {
@@ -365,7 +427,12 @@ int main(int argc, char **argv)
 		if (!ret)
 			ret = wait_off(&a, id, wait_s);
 	} else if (!strcmp(cmd, "undrain")) {
-		ret = del_key(&a, "drain", id);
+		int was = 0;
+
+		ret = del_key_was(&a, "drain", id, &was);
+		if (!ret)
+			printf(was ? "%s: drain lifted; it may take partitions again\n"
+				   : "%s was not draining\n", id);
 	} else if (!strcmp(cmd, "remove")) {
 		ret = remove_safely(&a, id, wait_s, force);
 		if (!ret)
@@ -377,9 +444,14 @@ int main(int argc, char **argv)
 		if (!ret)
 			ret = wait_off(&a, id, wait_s);
 	} else if (!strcmp(cmd, "admit")) {
-		ret = del_key(&a, "removed", id);
+		int was = 0, drained = 0;
+
+		ret = del_key_was(&a, "removed", id, &was);
 		if (!ret)
-			ret = del_key(&a, "drain", id);
+			ret = del_key_was(&a, "drain", id, &drained);
+		if (!ret)
+			printf(was ? "%s: admitted again; it may register and take partitions\n"
+				   : "%s was not removed\n", id);
 	} else {
 		usage(stderr);
 		ret = -EINVAL;

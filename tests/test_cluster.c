@@ -1080,6 +1080,48 @@ static void test_member_token(void)
 	unlink(tok);
 }
 
+/* Is there a key PREFIX/dir/id in etcd? */
+static int etcd_has(const char *dir, const char *id)
+{
+	struct hkv_etcd *e = hkv_etcd_open(curi, 3000);
+	struct hkv_etcd_kv *kvs;
+	char key[300];
+	int n = 0;
+
+	if (!e)
+		return -1;
+	snprintf(key, sizeof(key), "%s/%s/%s", hkv_etcd_prefix(e), dir, id);
+	if (hkv_etcd_range(e, key, 0, &kvs, &n, NULL))
+		n = -1;
+	else
+		hkv_etcd_kvs_free(kvs, n);
+	hkv_etcd_close(e);
+	return n;
+}
+
+/*
+ * test_admin_names (issue 30): before, `drain nosuch` and `remove nosuch2`
+ * exited 0 and left bans in etcd that `members` never showed, a mistyped
+ * prefix printed "(no members)" with exit 0, and undrain printed nothing.
+ */
+static void test_admin_names(void)
+{
+	char out[1 << 14], cmd[1024];
+	int st;
+
+	CHECK(admin(out, sizeof(out), "drain nosuch") == 1);
+	CHECK(admin(out, sizeof(out), "remove nosuch2") == 1);
+	CHECK(etcd_has("drain", "nosuch") == 0 && etcd_has("removed", "nosuch2") == 0);
+	CHECK_RC(admin(out, sizeof(out), "undrain a"), 0);
+	CHECK(strstr(out, "a was not draining"));
+	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s-typo members >/dev/null 2>&1",
+		 bindir, curi);
+	st = system(cmd);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	printf("# drain/remove of unknown names refused (exit 1, nothing written); undrain "
+	       "says what it did; a mistyped prefix: exit 1\n");
+}
+
 static void test_bad_map(void)
 {
 	struct hkv_etcd *e = hkv_etcd_open(curi, 3000);
@@ -2012,6 +2054,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_memcached_front);
 	RUN_TEST(test_bad_map);
 	RUN_TEST(test_member_token);
+	RUN_TEST(test_admin_names);
 	for (int i = 0; i < NSERV; i++)
 		if (srv[i].pid)
 			hkvserver_stop(&srv[i]);
