@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -37,7 +38,16 @@ static int token_create(const char *path)
 		close(fd);
 		return err;
 	}
-	return close(fd) ? -errno : 0;
+	if (close(fd))
+		return -errno;
+	{ /* say where: a relative default lands in the working directory */
+		char *abs = realpath(path, NULL);
+
+		hkv_info("made a new random token in %s (0600): clients need a copy of it",
+			 abs ? abs : path);
+		free(abs);
+	}
+	return 0;
 }
 
 int hkv_secret_file_ok(int fd, const char *path, const char *what)

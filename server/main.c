@@ -407,8 +407,15 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 	lc.path = o->data_path;
 	sv->data = hkv_listener_create(&lc);
 	if (!sv->data) {
-		hkv_err("server: cannot start the %s data plane: %s",
-			o->kind == HKV_TRANSPORT_SHM ? "shm" : "verbs", hkv_strerror(-errno));
+		int err = errno;
+
+		if (o->kind == HKV_TRANSPORT_SHM)
+			hkv_err("server: cannot start the shm data plane at %s: %s%s", o->data_path,
+				hkv_strerror(-err),
+				err == ENOENT ? " (does the --socket directory exist?)" : "");
+		else
+			hkv_err("server: cannot start the verbs data plane on %s port %s: %s",
+				o->host, o->data_port, hkv_strerror(-err));
 		return -1;
 	}
 	sv->store.data = sv->data;

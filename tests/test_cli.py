@@ -18,6 +18,8 @@
     logged and ignored, by hatchkv-memcached too (before: exit 129 / 138);
   - log lines carry the UTC date; under journald a syslog priority ("<3>"
     error .. "<7>" debug) instead of a time of their own;
+  - a --socket in a missing directory is named, and a token the server
+    makes is said with its full path (before: neither);
   - a client's missing token file is named as such (before: "authentication
     refused (is the hatchkv server ... running?)").
 
@@ -142,6 +144,16 @@ def main(bindir):
                                       .replace("<6>", "<[3467]>"), ln) for ln in lines)
               and re.match(want, lines[0]),
               "log lines %s: %r" % ("under journald" if journal else "dated", lines[0]))
+
+    # a --socket in a missing directory is named; a token the server makes is said
+    nodir = os.path.join(tmp, "nodir", "x.sock")
+    rc, _, err = run([srv, "-t", "shm", "-s", nodir, "--token-file", tok + ".new", "--memory",
+                      "16M"])
+    check(rc != 0 and nodir + ".data" in err and "does the --socket directory exist" in err,
+          "a --socket in a missing directory: %r" % err.strip().split("\n")[-1])
+    check("made a new random token in %s" % os.path.realpath(tok + ".new") in err,
+          "the token it made is said, with its full path")
+    os.unlink(tok + ".new")
 
     # a missing token file is named as such, not as a refusal by a server
     rc, _, err = run([os.path.join(bindir, "hatchkv-memcached"), "--server", "shm:" + sock,
