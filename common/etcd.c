@@ -25,12 +25,16 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -45,12 +49,24 @@
 #define B64             sodium_base64_VARIANT_ORIGINAL
 #define JSON_OUT        (JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
 
-struct hkv_etcd {
-	struct event_base *base;
-	int timeout_ms;
+struct etcd_ep {
 	int port;
 	char host[ETCD_HOST_MAX];
 	char host_hdr[ETCD_HOST_MAX + 16]; /* "host:port", IPv6 in brackets */
+};
+
+/*
+ * Several endpoints (etcd://H1:P1,H2:P2/PREFIX, issue 29): calls go to the
+ * current one; a refused connection (nothing was sent) tries the next at
+ * once, a timeout or a broken exchange makes the next call go to the next
+ * (the caller retries as it does on any etcd error: a write that may have
+ * landed is never sent twice by this layer).
+ */
+struct hkv_etcd {
+	struct event_base *base;
+	int timeout_ms;
+	struct etcd_ep ep[HKV_ETCD_MAX_ENDPOINTS];
+	int nep, cur;
 	char prefix[ETCD_PREFIX_MAX];
 };
 
@@ -125,6 +141,43 @@ int hkv_etcd_parse_uri(const char *uri, char *host, size_t hostlen, int *port, c
 	return copy_part(prefix, prefixlen, path, plen);
 }
 
+/* Each comma-separated endpoint of uri's authority as its own
+ * etcd://HOST:PORT/PREFIX, parsed as one; 0 or -EINVAL. */
+static int parse_endpoints(const char *uri, struct hkv_etcd *e)
+{
+	const char *auth, *path, *p;
+	char one[ETCD_HOST_MAX + ETCD_PREFIX_MAX + 32];
+	char prefix[ETCD_PREFIX_MAX];
+
+	if (!uri || strncmp(uri, "etcd://", 7))
+		return -EINVAL;
+	auth = uri + 7;
+	path = auth + strcspn(auth, "/");
+	for (p = auth; p < path;) {
+		const char *comma = memchr(p, ',', (size_t)(path - p));
+		size_t n = (size_t)((comma ? comma : path) - p);
+		struct etcd_ep *ep = &e->ep[e->nep];
+
+		if (!n || e->nep == HKV_ETCD_MAX_ENDPOINTS ||
+		    (size_t)snprintf(one, sizeof(one), "etcd://%.*s%s", (int)n, p, path) >=
+			    sizeof(one) ||
+		    hkv_etcd_parse_uri(one, ep->host, sizeof(ep->host), &ep->port, prefix,
+				       sizeof(prefix)))
+			return -EINVAL;
+		snprintf(ep->host_hdr, sizeof(ep->host_hdr),
+			 strchr(ep->host, ':') ? "[%s]:%d" : "%s:%d", ep->host, ep->port);
+		e->nep++;
+		if (!comma)
+			break;
+		p = comma + 1;
+		if (p == path)
+			return -EINVAL; /* a trailing comma */
+	}
+	if (!e->nep)
+		return -EINVAL;
+	return copy_part(e->prefix, sizeof(e->prefix), prefix, strlen(prefix));
+}
+
 struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms)
 {
 	struct hkv_etcd *e;
@@ -138,11 +191,8 @@ struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms)
 		errno = ENOMEM;
 		return NULL;
 	}
-	if (hkv_etcd_parse_uri(uri, e->host, sizeof(e->host), &e->port, e->prefix,
-	                       sizeof(e->prefix)))
+	if (parse_endpoints(uri, e))
 		goto free_handle;
-	snprintf(e->host_hdr, sizeof(e->host_hdr), strchr(e->host, ':') ? "[%s]:%d" : "%s:%d",
-	         e->host, e->port);
 	e->timeout_ms = timeout_ms;
 	rc = -ENOMEM;
 	if (!(e->base = event_base_new()))
@@ -184,7 +234,8 @@ static struct evhttp_connection *conn_new(struct hkv_etcd *e, int timeout_ms)
 	struct evhttp_connection *conn;
 	struct timeval tv = ms_tv(timeout_ms > INT_MAX - 1000 ? INT_MAX : timeout_ms + 1000);
 
-	conn = evhttp_connection_base_new(e->base, NULL, e->host, (ev_uint16_t)e->port);
+	conn = evhttp_connection_base_new(e->base, NULL, e->ep[e->cur].host,
+					  (ev_uint16_t)e->ep[e->cur].port);
 	if (!conn)
 		return NULL;
 	evhttp_connection_set_timeout_tv(conn, &tv);
@@ -326,7 +377,7 @@ static struct evhttp_request *request_new(struct hkv_etcd *e, struct etcd_call *
 	if (c->tok)
 		evhttp_request_set_chunked_cb(req, call_chunk);
 	hdrs = evhttp_request_get_output_headers(req);
-	if (evhttp_add_header(hdrs, "Host", e->host_hdr) ||
+	if (evhttp_add_header(hdrs, "Host", e->ep[e->cur].host_hdr) ||
 	    evhttp_add_header(hdrs, "Content-Type", "application/json") ||
 	    evhttp_add_header(hdrs, "Connection", "close") ||
 	    evbuffer_add(evhttp_request_get_output_buffer(req), body, len)) {
@@ -336,10 +387,69 @@ static struct evhttp_request *request_new(struct hkv_etcd *e, struct etcd_call *
 	return req;
 }
 
-/* POST body to path on a new connection; run the loop until the call is
- * done or timeout_ms passes. 0 (then see c->status, c->body) or -errno. */
+static int call_run_once(struct hkv_etcd *e, const char *path, const char *body, size_t len,
+			 struct etcd_call *c, int timeout_ms);
+
+/* Does ep refuse a TCP connection now (within 200 ms)? Tells a refused
+ * connect from an exchange broken after the request may have gone out. */
+static int ep_refuses(const struct etcd_ep *ep)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	char port[8];
+	int fd, refused = 0, err = 0;
+	socklen_t elen = sizeof(err);
+
+	snprintf(port, sizeof(port), "%d", ep->port);
+	if (getaddrinfo(ep->host, port, &hints, &ai))
+		return 1; /* no such host: nothing can have been sent */
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd >= 0) {
+		if (!connect(fd, ai->ai_addr, ai->ai_addrlen)) {
+			refused = 0;
+		} else if (errno == EINPROGRESS) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+
+			if (poll(&p, 1, 200) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen))
+				refused = err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH;
+		} else {
+			refused = errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH;
+		}
+		close(fd);
+	}
+	freeaddrinfo(ai);
+	return refused;
+}
+
+/* POST body to path on a new connection to the current endpoint; run the
+ * loop until the call is done or timeout_ms passes. 0 (then see c->status,
+ * c->body) or -errno. With several endpoints: see struct hkv_etcd. */
 static int call_run(struct hkv_etcd *e, const char *path, const char *body, size_t len,
                     struct etcd_call *c, int timeout_ms)
+{
+	int rc = 0;
+
+	for (int tried = 0; tried < e->nep; tried++) {
+		struct etcd_call fresh = *c; /* (untouched: a refusal changed nothing) */
+
+		rc = call_run_once(e, path, body, len, c, timeout_ms);
+		if (e->nep == 1)
+			return rc;
+		if (rc == -ECONNREFUSED || (rc == -EIO && ep_refuses(&e->ep[e->cur]))) {
+			/* refused (evhttp says -EIO for that too): nothing was
+			 * sent, so the next endpoint, now */
+			e->cur = (e->cur + 1) % e->nep;
+			*c = fresh;
+			continue;
+		}
+		if (rc == -ETIMEDOUT || rc == -EIO || (!rc && c->status == 503))
+			e->cur = (e->cur + 1) % e->nep; /* the next call goes elsewhere */
+		return rc;
+	}
+	return rc;
+}
+
+static int call_run_once(struct hkv_etcd *e, const char *path, const char *body, size_t len,
+			 struct etcd_call *c, int timeout_ms)
 {
 	struct timeval tv = ms_tv(timeout_ms);
 	struct evhttp_connection *conn;

@@ -45,7 +45,10 @@ struct hkv_etcd_kv {
 };
 
 /* Split etcd://HOST:PORT/PREFIX. 0 or -EINVAL (no scheme, no port, a
- * component too long for its buffer). An absent prefix gives "". */
+ * component too long for its buffer). An absent prefix gives "".
+ * hkv_etcd_open takes several endpoints too: etcd://H1:P1,H2:P2,.../PREFIX
+ * (at most HKV_ETCD_MAX_ENDPOINTS), each parsed as this one. */
+#define HKV_ETCD_MAX_ENDPOINTS 8
 int hkv_etcd_parse_uri(const char *uri, char *host, size_t hostlen, int *port,
 		       char *prefix, size_t prefixlen);
 

@@ -19,7 +19,7 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: hatchkv-admin --cluster etcd://HOST:PORT/PREFIX COMMAND\n"
+		"usage: hatchkv-admin --cluster etcd://HOST:PORT[,HOST:PORT...]/PREFIX COMMAND\n"
 		"  members            the servers, their endpoints, partitions and state\n"
 		"  map                the partition map: epoch, then each partition's replicas\n"
 		"  drain NAME         move NAME's partitions to the others (it stays a member);\n"
@@ -400,7 +400,7 @@ int main(int argc, char **argv)
 		return usage(stderr), 2;
 	a.e = hkv_etcd_open(uri, 5000);
 	if (!a.e) {
-		fprintf(stderr, "hatchkv-admin: bad cluster URI '%s' (etcd://HOST:PORT/PREFIX)\n", uri);
+		fprintf(stderr, "hatchkv-admin: bad cluster URI '%s' (etcd://HOST:PORT[,HOST:PORT...]/PREFIX)\n", uri);
 		return 2;
 	}
 	a.prefix = hkv_etcd_prefix(a.e);

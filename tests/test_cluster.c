@@ -1120,6 +1120,25 @@ static void test_admin_names(void)
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
 	printf("# drain/remove of unknown names refused (exit 1, nothing written); undrain "
 	       "says what it did; a mistyped prefix: exit 1\n");
+	/* several etcd endpoints (issue 29), a dead one first */
+	{
+		const char *auth = curi + 7;
+		size_t hp = strcspn(auth, "/");
+		char uri[400];
+		FILE *p;
+		size_t n;
+
+		snprintf(uri, sizeof(uri), "etcd://127.0.0.1:1,%.*s%s", (int)hp, auth, auth + hp);
+		snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s members", bindir, uri);
+		p = popen(cmd, "r");
+		CHECK(p != NULL);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		st = pclose(p);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "coordinator"));
+		printf("# hatchkv-admin on etcd://127.0.0.1:1,... (a dead endpoint first): "
+		       "members listed\n");
+	}
 }
 
 static void test_bad_map(void)

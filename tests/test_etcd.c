@@ -741,6 +741,60 @@ static void test_no_sigpipe(void)
 }
 
 /* Nobody listens: refused at once, not at the timeout. */
+/*
+ * Several endpoints (issue 29): "etcd://H1:P1,H2:P2/PREFIX" was a bad URI.
+ * Now a handle tries the next endpoint at once when one refuses (nothing
+ * was sent), and stays on the one that answers; malformed lists are refused.
+ */
+static void test_endpoints(void)
+{
+	static const char *const bad[] = {
+	    "etcd://127.0.0.1:1,/x", "etcd://,127.0.0.1:1/x", "etcd://127.0.0.1:1,,127.0.0.1:2/x",
+	    "etcd://127.0.0.1:1,127.0.0.1/x",
+	    "etcd://h:1,h:2,h:3,h:4,h:5,h:6,h:7,h:8,h:9/x", /* 9: over HKV_ETCD_MAX_ENDPOINTS */
+	};
+	struct hkv_etcd_kv *kvs;
+	struct hkv_etcd *h;
+	char uri[300], k[256];
+	long t0, first, second;
+	int n, dead = dead_port();
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		errno = 0;
+		h = hkv_etcd_open(bad[i], 1000);
+		if (h) {
+			fprintf(stderr, "accepted bad URI \"%s\"\n", bad[i]);
+			hkv_etcd_close(h);
+		}
+		CHECK(!h && errno == EINVAL);
+	}
+	/* a dead endpoint first, the live one second; then the other order */
+	for (int order = 0; order < 2; order++) {
+		const char *live = etcd.uri + 7; /* "127.0.0.1:P/PREFIX" */
+		size_t hp = strcspn(live, "/");
+
+		if (order == 0)
+			snprintf(uri, sizeof(uri), "etcd://127.0.0.1:%d,%.*s%s", dead, (int)hp, live,
+				 live + hp);
+		else
+			snprintf(uri, sizeof(uri), "etcd://%.*s,127.0.0.1:%d%s", (int)hp, live, dead,
+				 live + hp);
+		CHECK((h = hkv_etcd_open(uri, 3000)));
+		CHECK(!strcmp(hkv_etcd_prefix(h), hkv_etcd_prefix(e)));
+		t0 = now_ms();
+		CHECK_RC(hkv_etcd_put(h, key(k, sizeof(k), "ep"), "v", 1, 0, NULL), 0);
+		first = now_ms() - t0;
+		t0 = now_ms();
+		CHECK_RC(hkv_etcd_range(h, k, 0, &kvs, &n, NULL), 0);
+		second = now_ms() - t0;
+		CHECK(n == 1 && !strcmp(kvs[0].value, "v"));
+		hkv_etcd_kvs_free(kvs, n);
+		printf("# %s: a put in %ld ms, then a range in %ld ms\n", uri, first, second);
+		CHECK(first < 2000 && second < 1000);
+		hkv_etcd_close(h);
+	}
+}
+
 static void test_unreachable(void)
 {
 	struct hkv_etcd_kv *kvs;
@@ -863,6 +917,7 @@ int main(void)
 	RUN_TEST(test_not_etcd);
 	RUN_TEST(test_no_sigpipe);
 	RUN_TEST(test_unreachable);
+	RUN_TEST(test_endpoints);
 	RUN_TEST(test_etcd_frozen);
 	RUN_TEST(test_etcd_killed); /* last: etcd is gone after it */
 	hkv_etcd_close(e);

@@ -18,7 +18,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: hatchkv-memcached --server URI [options]\n"
 		"  -S, --server URI        hatchkv server: shm:/path/ctl.sock or verbs://host:port,\n"
-		"                          or a cluster: etcd://HOST:PORT/PREFIX\n"
+		"                          or a cluster: etcd://HOST:PORT[,HOST:PORT...]/PREFIX\n"
 		"                          (default: shm: and hatchkv-server's default socket,\n"
 		"                          /run/hatchkv/hatchkv.sock as root)\n"
 		"  -k, --token-file PATH   the server's shared secret (default hatchkv.token)\n"
