@@ -264,6 +264,11 @@ def test_pages(mc_bin, srv_bin):
     with MetricsDaemons(mc_bin, srv_bin, memory="64M", threads=2,
                         srv_extra=["--metrics", "127.0.0.1:%d" % srv_port, "--max-clients", "3"],
                         mc_extra=["--metrics", "127.0.0.1:0"]) as d:
+        # (the daemon logs "listening on" before it starts its metrics endpoint)
+        deadline = time.time() + 20
+        while time.time() < deadline and not (metrics_url(d.log("server.log")) and
+                                               metrics_url(d.log("memcached.log"))):
+            time.sleep(0.05)
         srv_url = metrics_url(d.log("server.log"))
         mc_url = metrics_url(d.log("memcached.log"))
         check(srv_url == "http://127.0.0.1:%d/metrics" % srv_port,
