@@ -98,6 +98,9 @@ def scrape(port):
 def main(mc_bin, srv_bin):
     with Daemons(mc_bin, srv_bin, threads=2, mc_nofile=NOFILE,
                  mc_extra=["--metrics", "127.0.0.1:0"]) as d:
+        deadline = time.monotonic() + 20  # (metrics start after "listening on")
+        while time.monotonic() < deadline and "metrics at" not in d.log("memcached.log"):
+            time.sleep(0.05)
         text = d.log("memcached.log")
         m = re.search(r"connections max (\d+)", text)
         limit = int(m.group(1)) if m else 0
