@@ -2653,7 +2653,8 @@ static void test_fd_exhaustion(void)
 
 /* ---- test_metrics_flood, test_admission_flood (issue 28, item 6) --------------------- */
 
-/* The port of the server's --metrics endpoint, from its log; 0 if none. */
+/* The port of the server's --metrics endpoint, from its log (which may say
+ * it a moment after the control plane accepts); 0 if none within 5 s. */
 static int metrics_port(const struct hkvserver *s)
 {
 	char path[200], line[512];
@@ -2662,12 +2663,16 @@ static int metrics_port(const struct hkvserver *s)
 	FILE *f;
 
 	snprintf(path, sizeof(path), "%s/server.log", s->dir);
-	if (!(f = fopen(path, "r")))
-		return 0;
-	while (!port && fgets(line, sizeof(line), f))
-		if ((p = strstr(line, "metrics at http://127.0.0.1:")))
-			port = atoi(p + strlen("metrics at http://127.0.0.1:"));
-	fclose(f);
+	for (int tries = 0; !port && tries < 100; tries++) {
+		if (tries)
+			sleep_ms(50);
+		if (!(f = fopen(path, "r")))
+			continue;
+		while (!port && fgets(line, sizeof(line), f))
+			if ((p = strstr(line, "metrics at http://127.0.0.1:")))
+				port = atoi(p + strlen("metrics at http://127.0.0.1:"));
+		fclose(f);
+	}
 	return port;
 }
 
