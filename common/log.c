@@ -55,17 +55,19 @@ int hkv_log_enabled(enum hkv_log_level lvl)
  */
 static int to_journal(void)
 {
-	static int known = -1;
+	static int known = -1; /* (atomics: threads log at once; each computes the same) */
+	int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
 	const char *js;
 	unsigned long long dev, ino;
 	struct stat st;
 
-	if (known >= 0)
-		return known;
+	if (k >= 0)
+		return k;
 	js = getenv("JOURNAL_STREAM");
-	known = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && !fstat(2, &st) &&
-		(unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
-	return known;
+	k = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && !fstat(2, &st) &&
+	    (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+	__atomic_store_n(&known, k, __ATOMIC_RELAXED);
+	return k;
 }
 
 static const int syslog_prio[] = {3, 4, 6, 7}; /* err, warning, info, debug */
