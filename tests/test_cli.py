@@ -25,17 +25,17 @@
 
 usage: test_cli.py BINDIR
 """
-import hashlib
-import hmac
 import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
+from mc_harness import ctl_auth  # noqa: E402
 
 PROGS = ("hatchkv-server", "hatchkv-memcached", "hatchkv-admin", "hatchkv-bench")
 
@@ -60,30 +60,8 @@ def mem_total():
 
 
 def auth(sock_path, token):
-    """The control plane's authentication by hand (common/ctl_proto.h: HELLO,
-    CHALLENGE, PROVE): the reply's type (2 WELCOME, 3 ERROR)."""
-    def recv_exact(s, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = s.recv(n - len(buf))
-            if not chunk:
-                break
-            buf += chunk
-        return buf
-
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(sock_path)
-    nc = os.urandom(32)
-    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, 32) + nc)
-    _, _, typ, _, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
-    body = recv_exact(s, ln)
-    if typ == 9:
-        proof = hmac.new(token, b"hatchkv client\0" + nc + body[:32], hashlib.sha256).digest()
-        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) + proof)
-        _, _, typ, _, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
-    s.close()
-    return typ
+    """The reply's type to an authentication by hand (2 WELCOME, 3 ERROR)."""
+    return ctl_auth(sock_path, token)[0]
 
 
 def write_token(path, tok):

@@ -9,11 +9,14 @@ got; Debian's memcached gets a port found free just before it starts. Every
 process started here is killed on close(), also when the test fails.
 """
 import os
+import hashlib
+import hmac
 import re
 import resource
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -66,6 +69,39 @@ def rdma_addr():
         raise RuntimeError("RDMA required (HKV_REQUIRE_RDMA) but " + why)
     print("SKIP: %s (run through scripts/softroce-run for the Soft-RoCE tier)" % why)
     sys.exit(77)
+
+
+def ctl_auth(sock_path, token):
+    """The control plane's authentication by hand over a shm control socket
+    (common/ctl_proto.h: HELLO, CHALLENGE, PROVE; HMAC-SHA-256 keyed by the
+    token over a label and both nonces): the type and status of the reply to
+    PROVE, or to HELLO if that was refused (2 WELCOME, 3 ERROR)."""
+    def recv_exact(s, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    def mac(label, nc, ns):
+        return hmac.new(token, label + b"\0" + nc + ns, hashlib.sha256).digest()
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sock_path)
+    nc = os.urandom(32)
+    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, len(nc)) + nc)
+    _, _, typ, status, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
+    body = recv_exact(s, ln)
+    if typ == 9:  # CHALLENGE: nonce_s, proofs; answer PROVE
+        ns = body[:32]
+        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) +
+                  mac(b"hatchkv client", nc, ns))
+        _, _, typ, status, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
+    s.close()
+    return typ, status
 
 
 def wait_for(pred, timeout, what):

@@ -11,13 +11,10 @@ a scrape of a 1 GiB region of 64 KiB segments stays cheap.
 
 usage: test_metrics.py HATCHKV_MEMCACHED HATCHKV_SERVER
 """
-import hashlib
-import hmac
 import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,7 +25,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "memcached"))
-from mc_harness import Daemons, free_port, stop, wait_for  # noqa: E402
+from mc_harness import Daemons, ctl_auth as auth, free_port, stop, wait_for  # noqa: E402
 
 from pymemcache.client.base import Client  # noqa: E402
 
@@ -127,38 +124,6 @@ def val(samples, name, **labels):
 def metrics_url(log):
     m = re.search(r"metrics at (http://\S+)", log)
     return m.group(1) if m else None
-
-
-def auth(sock_path, token):
-    """The control plane's authentication by hand (common/ctl_proto.h: HELLO,
-    CHALLENGE, PROVE; HMAC-SHA-256 keyed by the token over a label and both
-    nonces): the type and status of the reply to PROVE (or to HELLO)."""
-    def recv_exact(s, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = s.recv(n - len(buf))
-            if not chunk:
-                break
-            buf += chunk
-        return buf
-
-    def mac(label, nc, ns):
-        return hmac.new(token, label + b"\0" + nc + ns, hashlib.sha256).digest()
-
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(sock_path)
-    nc = os.urandom(32)
-    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, len(nc)) + nc)
-    _, _, typ, status, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
-    body = recv_exact(s, ln)
-    if typ == 9:  # CHALLENGE: nonce_s, proofs; answer PROVE
-        ns = body[:32]
-        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) +
-                  mac(b"hatchkv client", nc, ns))
-        _, _, typ, status, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
-    s.close()
-    return typ, status
 
 
 def listening_tcp_ports(pid):
