@@ -30,6 +30,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
+from mc_harness import find_etcd, free_port  # noqa: E402
+
 LEASE_TTL = 3
 KEYS = 1000
 
@@ -42,22 +45,6 @@ def check(cond, what):
     if not cond:
         raise Failed(what)
     print("ok  ", what, flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def find_etcd():
-    env = os.environ.get("HKV_ETCD_BIN")
-    if env:
-        return env if os.access(env, os.X_OK) else None
-    return shutil.which("etcd") or (
-        "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
 
 
 def post(url, obj, timeout=2):

@@ -35,6 +35,15 @@ def stop(p, wait_s=10):
         p.wait()
 
 
+def find_etcd():
+    """The etcd binary: $HKV_ETCD_BIN, on PATH, or /usr/bin/etcd; None if none."""
+    env = os.environ.get("HKV_ETCD_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    return shutil.which("etcd") or (
+        "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

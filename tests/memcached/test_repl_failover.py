@@ -56,7 +56,7 @@ import urllib.request
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from mc_harness import free_port, stop
+from mc_harness import find_etcd, free_port, stop
 
 LEASE_TTL = 3
 IDS = ("ra", "rb", "rc")
@@ -96,14 +96,6 @@ def die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-
-
-def find_etcd():
-    env = os.environ.get("HKV_ETCD_BIN")
-    if env:
-        return env if os.access(env, os.X_OK) else None
-    return shutil.which("etcd") or (
-        "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
 
 
 class Cluster:
