@@ -35,6 +35,8 @@
 #include "bench/hist.h"
 #include "bench/ycsb.h"
 #include "common/cli.h"
+#include "common/etcd.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "hatchkv.h"
@@ -63,6 +65,7 @@ struct opts {
 	const char *child_result;  /* child mode: write the phase's result here */
 	int gate_ready, gate_go;   /* child mode: the start gate's pipe ends (-1: none) */
 	pid_t server_pid;
+	struct hkv_etcd_sec etcd;  /* --etcd-*: a cluster's etcd */
 };
 
 struct result {
@@ -986,7 +989,7 @@ static int child_main(const struct opts *o)
 	int ret;
 
 	if (is_hkv(o->system) &&
-	    !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2)))
+	    !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2, &o->etcd)))
 		return 1;
 	ret = phase(o, o->system, ycsb_workload(o->workloads[0]), &r, 0);
 	hkv_config_free(hkv_cfg);
@@ -1006,7 +1009,8 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 	int ret = -1;
 
 	if (is_hkv(system) &&
-	    !(hkv_cfg = driver_hatchkv_config(system_uris(o, system), o->token_file, o->records * 2)))
+	    !(hkv_cfg = driver_hatchkv_config(system_uris(o, system), o->token_file, o->records * 2,
+							&o->etcd)))
 		return -1;
 	printf("== %s: loading %llu records of %zu bytes with %d threads; runs with %d "
 	       "process(es) x %d threads\n", system, (unsigned long long)o->records,
@@ -1344,7 +1348,9 @@ static void usage(FILE *f)
 		"  --server-pid PID       report this process's CPU use as server_cpu_percent\n"
 		"  --json FILE            write results as JSON\n"
 		"  --metrics-file FILE    write the runs' throughput and hatchkv's library\n"
-		"                         counters as Prometheus text (docs/metrics.md)\n");
+		"                         counters as Prometheus text (docs/metrics.md)\n"
+		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
+		HKV_ETCD_USAGE);
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -1371,7 +1377,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"child-gate", required_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 258},
-		{"metrics-file", required_argument, NULL, 'M'}, {NULL, 0, NULL, 0}};
+		{"metrics-file", required_argument, NULL, 'M'}, HKV_ETCD_LONGOPTS,
+		{NULL, 0, NULL, 0}};
 	int c;
 
 	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:p:h", lo, NULL)) != -1) {
@@ -1410,7 +1417,11 @@ static int parse(int argc, char **argv, struct opts *o)
 				return -1;
 			break;
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return -1;
+		default:
+			if (hkv_etcd_sec_opt(&o->etcd, c, optarg) > 0)
+				break;
+			usage(stderr);
+			return -1;
 		}
 	}
 	if (o->quick) {
@@ -1472,6 +1483,7 @@ int main(int argc, char **argv)
 			 .warmup = 1000, .processes = 1, .gate_ready = -1, .gate_go = -1};
 	int n = 0;
 
+	hkv_log_set_prog("hatchkv-bench");
 	o.verbs = hkv_verbs_available();
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);

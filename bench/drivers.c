@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/etcd.h"
 #include "hatchkv.h"
 
 /* ---- hatchkv -------------------------------------------------------------- */
@@ -83,16 +84,39 @@ struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 	return &d->base;
 }
 
+/* A cluster's etcd options (--etcd-*) into cfg. */
+static int etcd_config(struct hkv_config *cfg, const struct hkv_etcd_sec *e)
+{
+	int ret = 0;
+
+	if (!ret && e->cacert)
+		ret = hkv_config_set_etcd(cfg, "cacert", e->cacert);
+	if (!ret && e->cert)
+		ret = hkv_config_set_etcd(cfg, "cert", e->cert);
+	if (!ret && e->key)
+		ret = hkv_config_set_etcd(cfg, "key", e->key);
+	if (!ret && e->user)
+		ret = hkv_config_set_etcd(cfg, "user", e->user);
+	if (!ret && e->password_file)
+		ret = hkv_config_set_etcd(cfg, "password-file", e->password_file);
+	if (!ret && e->insecure)
+		ret = hkv_config_set_etcd(cfg, "insecure", NULL);
+	return ret;
+}
+
 int driver_hatchkv_replicas(const char *uris)
 {
 	int n = 1;
 
+	if (uris && !strncmp(uris, "etcd://", 7)) /* one cluster, however many endpoints */
+		return 1;
 	for (const char *p = uris; p && *p; p++)
 		n += *p == ',';
 	return n;
 }
 
-struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys)
+struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys,
+					  const struct hkv_etcd_sec *etcd)
 {
 	struct hkv_config *cfg = hkv_config_new();
 	int n = driver_hatchkv_replicas(uris), ret = cfg ? 0 : -ENOMEM;
@@ -115,7 +139,8 @@ struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_fil
 		ret = hkv_config_add_server(cfg, uri);
 		p = comma ? comma + 1 : p + len;
 	}
-	if (!ret && !(ret = hkv_config_set_token_file(cfg, token_file)) &&
+	if (!ret && etcd && !(ret = etcd_config(cfg, etcd)) &&
+	    !(ret = hkv_config_set_token_file(cfg, token_file)) &&
 	    !(ret = hkv_config_set_cache_entries(cfg, keys * 2 > 262144 ? keys * 2 : 262144)))
 		return cfg;
 	fprintf(stderr, "hatchkv-bench: bad server list '%s' (%d server(s)) or token file '%s': %s\n",

@@ -58,7 +58,11 @@ struct hkv_config;
  * the location cache (the loader warms it for the readers), as threads of one
  * service would. NULL + message on failure.
  */
-struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys);
+struct hkv_etcd_sec;
+/* uris: one server, a cluster (etcd://..., reached as etcd says), or a
+ * comma-separated list of replicas. */
+struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys,
+					  const struct hkv_etcd_sec *etcd);
 /*
  * uris is one server's URI or a comma-separated list of 2 or 3 store-mode
  * servers, which the config replicates over (hkv_config_set_replicas), in

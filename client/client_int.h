@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/ctl_proto.h"
+#include "common/etcd.h"
 #include "common/layout.h"
 #include "common/transport.h"
 #include "hatchkv.h"
@@ -52,6 +53,7 @@ struct hkv_config {
 	size_t max_value;
 	size_t cache_entries;
 	int replicas; /* hkv_config_set_replicas (0, 1: none) */
+	struct hkv_etcd_sec etcd; /* hkv_config_set_etcd */
 	struct hkv_config *repl_sub[HKV_MAX_SERVERS]; /* each server's own (replica.c) */
 };
 

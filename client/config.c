@@ -38,6 +38,7 @@ HKV_EXPORT void hkv_config_free(struct hkv_config *cfg)
 		hkv_free(cfg->servers[i]);
 	hkv_free(cfg->token);
 	hkv_free(cfg->token_file);
+	hkv_etcd_sec_free(&cfg->etcd);
 	for (int i = 0; i < HKV_MAX_SERVERS; i++)
 		hkv_config_free(cfg->repl_sub[i]);
 	hkv_cache_unref(cfg->cache);
@@ -89,6 +90,11 @@ HKV_EXPORT int hkv_config_set_token(struct hkv_config *cfg, const char *token)
 HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *path)
 {
 	return set_string(&cfg->token_file, path);
+}
+
+HKV_EXPORT int hkv_config_set_etcd(struct hkv_config *cfg, const char *name, const char *value)
+{
+	return cfg ? hkv_etcd_sec_set(&cfg->etcd, name, value) : -EINVAL;
 }
 
 HKV_EXPORT int hkv_config_set_timeout_ms(struct hkv_config *cfg, int ms)

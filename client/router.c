@@ -626,10 +626,10 @@ int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
 	r->caches = caches_of(cfg);
 	if (!r->caches)
 		goto fail;
-	r->e = hkv_etcd_open(uri, cfg->timeout_ms);
-	r->we = hkv_etcd_open(uri, cfg->timeout_ms + 2 * ROUTER_WATCH_MS);
-	if (!r->e || !r->we) {
-		ret = -EINVAL;
+	/* (no TLS and user without "insecure": -EPERM, and etcd.c says why) */
+	if (!(r->e = hkv_etcd_open_sec(uri, &cfg->etcd, cfg->timeout_ms)) ||
+	    !(r->we = hkv_etcd_open_sec(uri, &cfg->etcd, cfg->timeout_ms + 2 * ROUTER_WATCH_MS))) {
+		ret = errno ? -errno : -EINVAL;
 		goto fail;
 	}
 	snprintf(r->map_key, sizeof(r->map_key), "%s/map", hkv_etcd_prefix(r->e));

@@ -20,29 +20,46 @@
  * with the request and response code 0 and skips the error callback; any
  * later failure calls the error callback (EOF, timeout...) and then the
  * request's callback with NULL. call_done() tells refused from broken so.
+ *
+ * TLS (hkv_etcd_open_sec with a CA): the same evhttp connection over an
+ * OpenSSL bufferevent, as libevent's https client does it; a handshake that
+ * fails looks to evhttp like a failed connect, so call_done() asks the
+ * bufferevent whether OpenSSL failed before it calls that a refusal.
+ * etcd's authentication: call_auth() below.
  */
 #include "common/etcd.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <json-c/json.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sodium.h>
 
 #include "common/hkv_alloc.h"
+#include "common/log.h"
 
 #define ETCD_HOST_MAX   256
 #define ETCD_PREFIX_MAX 512
@@ -68,6 +85,12 @@ struct hkv_etcd {
 	struct etcd_ep ep[HKV_ETCD_MAX_ENDPOINTS];
 	int nep, cur;
 	char prefix[ETCD_PREFIX_MAX];
+	SSL_CTX *tls;            /* NULL: plain HTTP */
+	char *user, *password;   /* NULL: no etcd authentication */
+	char token[1024];        /* etcd's auth token ("": none yet) */
+	int token_ep;            /* the endpoint that issued it; -1: none */
+	int answered;            /* some call has had an answer (for call_log's hints) */
+	struct hkv_log_limit log_limit;
 };
 
 struct etcd_call;
@@ -85,6 +108,9 @@ struct etcd_call {
 	int done;
 	int http_failed;  /* evhttp's error callback ran (after a connect) */
 	int http_timeout; /* ... and said its socket timed out */
+	int no_auth;      /* send no Authorization header (auth/authenticate) */
+	struct bufferevent *bev; /* a TLS call's bufferevent (evhttp owns it) */
+	char why[200];    /* etcd's or OpenSSL's words for a failure ("" if none) */
 };
 
 /* ---- URIs and handles ---- */
@@ -178,8 +204,189 @@ static int parse_endpoints(const char *uri, struct hkv_etcd *e)
 	return copy_part(e->prefix, sizeof(e->prefix), prefix, strlen(prefix));
 }
 
-struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms)
+/* ---- security options ---- */
+
+static int sec_str(char **dst, const char *v)
 {
+	char *c;
+
+	if (!v || !*v)
+		return -EINVAL;
+	if (!(c = hkv_strdup(v)))
+		return -ENOMEM;
+	hkv_free(*dst);
+	*dst = c;
+	return 0;
+}
+
+int hkv_etcd_sec_set(struct hkv_etcd_sec *s, const char *name, const char *value)
+{
+	if (!s || !name)
+		return -EINVAL;
+	if (!strcmp(name, "cacert"))
+		return sec_str(&s->cacert, value);
+	if (!strcmp(name, "cert"))
+		return sec_str(&s->cert, value);
+	if (!strcmp(name, "key"))
+		return sec_str(&s->key, value);
+	if (!strcmp(name, "user"))
+		return sec_str(&s->user, value);
+	if (!strcmp(name, "password-file"))
+		return sec_str(&s->password_file, value);
+	if (strcmp(name, "insecure"))
+		return -EINVAL;
+	if (!value || !strcmp(value, "1") || !strcmp(value, "yes") || !strcmp(value, "true"))
+		s->insecure = 1;
+	else if (!strcmp(value, "0") || !strcmp(value, "no") || !strcmp(value, "false"))
+		s->insecure = 0;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+void hkv_etcd_sec_free(struct hkv_etcd_sec *s)
+{
+	if (!s)
+		return;
+	hkv_free(s->cacert);
+	hkv_free(s->cert);
+	hkv_free(s->key);
+	hkv_free(s->user);
+	hkv_free(s->password_file);
+	memset(s, 0, sizeof(*s));
+}
+
+int hkv_etcd_sec_copy(struct hkv_etcd_sec *dst, const struct hkv_etcd_sec *src)
+{
+	const char *names[] = {"cacert", "cert", "key", "user", "password-file"};
+	const char *vals[] = {src->cacert, src->cert, src->key, src->user, src->password_file};
+
+	hkv_etcd_sec_free(dst);
+	for (int i = 0; i < 5; i++)
+		if (vals[i] && hkv_etcd_sec_set(dst, names[i], vals[i])) {
+			hkv_etcd_sec_free(dst);
+			return -ENOMEM;
+		}
+	dst->insecure = src->insecure;
+	return 0;
+}
+
+void hkv_etcd_sec_argv(const struct hkv_etcd_sec *s, const char **argv, int *argc)
+{
+	const char *opts[] = {"--etcd-cacert", "--etcd-cert", "--etcd-key", "--etcd-user",
+			      "--etcd-password-file"};
+	const char *vals[] = {s->cacert, s->cert, s->key, s->user, s->password_file};
+
+	for (int i = 0; i < 5; i++)
+		if (vals[i]) {
+			argv[(*argc)++] = opts[i];
+			argv[(*argc)++] = vals[i];
+		}
+	if (s->insecure)
+		argv[(*argc)++] = "--etcd-insecure";
+}
+
+int hkv_etcd_sec_opt(struct hkv_etcd_sec *s, int opt, const char *arg)
+{
+	static const char *const names[] = {"cacert", "cert", "key", "user", "password-file",
+					    "insecure"};
+	int i = opt - HKV_ETCD_OPT_BASE;
+
+	if (i < 0 || i > 5)
+		return 0;
+	return hkv_etcd_sec_set(s, names[i], i == 5 ? NULL : arg) ? -EINVAL : 1;
+}
+
+/* The password: the file's first line (without its newline), never empty. */
+static int read_password(const char *path, char **out)
+{
+	char buf[512];
+	struct stat st;
+	size_t n;
+	FILE *f = fopen(path, "re");
+
+	if (!f) {
+		int err = errno;
+
+		hkv_err("etcd: cannot read the password file %s: %s", path, strerror(err));
+		return -err;
+	}
+	if (!fstat(fileno(f), &st) && (st.st_mode & 0044))
+		hkv_warn("etcd: the password file %s can be read by others (chmod 600 it)", path);
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = 0;
+	fclose(f);
+	n = strcspn(buf, "\r\n");
+	buf[n] = 0;
+	if (!n) {
+		hkv_err("etcd: the password file %s has no password on its first line", path);
+		return -EINVAL;
+	}
+	*out = hkv_strdup(buf);
+	sodium_memzero(buf, sizeof(buf));
+	return *out ? 0 : -ENOMEM;
+}
+
+/* OpenSSL's last error as text, for a line naming what failed. */
+static const char *ssl_err_text(char *buf, size_t cap)
+{
+	unsigned long err = ERR_peek_last_error();
+
+	if (!err)
+		return "no detail";
+	ERR_error_string_n(err, buf, cap);
+	ERR_clear_error();
+	return buf;
+}
+
+/* The client side of TLS: etcd's certificate verified against the CA
+ * (host name or IP checked per connection, conn_new), TLS 1.2 or later, a
+ * client certificate if given. NULL and -errno with a line naming the file. */
+static SSL_CTX *tls_ctx(const struct hkv_etcd_sec *s, int *rc)
+{
+	const char *key = s->key ? s->key : s->cert;
+	char why[256];
+	SSL_CTX *ctx;
+
+	*rc = -EINVAL;
+	if ((s->cert == NULL) != (s->key == NULL) && !s->cert) {
+		hkv_err("etcd: --etcd-key needs --etcd-cert");
+		return NULL;
+	}
+	for (const char *f = s->cacert; f; f = f == s->cacert ? s->cert : f == s->cert ? key : NULL)
+		if (access(f, R_OK)) {
+			*rc = -errno;
+			hkv_err("etcd: cannot read %s: %s", f, strerror(errno));
+			return NULL;
+		}
+	if (!(ctx = SSL_CTX_new(TLS_client_method()))) {
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	if (SSL_CTX_load_verify_locations(ctx, s->cacert, NULL) != 1) {
+		hkv_err("etcd: %s is not a PEM CA certificate: %s", s->cacert,
+			ssl_err_text(why, sizeof(why)));
+		goto free_ctx;
+	}
+	if (s->cert && (SSL_CTX_use_certificate_chain_file(ctx, s->cert) != 1 ||
+			SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+			SSL_CTX_check_private_key(ctx) != 1)) {
+		hkv_err("etcd: client certificate %s with key %s: %s", s->cert, key,
+			ssl_err_text(why, sizeof(why)));
+		goto free_ctx;
+	}
+	return ctx;
+
+free_ctx:
+	SSL_CTX_free(ctx);
+	return NULL;
+}
+
+struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s, int timeout_ms)
+{
+	static atomic_int warned;
 	struct hkv_etcd *e;
 	int rc = -EINVAL;
 
@@ -187,29 +394,68 @@ struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms)
 		errno = EINVAL;
 		return NULL;
 	}
+	if (s && !s->insecure && (!s->cacert || !s->user)) {
+		hkv_err("etcd: %s without %s: whoever reaches etcd could read and rewrite the "
+			"cluster; give --etcd-cacert and --etcd-user/--etcd-password-file "
+			"(docs/operating.md, \"etcd with TLS and roles\"), or --etcd-insecure to "
+			"run so anyway", uri ? uri : "(no URI)",
+			!s->cacert && !s->user ? "TLS and a user" : !s->cacert ? "TLS" : "a user");
+		errno = EPERM;
+		return NULL;
+	}
+	if (s && s->user && !s->password_file) {
+		hkv_err("etcd: --etcd-user %s needs --etcd-password-file", s->user);
+		errno = EINVAL;
+		return NULL;
+	}
 	if (!(e = hkv_calloc(1, sizeof(*e)))) {
 		errno = ENOMEM;
 		return NULL;
 	}
+	e->token_ep = -1;
 	if (parse_endpoints(uri, e))
 		goto free_handle;
 	e->timeout_ms = timeout_ms;
+	if (s && s->cacert && !(e->tls = tls_ctx(s, &rc)))
+		goto free_handle;
+	if (s && s->user &&
+	    ((rc = -ENOMEM, !(e->user = hkv_strdup(s->user))) ||
+	     (rc = read_password(s->password_file, &e->password))))
+		goto free_handle;
+	if (s && s->insecure && (!s->cacert || !s->user) && !atomic_exchange(&warned, 1))
+		hkv_warn("etcd: talking to %s without %s (--etcd-insecure): whoever reaches etcd "
+			 "can read and rewrite the cluster", uri,
+			 !s->cacert && !s->user ? "TLS and a user" : !s->cacert ? "TLS" : "a user");
 	rc = -ENOMEM;
 	if (!(e->base = event_base_new()))
 		goto free_handle;
 	return e;
 
 free_handle:
-	hkv_free(e);
+	hkv_etcd_close(e);
 	errno = -rc;
 	return NULL;
+}
+
+struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms)
+{
+	return hkv_etcd_open_sec(uri, NULL, timeout_ms);
 }
 
 void hkv_etcd_close(struct hkv_etcd *e)
 {
 	if (!e)
 		return;
-	event_base_free(e->base);
+	if (e->base)
+		event_base_free(e->base);
+	if (e->tls)
+		SSL_CTX_free(e->tls);
+	if (e->password) {
+		sodium_memzero(e->password, strlen(e->password));
+		hkv_free(e->password);
+	}
+	hkv_free(e->user);
+	sodium_memzero(e->token, sizeof(e->token));
 	hkv_free(e);
 }
 
@@ -227,15 +473,65 @@ static struct timeval ms_tv(int ms)
 	return tv;
 }
 
+/* TLS puts a request's headers and body in records of their own: without
+ * this, Nagle holds the second until the first is acked (a delayed ACK, 40
+ * ms on Linux) on every call. */
+static void nodelay(evutil_socket_t fd)
+{
+	int one = 1;
+
+	if (fd >= 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* A TLS bufferevent for the current endpoint: SNI and the certificate's
+ * host name, or its IP address, checked against what the URI names. */
+static struct bufferevent *tls_bev(struct hkv_etcd *e)
+{
+	const char *host = e->ep[e->cur].host;
+	unsigned char addr[16];
+	struct bufferevent *bev;
+	SSL *ssl = SSL_new(e->tls);
+	int ip = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+
+	if (!ssl)
+		return NULL;
+	if (ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) != 1
+	       : SSL_set_tlsext_host_name(ssl, host) != 1 || SSL_set1_host(ssl, host) != 1) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	bev = bufferevent_openssl_socket_new(e->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+					     BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+	if (!bev) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	/* "Connection: close": etcd may close without a TLS close_notify */
+	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	return bev;
+}
+
 /* A connection whose own idle timeout is a second past the call's deadline,
  * so the deadline timer decides; no reconnect attempts (a refusal is final). */
-static struct evhttp_connection *conn_new(struct hkv_etcd *e, int timeout_ms)
+static struct evhttp_connection *conn_new(struct hkv_etcd *e, struct etcd_call *c, int timeout_ms)
 {
 	struct evhttp_connection *conn;
 	struct timeval tv = ms_tv(timeout_ms > INT_MAX - 1000 ? INT_MAX : timeout_ms + 1000);
 
-	conn = evhttp_connection_base_new(e->base, NULL, e->ep[e->cur].host,
-					  (ev_uint16_t)e->ep[e->cur].port);
+	c->bev = NULL;
+	if (e->tls) {
+		if (!(c->bev = tls_bev(e)))
+			return NULL;
+		conn = evhttp_connection_base_bufferevent_new(e->base, NULL, c->bev,
+							      e->ep[e->cur].host,
+							      (ev_uint16_t)e->ep[e->cur].port);
+		if (!conn)
+			bufferevent_free(c->bev);
+	} else {
+		conn = evhttp_connection_base_new(e->base, NULL, e->ep[e->cur].host,
+						  (ev_uint16_t)e->ep[e->cur].port);
+	}
 	if (!conn)
 		return NULL;
 	evhttp_connection_set_timeout_tv(conn, &tv);
@@ -251,6 +547,37 @@ static void call_finish(struct etcd_call *c, int err)
 	}
 }
 
+/* After a failure on a TLS connection: did OpenSSL fail (the certificate's
+ * verification, or an error the bufferevent kept)? 1 and c->why if so. */
+static int tls_failed(struct etcd_call *c)
+{
+	unsigned long err, last = 0;
+	char buf[160];
+	SSL *ssl;
+	long vr;
+
+	if (!c->bev)
+		return 0;
+	while ((err = bufferevent_get_openssl_error(c->bev)))
+		last = err;
+	ssl = bufferevent_openssl_get_ssl(c->bev);
+	if (ssl && (vr = SSL_get_verify_result(ssl)) != X509_V_OK) {
+		snprintf(c->why, sizeof(c->why), "TLS: etcd's certificate does not verify: %s",
+			 X509_verify_cert_error_string(vr));
+		return 1;
+	}
+	if (!last)
+		return 0;
+	if (!ERR_reason_error_string(last)) { /* (libevent's SSL_ERROR_SYSCALL, ...) */
+		snprintf(c->why, sizeof(c->why), "TLS: the handshake broke off (does etcd "
+			 "serve TLS on this port?)");
+		return 1;
+	}
+	ERR_error_string_n(last, buf, sizeof(buf));
+	snprintf(c->why, sizeof(c->why), "TLS: %s", buf);
+	return 1;
+}
+
 static void call_done(struct evhttp_request *req, void *arg)
 {
 	struct etcd_call *c = arg;
@@ -259,6 +586,7 @@ static void call_done(struct evhttp_request *req, void *arg)
 		return;
 	if (!req || !(c->status = evhttp_request_get_response_code(req))) {
 		call_finish(c, c->http_timeout  ? -ETIMEDOUT
+		               : tls_failed(c)  ? -EIO /* (to evhttp, a failed connect) */
 		               : c->http_failed ? -EIO
 		                                : -ECONNREFUSED);
 		return;
@@ -378,6 +706,7 @@ static struct evhttp_request *request_new(struct hkv_etcd *e, struct etcd_call *
 		evhttp_request_set_chunked_cb(req, call_chunk);
 	hdrs = evhttp_request_get_output_headers(req);
 	if (evhttp_add_header(hdrs, "Host", e->ep[e->cur].host_hdr) ||
+	    (!c->no_auth && e->token[0] && evhttp_add_header(hdrs, "Authorization", e->token)) ||
 	    evhttp_add_header(hdrs, "Content-Type", "application/json") ||
 	    evhttp_add_header(hdrs, "Connection", "close") ||
 	    evbuffer_add(evhttp_request_get_output_buffer(req), body, len)) {
@@ -457,7 +786,7 @@ static int call_run_once(struct hkv_etcd *e, const char *path, const char *body,
 	struct event *deadline;
 	sigset_t old;
 
-	if (!(conn = conn_new(e, timeout_ms)))
+	if (!(conn = conn_new(e, c, timeout_ms)))
 		return -ENOMEM;
 	if (!(deadline = evtimer_new(e->base, call_deadline, c)))
 		goto free_conn;
@@ -468,11 +797,14 @@ static int call_run_once(struct hkv_etcd *e, const char *path, const char *body,
 	/* may already call call_done() (a local refusal is reported at once) */
 	if (evhttp_make_request(conn, req, EVHTTP_REQ_POST, path))
 		call_finish(c, -EIO);
+	else if (c->bev) /* (connecting now) */
+		nodelay(bufferevent_getfd(c->bev));
 	while (!c->done)
 		if (event_base_loop(e->base, EVLOOP_ONCE) != 0)
 			call_finish(c, -EIO);
 	event_free(deadline);
 	evhttp_connection_free(conn); /* and a request still in flight: cancelled */
+	c->bev = NULL;                /* (it went with conn) */
 	sigpipe_restore(&old);
 	return c->err;
 
@@ -658,17 +990,42 @@ static int body_json(struct evbuffer *body, json_object **out)
 	return 0;
 }
 
-/* etcd's error object {"error":"...","code":N}: N is a gRPC status code. */
-static int grpc_error(json_object *obj)
+/*
+ * etcd's error object {"error":"...","code":N,"message":"..."}: N is a gRPC
+ * status code; c->why keeps the message. Authentication's: Unauthenticated
+ * (16, the token lapsed or is another member's) and "auth store is old"
+ * give -EKEYEXPIRED, which call_auth() answers by authenticating again;
+ * PermissionDenied (7) and "user name is empty" (no token sent to an etcd
+ * with auth on) -EACCES; "authentication failed" -EKEYREJECTED.
+ */
+static int grpc_error(struct etcd_call *c, json_object *obj)
 {
-	json_object *code;
+	json_object *code, *msg;
+	const char *m = "";
 
 	if (!json_object_object_get_ex(obj, "code", &code) && /* a stream's error says grpc_code */
 	    !json_object_object_get_ex(obj, "grpc_code", &code))
 		return -EPROTO;
 	if (!json_object_is_type(code, json_type_int))
 		return -EPROTO;
+	if ((json_object_object_get_ex(obj, "message", &msg) ||
+	     json_object_object_get_ex(obj, "error", &msg)) &&
+	    json_object_is_type(msg, json_type_string))
+		m = json_object_get_string(msg);
+	snprintf(c->why, sizeof(c->why), "%s", m);
+	if (strstr(m, "auth store is old"))
+		return -EKEYEXPIRED;
+	if (strstr(m, "user name is empty"))
+		return -EACCES;
+	if (strstr(m, "authentication failed"))
+		return -EKEYREJECTED;
 	switch (json_object_get_int(code)) {
+	case 7: /* PermissionDenied */
+		return -EACCES;
+	case 16: /* Unauthenticated */
+		return -EKEYEXPIRED;
+	case 9: /* FailedPrecondition: "authentication is not enabled" */
+		return strstr(m, "not enabled") ? -ENOTSUP : -EPROTO;
 	case 3: /* InvalidArgument (also "request is too large") */
 		return -EINVAL;
 	case 4: /* DeadlineExceeded */
@@ -689,11 +1046,200 @@ static int reply_error(struct etcd_call *c)
 	json_object *obj;
 	int rc;
 
-	if (body_json(c->body, &obj))
+	if (body_json(c->body, &obj)) {
+		if (c->status == 400 && !c->why[0]) /* Go's answer to HTTP on its TLS port */
+			snprintf(c->why, sizeof(c->why), "HTTP 400 and no etcd error: "
+				 "does etcd want TLS (--etcd-cacert)?");
 		return -EPROTO;
-	rc = grpc_error(obj);
+	}
+	rc = grpc_error(c, obj);
 	json_object_put(obj);
 	return rc;
+}
+
+/* ---- authentication ---- */
+
+/*
+ * Tokens shared by the handles of a process: one per (endpoint, user,
+ * password), so that a client with many handles (hatchkv-memcached: two per
+ * lane) authenticates once per endpoint, not once per handle - each
+ * authenticate costs etcd a bcrypt. A token that lapses is dropped by the
+ * first handle that hears so, and that handle fetches the next.
+ */
+#define TOKEN_CACHE 16
+static struct {
+	char ep[ETCD_HOST_MAX + 16];
+	unsigned char who[32]; /* hash of user and password */
+	char token[1024];
+} token_cache[TOKEN_CACHE];
+static unsigned token_next;
+static pthread_mutex_t token_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void token_who(const struct hkv_etcd *e, unsigned char who[32])
+{
+	crypto_generichash_state st;
+
+	crypto_generichash_init(&st, NULL, 0, 32);
+	crypto_generichash_update(&st, (const unsigned char *)e->user, strlen(e->user) + 1);
+	crypto_generichash_update(&st, (const unsigned char *)e->password, strlen(e->password));
+	crypto_generichash_final(&st, who, 32);
+}
+
+/* A token for the current endpoint from the cache: 1 (now in e->token), or 0. */
+static int token_cached(struct hkv_etcd *e)
+{
+	unsigned char who[32];
+	int found = 0;
+
+	token_who(e, who);
+	pthread_mutex_lock(&token_lock);
+	for (int i = 0; i < TOKEN_CACHE && !found; i++)
+		if (token_cache[i].token[0] && !strcmp(token_cache[i].ep, e->ep[e->cur].host_hdr) &&
+		    !sodium_memcmp(token_cache[i].who, who, 32)) {
+			memcpy(e->token, token_cache[i].token, sizeof(e->token));
+			e->token_ep = e->cur;
+			found = 1;
+		}
+	pthread_mutex_unlock(&token_lock);
+	return found;
+}
+
+/* Keep e's token for its endpoint (token non-NULL), or drop it (NULL). */
+static void token_keep(struct hkv_etcd *e, int ep, const char *token)
+{
+	unsigned char who[32];
+	int slot = -1;
+
+	token_who(e, who);
+	pthread_mutex_lock(&token_lock);
+	for (int i = 0; i < TOKEN_CACHE && slot < 0; i++)
+		if (!strcmp(token_cache[i].ep, e->ep[ep].host_hdr) &&
+		    !sodium_memcmp(token_cache[i].who, who, 32))
+			slot = i;
+	if (!token) {
+		if (slot >= 0 && !strcmp(token_cache[slot].token, e->token))
+			token_cache[slot].token[0] = 0; /* (unless another replaced it) */
+	} else {
+		if (slot < 0)
+			slot = (int)(token_next++ % TOKEN_CACHE);
+		snprintf(token_cache[slot].ep, sizeof(token_cache[slot].ep), "%s",
+			 e->ep[ep].host_hdr);
+		memcpy(token_cache[slot].who, who, 32);
+		snprintf(token_cache[slot].token, sizeof(token_cache[slot].token), "%s", token);
+	}
+	pthread_mutex_unlock(&token_lock);
+}
+
+/* A line for a failure the operator must fix (credentials, roles, TLS),
+ * in etcd's or OpenSSL's words; at most one a second per handle. */
+static void call_log(struct hkv_etcd *e, const char *path, const struct etcd_call *c, int rc)
+{
+	const char *hint = rc == -EACCES && strstr(c->why, "permission denied")
+				   ? " (the etcd user's role may not do this)"
+			   : rc == -EKEYREJECTED ? " (check --etcd-user and --etcd-password-file)"
+						 : "";
+
+	if (!rc) {
+		e->answered = 1;
+		return;
+	}
+	if (rc == -EIO && !c->why[0] && !e->tls && !e->answered)
+		hint = " (nothing has answered yet: does etcd want TLS? --etcd-cacert)";
+	else if (rc != -EACCES && rc != -EKEYREJECTED && !((rc == -EIO || rc == -EPROTO) && c->why[0]))
+		return;
+	hkv_log_limited(&e->log_limit, HKV_LOG_ERROR, "etcd at %s%s%s (%s): %s%s",
+			e->ep[e->cur].host_hdr, e->user ? " as " : "", e->user ? e->user : "", path,
+			c->why[0] ? c->why : "the connection failed", hint);
+}
+
+/* POST /v3/auth/authenticate with the user and password; the token it
+ * gives is for the endpoint that answered. An etcd with its authentication
+ * off is refused (-EACCES) even when insecure is allowed: a user was given,
+ * so the operator meant etcd to check it (`etcdctl auth enable` forgotten). */
+static int authenticate(struct hkv_etcd *e, int timeout_ms)
+{
+	struct etcd_call c = {.no_auth = 1};
+	json_object *req = json_object_new_object(), *reply = NULL, *tok;
+	const char *s;
+	size_t len;
+	int rc = -ENOMEM;
+
+	e->token[0] = 0;
+	e->token_ep = -1;
+	if (!req || json_add(req, "name", json_object_new_string(e->user)) ||
+	    json_add(req, "password", json_object_new_string(e->password)) ||
+	    !(s = json_object_to_json_string_length(req, JSON_OUT, &len)) ||
+	    !(c.body = evbuffer_new()))
+		goto put_req;
+	rc = call_run(e, "/v3/auth/authenticate", s, len, &c, timeout_ms);
+	if (!rc)
+		rc = c.status == 200 ? body_json(c.body, &reply) : reply_error(&c);
+	if (rc == -ENOTSUP) {
+		snprintf(c.why, sizeof(c.why), "etcd's authentication is off (etcdctl auth "
+			 "enable; scripts/etcd-roles): anyone who reaches it owns the cluster");
+		rc = -EACCES;
+	} else if (!rc) {
+		if (!json_object_object_get_ex(reply, "token", &tok) ||
+		    !json_object_is_type(tok, json_type_string) ||
+		    (size_t)json_object_get_string_len(tok) >= sizeof(e->token) ||
+		    !json_object_get_string_len(tok)) {
+			rc = -EPROTO;
+		} else {
+			snprintf(e->token, sizeof(e->token), "%s", json_object_get_string(tok));
+			e->token_ep = e->cur;
+			token_keep(e, e->cur, e->token);
+		}
+	}
+	if (rc == -EKEYEXPIRED)
+		rc = -EKEYREJECTED;
+	call_log(e, "/v3/auth/authenticate", &c, rc);
+	json_object_put(reply);
+	if (c.body)
+		evbuffer_free(c.body);
+put_req:
+	json_object_put(req);
+	return rc;
+}
+
+/*
+ * call_run() as the handle's user: authenticate first if there is no token
+ * for the current endpoint (the first call, or a call_run that moved to
+ * another endpoint), and once more if etcd says the token lapsed, then
+ * resend. A request etcd refused for its token was not applied, so sending
+ * it again is safe even for a txn. Returns as call_run(); an error reply of
+ * a unary call stays in c for the caller.
+ */
+static int call_auth(struct hkv_etcd *e, const char *path, const char *body, size_t len,
+		     struct etcd_call *c, int timeout_ms)
+{
+	int rc;
+
+	for (int again = 0;; again++) {
+		if (e->user && e->token_ep != e->cur && !token_cached(e) &&
+		    (rc = authenticate(e, timeout_ms)))
+			return rc;
+		rc = call_run(e, path, body, len, c, timeout_ms);
+		if (!rc && c->status != 200 && c->tok == NULL) {
+			/* a unary error reply: was it the token? */
+			int err = reply_error(c);
+
+			if (err != -EKEYEXPIRED || !e->user || again) {
+				call_log(e, path, c, err);
+				return 0;
+			}
+		} else if (rc != -EKEYEXPIRED || !e->user || again) {
+			call_log(e, path, c, rc);
+			return rc;
+		}
+		if (e->token_ep >= 0) /* lapsed, or another member's: a new one */
+			token_keep(e, e->token_ep, NULL);
+		e->token_ep = -1;
+		evbuffer_drain(c->body, evbuffer_get_length(c->body));
+		if (c->tok)
+			json_tokener_reset(c->tok);
+		c->status = c->err = c->done = c->http_failed = c->http_timeout = 0;
+		c->why[0] = 0;
+	}
 }
 
 /* ---- unary calls ---- */
@@ -712,9 +1258,24 @@ static int etcd_call(struct hkv_etcd *e, const char *path, json_object *req, jso
 		goto put_req;
 	if (!(c.body = evbuffer_new()))
 		goto put_req;
-	rc = call_run(e, path, s, len, &c, e->timeout_ms);
-	if (!rc)
-		rc = c.status == 200 ? body_json(c.body, reply) : reply_error(&c);
+	for (int again = 0;; again++) {
+		json_object *err;
+
+		rc = call_auth(e, path, s, len, &c, e->timeout_ms);
+		if (!rc)
+			rc = c.status == 200 ? body_json(c.body, reply) : reply_error(&c);
+		/* a stream's one object (a keepalive) may be an error with 200 */
+		if (rc || !e->user || again || json_child(*reply, "result") ||
+		    !(err = json_child(*reply, "error")) || grpc_error(&c, err) != -EKEYEXPIRED)
+			break;
+		json_object_put(*reply);
+		*reply = NULL;
+		if (e->token_ep >= 0) /* the token lapsed: a new one, and once more */
+			token_keep(e, e->token_ep, NULL);
+		e->token_ep = -1;
+		evbuffer_drain(c.body, evbuffer_get_length(c.body));
+		c.status = c.err = c.done = c.http_failed = c.http_timeout = 0;
+	}
 	evbuffer_free(c.body);
 put_req:
 	json_object_put(req);
@@ -1105,7 +1666,7 @@ int hkv_etcd_lease_keepalive(struct hkv_etcd *e, int64_t id, int *ttl_s)
 	if ((rc = etcd_call(e, "/v3/lease/keepalive", req, &reply)))
 		return rc;
 	if (!(res = json_child(reply, "result")))
-		rc = json_child(reply, "error") ? grpc_error(json_child(reply, "error")) : -EPROTO;
+		rc = json_child(reply, "error") ? grpc_error(&(struct etcd_call){0}, json_child(reply, "error")) : -EPROTO;
 	else if (!(rc = json_i64(res, "TTL", &ttl)) && ttl <= 0)
 		rc = -ENOENT;
 	if (!rc && ttl_s)
@@ -1151,7 +1712,7 @@ static int watch_obj(struct etcd_call *c, json_object *obj)
 	int64_t *rev = c->arg;
 
 	if (!res)
-		return json_child(obj, "error") ? grpc_error(json_child(obj, "error")) : -EPROTO;
+		return json_child(obj, "error") ? grpc_error(c, json_child(obj, "error")) : -EPROTO;
 	if (json_true(res, "canceled")) {
 		if (json_i64(res, "compact_revision", rev) || *rev <= 0)
 			return -EIO;
@@ -1206,7 +1767,7 @@ int hkv_etcd_watch_wait(struct hkv_etcd *e, const char *key, int prefix, int64_t
 	if (!(s = json_object_to_json_string_length(req, JSON_OUT, &len)) ||
 	    !(c.body = evbuffer_new()) || !(c.tok = json_tokener_new()))
 		goto free_call;
-	rc = call_run(e, "/v3/watch", s, len, &c, timeout_ms);
+	rc = call_auth(e, "/v3/watch", s, len, &c, timeout_ms);
 	if (!rc && c.status != 200)
 		rc = reply_error(&c);
 	if (!rc && rev)

@@ -20,13 +20,26 @@
  * Every call blocks for at most the handle's timeout (hkv_etcd_watch_wait:
  * for its own timeout_ms). Each call is one HTTP connection of its own.
  *
+ * Security (issue 28): hkv_etcd_open_sec() speaks TLS to etcd (the CA
+ * verifies etcd's certificate and host name or IP; a client certificate
+ * optional) and etcd's own authentication: the user and password are sent
+ * once to /v3/auth/authenticate, the token it gives goes in every request's
+ * Authorization header, and is fetched again when etcd says it lapsed
+ * (Unauthenticated, "auth store is old") and after a change of endpoint
+ * (a simple token is known only to the member that issued it). Without TLS
+ * and a user the open is refused unless the caller says insecure.
+ *
  * Errors (negative errno): -ECONNREFUSED (nothing listens) / -EIO (the
  * connection failed or etcd says it is unavailable), -ETIMEDOUT, -EPROTO (a
  * reply that is not what etcd sends: malformed JSON, bad base64, an HTTP
  * status other than 200 without etcd's error object), -ECANCELED (a compare
  * in hkv_etcd_put_if / delete_if failed), -ENOENT (lease gone: also from a
  * put under it), -EINVAL (also etcd's InvalidArgument, e.g. a request over
- * its size limit), -ENOMEM.
+ * its size limit), -ENOMEM, -EACCES (etcd: permission denied - the user's
+ * role may not do that - or no user given to an etcd with auth on),
+ * -EKEYREJECTED (etcd refused the user or password). TLS failures (a
+ * certificate that does not verify, a plain-HTTP peer) are -EIO. Each of
+ * these is logged with etcd's or OpenSSL's own words (rate-limited).
  */
 #ifndef HKV_ETCD_H
 #define HKV_ETCD_H
@@ -52,8 +65,52 @@ struct hkv_etcd_kv {
 int hkv_etcd_parse_uri(const char *uri, char *host, size_t hostlen, int *port,
 		       char *prefix, size_t prefixlen);
 
-/* NULL and errno on failure. Does not contact etcd yet. */
+/*
+ * How to reach etcd securely; every program takes these as --etcd-* options
+ * (hkv_etcd_sec_opt) and the client library by hkv_config_set_etcd().
+ * Strings are hkv_malloc'd copies (hkv_etcd_sec_free).
+ */
+struct hkv_etcd_sec {
+	char *cacert;        /* PEM CA file: TLS to etcd, its certificate verified */
+	char *cert, *key;    /* PEM client certificate and key (optional) */
+	char *user;          /* etcd user (auth/authenticate) */
+	char *password_file; /* its password: the file's first line */
+	int insecure;        /* plain HTTP and/or no user explicitly allowed */
+};
+
+/* Set one field by its option name without "--etcd-": "cacert", "cert",
+ * "key", "user", "password-file" (value copied) or "insecure" (value NULL,
+ * "1"/"yes"/"true" or "0"/"no"/"false"). 0, -EINVAL (unknown name, bad
+ * value) or -ENOMEM. */
+int hkv_etcd_sec_set(struct hkv_etcd_sec *s, const char *name, const char *value);
+int hkv_etcd_sec_copy(struct hkv_etcd_sec *dst, const struct hkv_etcd_sec *src);
+void hkv_etcd_sec_free(struct hkv_etcd_sec *s);
+/* Append the options that give s back ("--etcd-cacert", FILE, ...) to
+ * argv[*argc...] (at most 11 entries, pointers into s); for a program that
+ * starts another. */
+void hkv_etcd_sec_argv(const struct hkv_etcd_sec *s, const char **argv, int *argc);
+
+/* getopt_long entries and their handler, shared by every program. */
+#define HKV_ETCD_OPT_BASE 0x4500
+#define HKV_ETCD_LONGOPTS                                                                	{"etcd-cacert", required_argument, NULL, HKV_ETCD_OPT_BASE + 0},                    	{"etcd-cert", required_argument, NULL, HKV_ETCD_OPT_BASE + 1},                      	{"etcd-key", required_argument, NULL, HKV_ETCD_OPT_BASE + 2},                       	{"etcd-user", required_argument, NULL, HKV_ETCD_OPT_BASE + 3},                      	{"etcd-password-file", required_argument, NULL, HKV_ETCD_OPT_BASE + 4},             	{"etcd-insecure", no_argument, NULL, HKV_ETCD_OPT_BASE + 5}
+/* 1: opt was one of HKV_ETCD_LONGOPTS and is now set; 0: not ours; <0: error. */
+int hkv_etcd_sec_opt(struct hkv_etcd_sec *s, int opt, const char *arg);
+#define HKV_ETCD_USAGE \
+	"  --etcd-cacert FILE       TLS to etcd: verify its certificate with this CA (PEM)\n" \
+	"  --etcd-cert FILE, --etcd-key FILE  client certificate for that TLS channel\n"     \
+	"  --etcd-user NAME         etcd user (its role says what it may read and write)\n"  \
+	"  --etcd-password-file FILE  that user's password (first line)\n"                 \
+	"  --etcd-insecure          allow etcd without TLS and a user (anyone who reaches\n"  \
+	"                           etcd then owns the cluster; logged)\n"
+
+/* NULL and errno on failure. Does not contact etcd yet. hkv_etcd_open:
+ * plain HTTP, no user (tests, and callers that were told --etcd-insecure).
+ * hkv_etcd_open_sec: as s says (NULL: as hkv_etcd_open); without TLS and a
+ * user and without s->insecure: NULL and EPERM (and a line saying why); an
+ * unreadable CA, certificate, key or password file: NULL, its errno and a
+ * line naming the file. */
 struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms);
+struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s, int timeout_ms);
 void hkv_etcd_close(struct hkv_etcd *e);
 /* The PREFIX part of the URI ("" if none); valid while the handle is open. */
 const char *hkv_etcd_prefix(const struct hkv_etcd *e);

@@ -84,6 +84,17 @@ HKV_EXPORT int hkv_config_set_replicas(struct hkv_config *cfg, int r);
 /* The shared secret, directly or from a file (read at hkv_open). Copied. */
 HKV_EXPORT int hkv_config_set_token(struct hkv_config *cfg, const char *token);
 HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *path);
+/*
+ * How to reach the etcd of a cluster (an "etcd://" server): name is an
+ * option of the programs without its "--etcd-": "cacert" (TLS, etcd's
+ * certificate verified with this PEM CA), "cert" and "key" (a client
+ * certificate), "user" and "password-file" (etcd's authentication; the
+ * client role needs only read access under the cluster's prefix), or
+ * "insecure" (value NULL or "1": allow etcd without TLS and a user, logged).
+ * Without TLS and a user and without "insecure", hkv_open of a cluster
+ * fails with -EPERM. Copied. 0 or -EINVAL / -ENOMEM.
+ */
+HKV_EXPORT int hkv_config_set_etcd(struct hkv_config *cfg, const char *name, const char *value);
 /* How long any one remote wait may take before HKV_ETIMEDOUT. */
 HKV_EXPORT int hkv_config_set_timeout_ms(struct hkv_config *cfg, int ms);
 /* Largest value this handle writes or reads (<= the server's limit). */

@@ -14,6 +14,7 @@
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
+#include "common/log.h"
 #include "hatchkv_err.h"
 
 static void usage(FILE *f)
@@ -31,7 +32,8 @@ static void usage(FILE *f)
 		"                     items move); a dead one that still holds partitions\n"
 		"                     is refused unless --force (its items are lost)\n"
 		"  admit NAME         undo remove (and drain) for NAME\n"
-		"options: --wait SECONDS, --force, -h/--help\n");
+		"options: --wait SECONDS, --force, -h/--help\n"
+		"etcd (the operator role's user, over TLS; or --etcd-insecure):\n" HKV_ETCD_USAGE);
 }
 
 struct admin {
@@ -375,11 +377,14 @@ int main(int argc, char **argv)
 					      {"force", no_argument, NULL, 'f'},
 					      {"help", no_argument, NULL, 'h'},
 					      {"version", no_argument, NULL, 'V'},
+					      HKV_ETCD_LONGOPTS,
 					      {NULL, 0, NULL, 0}};
 	const char *uri = getenv("HATCHKV_CLUSTER"), *cmd, *id = NULL;
+	struct hkv_etcd_sec sec = {0};
 	struct admin a;
 	int wait_s = 30, force = 0, c, ret;
 
+	hkv_log_set_prog("hatchkv-admin");
 	while ((c = getopt_long(argc, argv, "c:w:fVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'f': force = 1; break;
@@ -387,7 +392,13 @@ int main(int argc, char **argv)
 		case 'w': wait_s = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		case 'V': hkv_print_version(stdout, "hatchkv-admin"); return 0;
-		default: usage(stderr); return 2;
+		default:
+			if ((ret = hkv_etcd_sec_opt(&sec, c, optarg)) > 0)
+				break;
+			if (ret < 0)
+				fprintf(stderr, "hatchkv-admin: bad value '%s'\n", optarg);
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (!uri || optind >= argc)
@@ -398,9 +409,16 @@ int main(int argc, char **argv)
 	if (optind != argc || ((!strcmp(cmd, "members") || !strcmp(cmd, "map")) == !!id) ||
 	    (id && !hkv_cluster_id_valid(id)))
 		return usage(stderr), 2;
-	a.e = hkv_etcd_open(uri, 5000);
+	a.e = hkv_etcd_open_sec(uri, &sec, 5000);
+	ret = errno;
+	hkv_etcd_sec_free(&sec);
 	if (!a.e) {
-		fprintf(stderr, "hatchkv-admin: bad cluster URI '%s' (etcd://HOST:PORT[,HOST:PORT...]/PREFIX)\n", uri);
+		if (ret == EINVAL)
+			fprintf(stderr, "hatchkv-admin: bad cluster URI '%s' "
+					"(etcd://HOST:PORT[,HOST:PORT...]/PREFIX)\n", uri);
+		else /* (etcd.c said why) */
+			fprintf(stderr, "hatchkv-admin: cannot use etcd at %s: %s\n", uri,
+				strerror(ret));
 		return 2;
 	}
 	a.prefix = hkv_etcd_prefix(a.e);

@@ -1594,9 +1594,9 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 	cl = hkv_calloc(1, sizeof(*cl));
 	if (!cl)
 		return NULL;
-	cl->e = hkv_etcd_open(o->uri, 3000);
+	cl->e = hkv_etcd_open_sec(o->uri, o->etcd, 3000);
 	/* a keepalive that takes longer than a third of the TTL is as good as lost */
-	cl->ke = hkv_etcd_open(o->uri, o->ttl_s * 1000 / 3);
+	cl->ke = hkv_etcd_open_sec(o->uri, o->etcd, o->ttl_s * 1000 / 3);
 	if (!cl->e || !cl->ke) {
 		ret = -errno;
 		goto close_etcd;

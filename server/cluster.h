@@ -53,11 +53,13 @@
 #include <stdint.h>
 
 struct hkv_cmap;
+struct hkv_etcd_sec;
 
 #define HKV_CLUSTER_GUARD_MS 1000 /* fence this long before the lease can end */
 
 struct hkv_cluster_opts {
 	const char *uri;      /* etcd://HOST:PORT/PREFIX */
+	const struct hkv_etcd_sec *etcd; /* TLS and user (common/etcd.h) */
 	const char *id;       /* this server's name */
 	const char *endpoint; /* what clients connect to (verbs://... or shm:...) */
 	const char *transport;

@@ -44,6 +44,7 @@ struct server_opts {
 	int keepalive_ms;
 	char data_port[16], data_path[128];
 	struct hkv_cluster_opts cluster; /* cluster.uri NULL: standalone */
+	struct hkv_etcd_sec etcd;        /* --etcd-*: how to reach it */
 	const char *metrics; /* --metrics ADDR:PORT, NULL: off */
 };
 
@@ -108,6 +109,8 @@ static void usage(FILE *f)
 		"                             made once N have joined and none joined for a lease\n"
 		"                             TTL; a lost server is dropped\n"
 		"                             from its lists (docs/design.md, \"Replicas\")\n"
+		"etcd (needs TLS and a user, or --etcd-insecure; docs/operating.md):\n"
+		HKV_ETCD_USAGE
 		"  -h, --help\n");
 }
 
@@ -145,9 +148,10 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		{"metrics", required_argument, NULL, 256},
 		{"force", no_argument, NULL, 257},
 		{"version", no_argument, NULL, 'V'},
+		HKV_ETCD_LONGOPTS,
 		{"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
 	uint64_t v;
-	int c;
+	int c, r;
 
 	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:T:vVh", opts, NULL)) != -1) {
 		switch (c) {
@@ -235,7 +239,13 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
 		case 'V': hkv_print_version(stdout, "hatchkv-server"); exit(0);
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return -1;
+		default:
+			if ((r = hkv_etcd_sec_opt(&o->etcd, c, optarg)) > 0)
+				break;
+			if (r < 0)
+				return fprintf(stderr, "bad --etcd option value '%s'\n", optarg), -1;
+			usage(stderr);
+			return -1;
 		}
 	}
 	if (optind != argc)
@@ -882,7 +892,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (o.cluster.uri) { /* the cluster's key hash secret, for our region too */
-		struct hkv_etcd *e = hkv_etcd_open(o.cluster.uri, 3000);
+		struct hkv_etcd *e = hkv_etcd_open_sec(o.cluster.uri, &o.etcd, 3000);
 		uint32_t parts;
 		int store_mode = 0;
 		int ret = e ? hkv_cmap_identity_get(e, o.cluster.partitions, !o.store.cache_mode,
@@ -955,6 +965,7 @@ int main(int argc, char **argv)
 			}
 			o.cluster.endpoint = endpoint;
 		}
+		o.cluster.etcd = &o.etcd;
 		o.cluster.transport = o.kind == HKV_TRANSPORT_SHM ? "shm" : "verbs";
 		o.cluster.region_bytes = sv.store.region.length;
 		sv.cluster = hkv_cluster_start(&o.cluster);
@@ -1019,5 +1030,6 @@ out:
 	if (sv.base)
 		event_base_free(sv.base);
 	hkv_store_fini(&sv.store);
+	hkv_etcd_sec_free(&o.etcd);
 	return rc;
 }

@@ -129,20 +129,24 @@ static int member(struct hkvserver *s, const char *id, int again)
 {
 	const char *extra[] = {"--cluster", curi, "--id", id, "--lease-ttl", TTL,
 			       "--partitions", "1024", "--token-file", token_file,
-			       "--cache", NULL, NULL, NULL, NULL, NULL, NULL};
+			       "--cache", NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+	int n = 12;
 	char file[256];
 
 	if (store_mode) { /* warm restarts: the region in a file */
 		snprintf(file, sizeof(file), "%s/%s.mem", etcd.dir, id);
 		extra[10] = "--memory-file";
 		extra[11] = file;
+	} else {
+		n = 11;
 	}
 	if (repl_mode) { /* (only the first server's count: it makes the identity, the map) */
-		extra[12] = "--replicas";
-		extra[13] = "2";
-		extra[14] = "--route-lease-ms";
-		extra[15] = "500";
+		extra[n++] = "--replicas";
+		extra[n++] = "2";
+		extra[n++] = "--route-lease-ms";
+		extra[n++] = "500";
 	}
+	extra[n] = "--etcd-insecure"; /* (the test's etcd: plain, no users) */
 	return again ? hkvserver_restart_noclient(s, region_size, "256K", extra)
 		     : hkvserver_start_noclient(s, use_verbs, region_size, "256K", extra);
 }
@@ -221,6 +225,7 @@ static struct hkv_client *cluster_client(void)
 	int ret;
 
 	hkv_config_add_server(cfg, curi);
+	hkv_config_set_etcd(cfg, "insecure", NULL);
 	hkv_config_set_token_file(cfg, token_file);
 	hkv_config_set_timeout_ms(cfg, 3000);
 	ret = hkv_open(cfg, &c);
@@ -258,7 +263,8 @@ static int admin(char *out, size_t cap, const char *args)
 	size_t n = 0;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s %s", bindir, curi, args);
+	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --etcd-insecure --cluster %s %s", bindir, curi,
+		 args);
 	p = popen(cmd, "r");
 	if (!p)
 		return -1;
@@ -870,8 +876,8 @@ static void test_memcached_front(void)
 	snprintf(port_s, sizeof(port_s), "%d", port);
 	pid = fork();
 	if (pid == 0) {
-		execl(bin, bin, "--server", curi, "--token-file", token_file, "--port", port_s,
-		      "--threads", "2", (char *)NULL);
+		execl(bin, bin, "--server", curi, "--etcd-insecure", "--token-file", token_file,
+		      "--port", port_s, "--threads", "2", (char *)NULL);
 		_exit(127);
 	}
 	CHECK(pid > 0);
@@ -983,9 +989,9 @@ static int run_member(const char *id, const char *tok, const char *log, int wait
 
 		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
 			_exit(126);
-		execl(bin, bin, "--cluster", curi, "--id", id, "--lease-ttl", TTL, "--partitions",
-		      "1024", "--token-file", tok, "--cache", "-t", "shm", "-s", sock, "-m", mem,
-		      "-S", "256K", (char *)NULL);
+		execl(bin, bin, "--cluster", curi, "--etcd-insecure", "--id", id, "--lease-ttl", TTL,
+		      "--partitions", "1024", "--token-file", tok, "--cache", "-t", "shm", "-s", sock,
+		      "-m", mem, "-S", "256K", (char *)NULL);
 		_exit(127);
 	}
 	while (now_ms() - t0 < (uint64_t)wait_ms) {
@@ -1114,7 +1120,7 @@ static void test_admin_names(void)
 	CHECK(etcd_has("drain", "nosuch") == 0 && etcd_has("removed", "nosuch2") == 0);
 	CHECK_RC(admin(out, sizeof(out), "undrain a"), 0);
 	CHECK(strstr(out, "a was not draining"));
-	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s-typo members >/dev/null 2>&1",
+	snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --etcd-insecure --cluster %s-typo members >/dev/null 2>&1",
 		 bindir, curi);
 	st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
@@ -1129,7 +1135,7 @@ static void test_admin_names(void)
 		size_t n;
 
 		snprintf(uri, sizeof(uri), "etcd://127.0.0.1:1,%.*s%s", (int)hp, auth, auth + hp);
-		snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --cluster %s members", bindir, uri);
+		snprintf(cmd, sizeof(cmd), "%s/hatchkv-admin --etcd-insecure --cluster %s members", bindir, uri);
 		p = popen(cmd, "r");
 		CHECK(p != NULL);
 		n = fread(out, 1, sizeof(out) - 1, p);
@@ -1167,6 +1173,10 @@ static void test_bad_map(void)
 	cfg = hkv_config_new();
 	hkv_config_add_server(cfg, curi);
 	hkv_config_set_token_file(cfg, token_file);
+	/* no TLS, no etcd user, and not told "insecure": refused before etcd is asked */
+	CHECK_RC(hkv_open(cfg, &c2), -EPERM);
+	CHECK_RC(hkv_config_set_etcd(cfg, "insecure", "maybe"), -EINVAL);
+	CHECK_RC(hkv_config_set_etcd(cfg, "insecure", NULL), 0);
 	CHECK_RC(hkv_open(cfg, &c2), HKV_EPROTO);
 	CHECK(admin(out, sizeof(out), "map") != 0);
 	CHECK_RC(hkv_etcd_put(e, key, kvs[0].value, kvs[0].vlen, 0, NULL), 0);
@@ -1181,6 +1191,7 @@ static void test_bad_map(void)
 	/* an etcd nobody listens on: a prompt, clear failure */
 	cfg = hkv_config_new();
 	hkv_config_add_server(cfg, "etcd://127.0.0.1:1/nothing");
+	hkv_config_set_etcd(cfg, "insecure", "1");
 	hkv_config_set_token_file(cfg, token_file);
 	t0 = now_ms();
 	c2 = NULL;

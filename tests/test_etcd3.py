@@ -198,7 +198,7 @@ def run(bindir):
         os.write(fd, (os.urandom(16).hex() + "\n").encode())
         os.close(fd)
         for sid in ("a", "b"):
-            cl.spawn(sid, [os.path.join(bindir, "hatchkv-server"), "--cluster", uri, "--id",
+            cl.spawn(sid, [os.path.join(bindir, "hatchkv-server"), "--cluster", uri, "--etcd-insecure", "--id",
                            sid, "--cache", "--lease-ttl", str(LEASE_TTL), "--partitions", "64",
                            "--token-file", tok, "-t", "shm", "-s",
                            os.path.join(cl.tmp, sid + ".sock"), "-m", "32M", "-S", "256K"])
@@ -208,7 +208,7 @@ def run(bindir):
                 for s in ("a", "b")):
             time.sleep(0.1)
         time.sleep(0.5)
-        cl.spawn("mc", [os.path.join(bindir, "hatchkv-memcached"), "--server", uri,
+        cl.spawn("mc", [os.path.join(bindir, "hatchkv-memcached"), "--server", uri, "--etcd-insecure",
                         "--token-file", tok, "-p", "0", "-t", "2"])
         deadline = time.monotonic() + 30
         port = None
@@ -259,7 +259,7 @@ def run(bindir):
             text = cl.log(sid)
             check(cl.procs[sid].poll() is None and "emptied" not in text and
                   "lease of" not in text, "server %s ran on, kept its lease and region" % sid)
-        out = subprocess.run([os.path.join(bindir, "hatchkv-admin"), "--cluster", uri,
+        out = subprocess.run([os.path.join(bindir, "hatchkv-admin"), "--etcd-insecure", "--cluster", uri,
                               "members"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              timeout=30)
         text = out.stdout.decode()

@@ -40,6 +40,8 @@ static void usage(FILE *f)
 		"                          (e.g. 127.0.0.1:9741; port 0: any, logged; default\n"
 		"                          off; no authentication; docs/metrics.md)\n"
 		"  -v, --verbose           debug logs\n"
+		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
+		HKV_ETCD_USAGE
 		"  -h, --help\n");
 }
 
@@ -82,8 +84,9 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"depth", required_argument, NULL, 256},
 		{"metrics", required_argument, NULL, 257},
 		{"version", no_argument, NULL, 'V'},
+		HKV_ETCD_LONGOPTS,
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
-	int c, udp;
+	int c, r, udp;
 
 	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFVh", opts, NULL)) != -1) {
 		switch (c) {
@@ -126,7 +129,13 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 			hkv_log_set_level(HKV_LOG_DEBUG);
 			break;
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return -1;
+		default:
+			if ((r = hkv_etcd_sec_opt(&o->etcd, c, optarg)) > 0)
+				break;
+			if (r < 0)
+				fprintf(stderr, "bad value '%s'\n", optarg);
+			usage(stderr);
+			return -1;
 		}
 	}
 	if (optind != argc)

@@ -1716,11 +1716,19 @@ static int start_listener(struct mc_server *s)
 
 static int make_config(struct mc_server *s)
 {
+	const struct hkv_etcd_sec *e = &s->o.etcd;
+
 	s->cfg = hkv_config_new();
 	if (!s->cfg)
 		return -1;
 	if (hkv_config_add_server(s->cfg, s->o.server_uri) ||
 	    (s->o.token_file && hkv_config_set_token_file(s->cfg, s->o.token_file)) ||
+	    (e->cacert && hkv_config_set_etcd(s->cfg, "cacert", e->cacert)) ||
+	    (e->cert && hkv_config_set_etcd(s->cfg, "cert", e->cert)) ||
+	    (e->key && hkv_config_set_etcd(s->cfg, "key", e->key)) ||
+	    (e->user && hkv_config_set_etcd(s->cfg, "user", e->user)) ||
+	    (e->password_file && hkv_config_set_etcd(s->cfg, "password-file", e->password_file)) ||
+	    (e->insecure && hkv_config_set_etcd(s->cfg, "insecure", NULL)) ||
 	    hkv_config_set_max_value(s->cfg, s->o.item_max)) {
 		hkv_err("bad hatchkv client configuration (server %s)", s->o.server_uri);
 		return -1;

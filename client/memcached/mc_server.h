@@ -35,6 +35,8 @@
 
 #include <stddef.h>
 
+#include "common/etcd.h"
+
 struct mc_options {
 	const char *listen_addr; /* default 127.0.0.1 */
 	int port;                /* default 11211; 0 = any free port (logged) */
@@ -47,6 +49,7 @@ struct mc_options {
 	const char *server_uri;  /* hatchkv server: shm:PATH or verbs://host:port */
 	const char *token_file;
 	const char *metrics;     /* --metrics ADDR:PORT (Prometheus), NULL: off */
+	struct hkv_etcd_sec etcd; /* --etcd-*: a cluster's etcd (common/etcd.h) */
 };
 
 /*

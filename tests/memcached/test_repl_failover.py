@@ -219,7 +219,7 @@ class Cluster:
     def start_server(self, sid):
         d = os.path.join(self.tmp, sid)
         os.mkdir(d, 0o700)
-        p = self.spawn(sid, [self.srv_bin, "--cluster", self.uri, "--id", sid,
+        p = self.spawn(sid, [self.srv_bin, "--cluster", self.uri, "--etcd-insecure", "--id", sid,
                              "--lease-ttl", str(LEASE_TTL), "--partitions", "1024",
                              "--replicas", "2", "--memory-file", os.path.join(d, "region"),
                              "--token-file", self.token, "-t", "shm",
@@ -227,7 +227,7 @@ class Cluster:
         return p
 
     def start_memcached(self):
-        p = self.spawn("memcached", [self.mc_bin, "--server", self.uri, "--token-file",
+        p = self.spawn("memcached", [self.mc_bin, "--server", self.uri, "--etcd-insecure", "--token-file",
                                      self.token, "--port", "0", "--threads", "2"])
         pat = re.compile(r"listening on \S+:(\d+)")
         wait_for(lambda: pat.search(self.log("memcached")) or p.poll() is not None, 30,

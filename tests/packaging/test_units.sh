@@ -119,7 +119,7 @@ fi
 # as "a1") must parse; --help at its end exits 0 after parsing the rest.
 cmdline() { # cmdline UNIT ENVFILE: the ExecStart words, expanded as systemd would
 	(
-		OPTIONS= CLUSTER= MEMBER_OPTIONS=
+		OPTIONS= CLUSTER= MEMBER_OPTIONS= ETCD_OPTIONS=
 		# shellcheck disable=SC1090
 		. "$2"
 		line=$(sed -n 's/^ExecStart=//p' "$U/$1" | sed "s/%i/a1/g")
