@@ -1349,6 +1349,7 @@ static void usage(FILE *f)
 		"  --json FILE            write results as JSON\n"
 		"  --metrics-file FILE    write the runs' throughput and hatchkv's library\n"
 		"                         counters as Prometheus text (docs/metrics.md)\n"
+		HKV_CONFIG_USAGE
 		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
 		HKV_ETCD_USAGE);
 }
@@ -1381,6 +1382,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{NULL, 0, NULL, 0}};
 	int c;
 
+	if (hkv_cli_config(&argc, &argv, lo, "hatchkv-bench"))
+		return -1;
 	while ((c = getopt_long(argc, argv, "w:s:r:n:d:t:p:h", lo, NULL)) != -1) {
 		switch (c) {
 		case 258: hkv_print_version(stdout, "hatchkv-bench"); exit(0);

@@ -3,6 +3,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,4 +119,148 @@ uint64_t hkv_memory_available(const char **from)
 		}
 	}
 	return avail;
+}
+
+/* ---- --config FILE ---- */
+
+/* The value of --config in argv (--config FILE, --config=FILE), its index
+ * and how many words it takes; NULL if none. */
+static const char *config_arg(int argc, char **argv, int *at, int *words)
+{
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--"))
+			break;
+		if (!strncmp(argv[i], "--config=", 9)) {
+			*at = i;
+			*words = 1;
+			return argv[i] + 9;
+		}
+		if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+			*at = i;
+			*words = 2;
+			return argv[i + 1];
+		}
+	}
+	return NULL;
+}
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = 0;
+	return s;
+}
+
+/* Append word (copied) to the growing vector; -1 on ENOMEM. */
+static int push(char ***v, int *n, int *cap, const char *word)
+{
+	if (*n + 1 >= *cap) {
+		int ncap = *cap ? *cap * 2 : 32;
+		char **nv = realloc(*v, (size_t)ncap * sizeof(**v));
+
+		if (!nv)
+			return -1;
+		*v = nv;
+		*cap = ncap;
+	}
+	if (!((*v)[(*n)++] = strdup(word)))
+		return -1;
+	(*v)[*n] = NULL;
+	return 0;
+}
+
+int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const char *prog)
+{
+	static char **keep; /* the new vector: options point into it */
+	char line[4096], **v = NULL;
+	int at = 0, words = 0, n = 0, cap = 0, lineno = 0, bad = 0;
+	const char *path = config_arg(*argc, *argv, &at, &words);
+	FILE *f;
+
+	if (!path)
+		return 0;
+	if (!(f = fopen(path, "re"))) {
+		fprintf(stderr, "%s: --config %s: %s\n", prog, path, strerror(errno));
+		return -1;
+	}
+	if (push(&v, &n, &cap, (*argv)[0]))
+		goto nomem;
+	while (!bad && fgets(line, sizeof(line), f)) {
+		char *name, *value = NULL, *p, opt[256];
+		const struct option *o;
+
+		lineno++;
+		if (!strchr(line, '\n') && !feof(f)) {
+			fprintf(stderr, "%s:%d: line too long\n", path, lineno);
+			bad = 1;
+			break;
+		}
+		name = trim(line);
+		if (!*name || *name == '#')
+			continue;
+		if (!strncmp(name, "--", 2))
+			name += 2;
+		p = name + strcspn(name, " \t=");
+		if (*p) {
+			*p++ = 0;
+			value = trim(p);
+			if (*value == '=')
+				value = trim(value + 1);
+			if (*value == '"') {
+				size_t len = strlen(value);
+
+				if (len < 2 || value[len - 1] != '"') {
+					fprintf(stderr, "%s:%d: '%s': unterminated quote\n", path,
+						lineno, name);
+					bad = 1;
+					break;
+				}
+				value[len - 1] = 0;
+				value++;
+			} else if (!*value) {
+				value = NULL;
+			}
+		}
+		for (o = opts; o->name && strcmp(o->name, name); o++)
+			;
+		if (!o->name || !strcmp(name, "config") || !strcmp(name, "help") ||
+		    !strcmp(name, "version")) {
+			fprintf(stderr, "%s:%d: '%s' is no option of %s (%s --help lists them)\n",
+				path, lineno, name, prog, prog);
+			bad = 1;
+		} else if (o->has_arg == required_argument && !value) {
+			fprintf(stderr, "%s:%d: '%s' needs a value (%s = VALUE)\n", path, lineno,
+				name, name);
+			bad = 1;
+		} else if (o->has_arg == no_argument && value) {
+			fprintf(stderr, "%s:%d: '%s' is a switch: it takes no value\n", path, lineno,
+				name);
+			bad = 1;
+		} else {
+			snprintf(opt, sizeof(opt), "--%s", name);
+			if (push(&v, &n, &cap, opt) || (value && push(&v, &n, &cap, value)))
+				goto nomem;
+		}
+	}
+	fclose(f);
+	if (bad)
+		return -1;
+	for (int i = 1; i < *argc; i++)
+		if ((i < at || i >= at + words) && push(&v, &n, &cap, (*argv)[i]))
+			goto nomem_closed;
+	keep = v;
+	*argc = n;
+	*argv = keep;
+	return 0;
+
+nomem:
+	fclose(f);
+nomem_closed:
+	fprintf(stderr, "%s: --config %s: out of memory\n", prog, path);
+	return -1;
 }

@@ -22,4 +22,21 @@ int hkv_parse_size(const char *s, uint64_t *out, const char **why);
  * ("MemAvailable" or "cgroup memory.max"). */
 uint64_t hkv_memory_available(const char **from);
 
+/*
+ * --config FILE (every program; issue 30, and the one file format for the
+ * etcd settings of issue 28): each line of FILE is one long option without
+ * its "--", as "name = value", "name value" or a bare "name" for a switch;
+ * '#' starts a comment line; a value may be in double quotes. The file's
+ * options go before the command line's, so the command line wins.
+ * Rewrites argc and argv (the new vector lives as long as the process: the
+ * options point into it) with --config removed. 0, or -1 after a line on
+ * stderr naming FILE:LINE and what is wrong (an unknown option, a missing
+ * or unexpected value, an unreadable file).
+ */
+struct option;
+int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const char *prog);
+#define HKV_CONFIG_USAGE                                                                   \
+	"  --config FILE            options from FILE, one per line: name = value, or\n"    \
+	"                           a bare name for a switch; the command line wins\n"
+
 #endif /* HKV_CLI_H */

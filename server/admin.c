@@ -32,7 +32,7 @@ static void usage(FILE *f)
 		"                     items move); a dead one that still holds partitions\n"
 		"                     is refused unless --force (its items are lost)\n"
 		"  admit NAME         undo remove (and drain) for NAME\n"
-		"options: --wait SECONDS, --force, -h/--help\n"
+		"options: --wait SECONDS, --force, -h/--help\n" HKV_CONFIG_USAGE
 		"etcd (the operator role's user, over TLS; or --etcd-insecure):\n" HKV_ETCD_USAGE);
 }
 
@@ -385,6 +385,8 @@ int main(int argc, char **argv)
 	int wait_s = 30, force = 0, c, ret;
 
 	hkv_log_set_prog("hatchkv-admin");
+	if (hkv_cli_config(&argc, &argv, opts, "hatchkv-admin"))
+		return 2;
 	while ((c = getopt_long(argc, argv, "c:w:fVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'f': force = 1; break;

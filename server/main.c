@@ -90,6 +90,7 @@ static void usage(FILE *f)
 		"                             available (MemAvailable, the cgroup's memory.max)\n"
 		"  -v, --verbose              debug logs (HKV_LOG=debug does the same)\n"
 		"  -V, --version              version, region layout, control protocol, git revision\n"
+		HKV_CONFIG_USAGE
 		"cluster (docs/design.md \"Cluster\"):\n"
 		"  -E, --cluster URI          join the cluster kept in etcd at\n"
 		"                             etcd://HOST:PORT[,HOST:PORT...]/PREFIX (needs\n"
@@ -153,6 +154,8 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	uint64_t v;
 	int c, r;
 
+	if (hkv_cli_config(&argc, &argv, opts, "hatchkv-server"))
+		return -1;
 	while ((c = getopt_long(argc, argv, "t:l:p:s:m:S:F:i:k:f:r:cC:WK:E:I:A:L:P:R:T:vVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':

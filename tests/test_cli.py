@@ -21,7 +21,9 @@
   - a --socket in a missing directory is named, and a token the server
     makes is said with its full path (before: neither);
   - a client's missing token file is named as such (before: "authentication
-    refused (is the hatchkv server ... running?)").
+    refused (is the hatchkv server ... running?)");
+  - --config FILE gives every program its options from a file (the command
+    line wins), and a bad line is named by file and line.
 
 usage: test_cli.py BINDIR
 """
@@ -139,6 +141,55 @@ def main(bindir):
     check(rc != 0 and "token file %s: No such file or directory" % os.path.join(tmp, "nosuch.token")
           in err and "authentication refused" not in err,
           "a missing token file: %r" % err.strip().split("\n")[0])
+
+    # --config FILE: the programs' one file format (issue 30; the etcd
+    # settings of issue 28 too); the command line wins over the file
+    conf = os.path.join(tmp, "server.conf")
+    with open(conf, "w") as f:
+        f.write("# a server from a file\ntransport = shm\nsocket \"%s\"\n"
+                "token-file = %s\nmemory = 16M\ncache\n" % (os.path.join(tmp, "c.sock"), tok))
+    p = subprocess.Popen([srv, "--config", conf, "--memory", "24M"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while (not os.path.exists(os.path.join(tmp, "c.sock")) and p.poll() is None and
+               time.monotonic() < deadline):
+            time.sleep(0.1)
+        check(os.path.exists(os.path.join(tmp, "c.sock")) and p.poll() is None,
+              "hatchkv-server --config: serves at the file's socket")
+    finally:
+        p.terminate()
+        out = p.communicate(timeout=10)[0].decode()
+    check("region 24 MiB" in out and "cache mode" in out,
+          "the file's switch (cache) holds, and --memory on the command line beats the file's")
+    bad = os.path.join(tmp, "bad.conf")
+    for line, what in (("memory\n", "'memory' needs a value"),
+                       ("cache = yes\n", "'cache' is a switch"),
+                       ("colour = blue\n", "'colour' is no option of hatchkv-server"),
+                       ("socket \"x\n", "unterminated quote")):
+        with open(bad, "w") as f:
+            f.write("# line 1\n" + line)
+        rc, _, err = run([srv, "--config", bad])
+        check(rc != 0 and "%s:2: " % bad in err and what in err,
+              "hatchkv-server --config with %r: %r" % (line.strip(), err.strip()))
+    with open(bad, "w") as f:
+        f.write("no-such-option\n")
+    for prog in PROGS[1:]:
+        rc, _, err = run([os.path.join(bindir, prog), "--config", bad])
+        check(rc != 0 and "%s:1: 'no-such-option' is no option of %s" % (bad, prog) in err,
+              "%s --config names the file, the line and the option" % prog)
+    # the etcd settings in the same file: refused without TLS and a user ...
+    with open(conf, "w") as f:
+        f.write("cluster = etcd://127.0.0.1:1/x\n")
+    rc, _, err = run([os.path.join(bindir, "hatchkv-admin"), "--config", conf, "members"])
+    check(rc != 0 and "--etcd-insecure" in err, "hatchkv-admin --config without etcd TLS and "
+          "user refuses and names --etcd-insecure")
+    with open(conf, "a") as f:
+        f.write("etcd-insecure\n")
+    rc, _, err = run([os.path.join(bindir, "hatchkv-admin"), "--config", conf, "members"])
+    check(rc != 0 and "without TLS and a user (--etcd-insecure)" in err and
+          "Connection refused" in err, "... and with etcd-insecure in the file it warns and "
+          "tries etcd (nothing listens there): %r" % err.strip().split("\n")[-1])
 
     # a second server on a live socket
     log = open(os.path.join(tmp, "a.log"), "w")

@@ -40,6 +40,7 @@ static void usage(FILE *f)
 		"                          (e.g. 127.0.0.1:9741; port 0: any, logged; default\n"
 		"                          off; no authentication; docs/metrics.md)\n"
 		"  -v, --verbose           debug logs\n"
+		HKV_CONFIG_USAGE
 		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
 		HKV_ETCD_USAGE
 		"  -h, --help\n");
@@ -88,6 +89,8 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
 	int c, r, udp;
 
+	if (hkv_cli_config(&argc, &argv, opts, "hatchkv-memcached"))
+		return -1;
 	while ((c = getopt_long(argc, argv, "S:k:p:l:t:c:I:U:vFVh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'F': o->no_flush = 1; break;
