@@ -23,8 +23,10 @@
 
 struct gone {
 	char id[HKV_CLUSTER_ID_MAX];
-	uint64_t since_ns; /* first round that found it no member */
+	uint64_t since_ns; /* first round of this term that found it no member */
 };
+
+#define REJOIN_READING (-1) /* registered again; the map not read yet */
 
 struct hkv_cluster {
 	struct hkv_etcd *e;  /* the coordination thread's */
@@ -69,6 +71,9 @@ struct hkv_cluster {
 	char *copy_crs; /* store mode: the registrations of the new homes a copy went to */
 	int64_t next_seen_rev;
 	uint64_t next_seen_ns, log_ns;
+	/* the map's revision as last read while the lease was surely alive:
+	 * a re-registration that finds the same one lost nothing (0: none) */
+	int64_t served_map_rev;
 	struct gone *gone;
 	uint32_t ngone;
 	/* repair (PREFIX/fill): as a primary that copies, the fill's revision,
@@ -124,7 +129,20 @@ int64_t hkv_cluster_fill_rev(struct hkv_cluster *cl)
 
 int hkv_cluster_rejoined(struct hkv_cluster *cl)
 {
-	return atomic_exchange(&cl->rejoin, 0);
+	int r = atomic_load(&cl->rejoin);
+
+	if (r == REJOIN_READING || !atomic_compare_exchange_strong(&cl->rejoin, &r, 0))
+		return 0;
+	return r;
+}
+
+/* Is the lease surely alive now (see hkv_cluster_fenced)? */
+static int lease_alive(struct hkv_cluster *cl)
+{
+	uint64_t limit = (uint64_t)cl->ttl_s * 1000000000ull - HKV_CLUSTER_GUARD_MS * 1000000ull;
+
+	return !atomic_load(&cl->lease_gone) && !atomic_load(&cl->rejoin) &&
+	       boot_ns() - atomic_load(&cl->ok_sent_ns) < limit;
 }
 
 int hkv_cluster_removed(struct hkv_cluster *cl)
@@ -356,6 +374,7 @@ static int do_register(struct hkv_cluster *cl)
 		cl->fill_in_map = NULL;
 	}
 	cl->reg_gen++;
+	cl->ngone = 0;   /* (measures of an earlier term are void) */
 	cl->job_out = 0; /* (an answer from before is void: see reg_gen) */
 	cl->settle_issued = 0;
 	if (cl->store_mode) /* what we hold may be partitions we no longer have */
@@ -1481,6 +1500,8 @@ static int coordinate(struct hkv_cluster *cl, const struct snap *sn)
 	cl->leader = ck->lease == atomic_load(&cl->lease);
 	if (cl->leader && !was)
 		hkv_info("cluster: %s coordinates", cl->id);
+	if (!cl->leader || !was)
+		cl->ngone = 0; /* a new term measures absences afresh (issue 29) */
 	if (!cl->leader)
 		return 0;
 	gone_prune(cl, sn);
@@ -1522,6 +1543,34 @@ static void *keepalive_thread(void *arg)
 }
 
 /*
+ * The map read by the round just done: as the map served under while the
+ * lease is surely alive; right after a re-registration, the answer to
+ * "did anything move while we were away?" (issue 29: an etcd stall, or a
+ * stall of ours, that ends with the same map costs no item). A map read
+ * after the lease ended could already have re-homed our partitions; it is
+ * never recorded, because the lease was not surely alive then.
+ */
+static void map_after_rejoin(struct hkv_cluster *cl, const struct snap *sn)
+{
+	const struct hkv_etcd_kv *mk = snap_get(cl, sn, "map", NULL);
+	int64_t rev = mk ? mk->mod_rev : 0;
+	int r = REJOIN_READING;
+
+	if (atomic_load(&cl->rejoin) == REJOIN_READING) {
+		int keep = rev && rev == cl->served_map_rev;
+
+		hkv_info("cluster: %s: the map is %s it served under (revision %lld): %s", cl->id,
+			 keep ? "the one" : "not the one", (long long)rev,
+			 keep ? "keeping its items" : "its items may be stale");
+		atomic_compare_exchange_strong(&cl->rejoin, &r,
+					       keep ? HKV_REJOIN_KEEP : HKV_REJOIN_EMPTY);
+		return;
+	}
+	if (lease_alive(cl))
+		cl->served_map_rev = rev;
+}
+
+/*
  * Each round: registration if the lease is gone, then one read of PREFIX/
  * that every decision of the round works from. Between rounds it waits on
  * an etcd watch of PREFIX/ (a member joining or leaving, an ack, a map), so
@@ -1542,7 +1591,7 @@ static void *cluster_thread(void *arg)
 			ret = do_register(cl);
 			if (!ret) {
 				hkv_info("cluster: %s registered again", cl->id);
-				atomic_store(&cl->rejoin, 1);
+				atomic_store(&cl->rejoin, REJOIN_READING);
 				atomic_store(&cl->lease_gone, 0);
 			} else if (ret == -EPERM) {
 				hkv_warn("cluster: %s was removed by an operator", cl->id);
@@ -1555,6 +1604,8 @@ static void *cluster_thread(void *arg)
 			struct snap sn = {0};
 
 			ret = snap_read(cl, &sn, &rev);
+			if (!ret)
+				map_after_rejoin(cl, &sn);
 			if (ret) {
 				etcd_trouble(&cl->log_ns, "reading the cluster", ret);
 				rev = 0;

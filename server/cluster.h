@@ -16,8 +16,14 @@
  *    with the queue pairs) and refuses new ones. So by the time etcd can
  *    expire the lease, and anyone can give this server's partitions away,
  *    no client can reach its memory. A fenced server whose lease is gone
- *    registers again with a new lease (hkv_cluster_rejoined() tells the
- *    loop to empty the region first: its partitions may have moved).
+ *    registers again with a new lease and reads the map: if it is the map
+ *    it last read while its lease was alive (the same etcd revision), no
+ *    partition moved meanwhile and it keeps its items (an etcd stall is not
+ *    a loss); otherwise hkv_cluster_rejoined() tells the loop to empty the
+ *    region first (cache mode; a store settles).
+ *  - Terms: what a coordinator measures in memory ("gone since" times)
+ *    is valid only in the term that measured it: a member that becomes
+ *    coordinator, or registers again, starts its measures afresh.
  *  - Coordination: every member tries to hold PREFIX/coordinator under its
  *    lease; the holder recomputes PREFIX/map (rendezvous placement over the
  *    members not draining) whenever membership changes, by a transaction
@@ -87,7 +93,12 @@ const char *hkv_cluster_fence_reason(struct hkv_cluster *cl);
 /* PREFIX/fill's revision as the cluster thread last read it (0: none): a
  * repair pass for another stops. */
 int64_t hkv_cluster_fill_rev(struct hkv_cluster *cl);
-/* 1 once after each re-registration that followed a lost lease. */
+/* Once after each re-registration that followed a lost lease, when the
+ * map has been read: HKV_REJOIN_EMPTY (the map changed meanwhile: what the
+ * region holds may be stale) or HKV_REJOIN_KEEP (the same map: keep it);
+ * 0 otherwise (also while it is still reading: fenced meanwhile). */
+#define HKV_REJOIN_EMPTY 1
+#define HKV_REJOIN_KEEP  2
 int hkv_cluster_rejoined(struct hkv_cluster *cl);
 int hkv_cluster_removed(struct hkv_cluster *cl);
 const char *hkv_cluster_id(const struct hkv_cluster *cl);

@@ -679,10 +679,12 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 		sv->store.fenced = 1;
 		sv->fenced_ns = mono_ns();
 	}
-	if (hkv_cluster_rejoined(sv->cluster) && !hkv_cluster_store_mode(sv->cluster)) {
-		/* our partitions may have moved meanwhile: what we hold may be
-		 * stale, so come back empty (store mode settles instead: it drops
-		 * what the map no longer places on it) */
+	if (hkv_cluster_rejoined(sv->cluster) == HKV_REJOIN_EMPTY &&
+	    !hkv_cluster_store_mode(sv->cluster)) {
+		/* the map changed while our lease was gone: our partitions may
+		 * have moved meanwhile and what we hold may be stale, so come back
+		 * empty (store mode settles instead: it drops what the map no
+		 * longer places on it). The same map: nothing moved, keep it. */
 		struct hkv_store_stats stats = sv->store.stats; /* the metrics count on */
 
 		hkv_store_fini(&sv->store);
