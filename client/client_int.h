@@ -164,7 +164,8 @@ struct hkv_client {
 	uint32_t rkey;  /* READs (and, without windows, everything) */
 	uint32_t akey;  /* atomics: with windows a second window, past the header */
 	uint32_t client_id;
-	uint8_t ticket[HKV_TICKET_LEN]; /* spent on the data plane; proves us in GRANTs */
+	uint8_t req_key[32]; /* our session's request key: MACs our GRANTs, CARVEs */
+	uint64_t req_seq;    /* the last request's sequence number */
 	int readonly; /* granted RDMA Read rights only: writes fail with -EPERM */
 	int windows;  /* memory windows: rkey READs, akey atomics, wkey WRITEs */
 	uint32_t wkey; /* windows: the WRITE window over the data area */
@@ -398,10 +399,12 @@ extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 extern uint64_t hkv_test_view_max_ns;
 /* Control plane: ask for a segment of class cls (CARVE); *seg on success. */
 /* The control plane's mutual authentication on a connected fd (connect.c;
- * common/ctl_proto.h): fills *w with the ticket in clear; HKV_ESERVERAUTH
- * if the server fails to prove it holds token (nothing but a nonce sent). */
+ * common/ctl_proto.h): fills *w with the ticket in clear and rk (may be
+ * NULL) with the session's request key; HKV_ESERVERAUTH if the server fails
+ * to prove it holds token (nothing but a nonce sent). */
 struct hkv_ctl_welcome;
-int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w);
+int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w,
+		      uint8_t rk[32]);
 int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_t flags,
 		  uint32_t *seg);
 /* Memory windows: the base grant (READ rkey, and a writer's ATOMIC and

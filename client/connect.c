@@ -214,7 +214,8 @@ static int ctl_request(const struct endpoint *ep, uint16_t type, const void *bod
  * sent to a server that fails it: HKV_ESERVERAUTH), PROVE, and the sealed
  * WELCOME opened with the session key. Fills *w (ticket in clear).
  */
-int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w)
+int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_welcome *w,
+		      uint8_t rk[32])
 {
 	size_t tlen = strlen(token);
 	struct hkv_ctl_hello hello;
@@ -238,6 +239,8 @@ int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_
 		return ret;
 	hkv_ctl_mac(sk, token, tlen, "hatchkv session", hello.nonce_c, ch.nonce_s);
 	ret = hkv_ctl_welcome_open(w, &msg, sk);
+	if (!ret && rk)
+		hkv_ctl_request_key(rk, sk);
 	sodium_memzero(sk, sizeof(sk));
 	if (ret)
 		return HKV_ESERVERAUTH; /* altered on the way: nothing in it is used */
@@ -247,13 +250,13 @@ int hkv_ctl_handshake(int fd, const char *token, int timeout_ms, struct hkv_ctl_
 
 /* Authenticate to the endpoint's server; fills the welcome or returns the refusal. */
 static int ctl_auth(const struct endpoint *ep, const char *token, int timeout_ms,
-		    struct hkv_ctl_welcome *w)
+		    struct hkv_ctl_welcome *w, uint8_t rk[32])
 {
 	int fd = ctl_socket(ep, timeout_ms), ret;
 
 	if (fd < 0)
 		return fd;
-	ret = hkv_ctl_handshake(fd, token, timeout_ms, w);
+	ret = hkv_ctl_handshake(fd, token, timeout_ms, w, rk);
 	close(fd);
 	if (ret == HKV_ESERVERAUTH)
 		hkv_warn_limited("client: the server at %s%s%s did not prove it holds our token: "
@@ -287,7 +290,6 @@ static int open_data(struct hkv_client *c, const struct endpoint *ep,
 	if (!c->conn)
 		return -errno;
 	c->client_id = w->client_id;
-	memcpy(c->ticket, w->ticket, HKV_TICKET_LEN);
 	c->readonly = !(hkv_conn_region(c->conn)->access & HKV_ACCESS_WRITE);
 	c->windows = !!(hkv_conn_region(c->conn)->access & HKV_ACCESS_WINDOWS);
 	c->base = hkv_conn_region(c->conn)->base;
@@ -302,8 +304,9 @@ static int grant(struct hkv_client *c, uint32_t seg, struct hkv_ctl_granted *out
 
 	if (!c->windows)
 		return -EOPNOTSUPP;
-	memcpy(g.ticket, c->ticket, HKV_TICKET_LEN);
 	for (uint64_t t0 = hkv_now_ns();;) {
+		g.seq = ++c->req_seq; /* (each send a new one: the server keeps the last) */
+		hkv_ctl_request_seal(&g, sizeof(g), HKV_CTL_GRANT, c->req_key);
 		ret = ctl_request(&c->via->ep, HKV_CTL_GRANT, &g, sizeof(g), c->timeout_ms,
 				  HKV_CTL_GRANTED, out, sizeof(*out));
 		/* -EAGAIN: the server has not seen our connection established yet */
@@ -349,7 +352,8 @@ int hkv_ctl_carve(struct hkv_client *c, uint32_t cls, uint64_t keep_off, uint32_
 
 	if (!c->via)
 		return HKV_EFULL;
-	memcpy(req.ticket, c->ticket, HKV_TICKET_LEN);
+	req.seq = ++c->req_seq;
+	hkv_ctl_request_seal(&req, sizeof(req), HKV_CTL_CARVE, c->req_key);
 	ret = ctl_request(&c->via->ep, HKV_CTL_CARVE, &req, sizeof(req), c->timeout_ms,
 			  HKV_CTL_CARVED, &out, sizeof(out));
 	if (!ret && (out.cls != cls || out.seg >= c->g.nsegs))
@@ -494,7 +498,7 @@ static int connect_client(const struct hkv_origin *o, struct hkv_cache *cache,
 	randombytes_buf(&c->wid_next, sizeof(c->wid_next)); /* write ids: see hkv_next_wid */
 	c->cache = hkv_cache_ref(cache);
 	c->via = o;
-	ret = ctl_auth(&o->ep, o->token, o->timeout_ms, &w);
+	ret = ctl_auth(&o->ep, o->token, o->timeout_ms, &w, c->req_key);
 	if (!ret)
 		ret = open_data(c, &o->ep, &w);
 	if (!ret && c->windows) /* our rkey is a window on our own connection */

@@ -73,3 +73,38 @@ int hkv_ctl_welcome_open(struct hkv_ctl_welcome *w, const struct hkv_ctl_welcome
 	sodium_memzero(pad, sizeof(pad));
 	return 0;
 }
+
+void hkv_ctl_request_key(uint8_t rk[HKV_CTL_MAC_LEN], const uint8_t sk[HKV_CTL_MAC_LEN])
+{
+	crypto_auth_hmacsha256(rk, (const uint8_t *)"hatchkv requests", 16, sk);
+}
+
+static void request_mac(uint8_t mac[HKV_CTL_MAC_LEN], const void *body, size_t len,
+			uint16_t type, const uint8_t rk[HKV_CTL_MAC_LEN])
+{
+	crypto_auth_hmacsha256_state st;
+
+	crypto_auth_hmacsha256_init(&st, rk, HKV_CTL_MAC_LEN);
+	crypto_auth_hmacsha256_update(&st, (const uint8_t *)&type, sizeof(type));
+	crypto_auth_hmacsha256_update(&st, body, len - HKV_REQ_MAC_LEN);
+	crypto_auth_hmacsha256_final(&st, mac);
+}
+
+void hkv_ctl_request_seal(void *body, size_t len, uint16_t type, const uint8_t rk[HKV_CTL_MAC_LEN])
+{
+	uint8_t mac[HKV_CTL_MAC_LEN];
+
+	request_mac(mac, body, len, type, rk);
+	memcpy((uint8_t *)body + len - HKV_REQ_MAC_LEN, mac, HKV_REQ_MAC_LEN);
+}
+
+int hkv_ctl_request_check(const void *body, size_t len, uint16_t type,
+			  const uint8_t rk[HKV_CTL_MAC_LEN])
+{
+	uint8_t mac[HKV_CTL_MAC_LEN];
+
+	if (len < HKV_REQ_MAC_LEN)
+		return 0;
+	request_mac(mac, body, len, type, rk);
+	return crypto_verify_16(mac, (const uint8_t *)body + len - HKV_REQ_MAC_LEN) == 0;
+}

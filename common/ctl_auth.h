@@ -29,4 +29,15 @@ void hkv_ctl_welcome_seal(struct hkv_ctl_welcome_msg *m, const struct hkv_ctl_we
 int hkv_ctl_welcome_open(struct hkv_ctl_welcome *w, const struct hkv_ctl_welcome_msg *m,
 			 const uint8_t sk[HKV_CTL_MAC_LEN]);
 
+/* A session's request key (GRANT, CARVE): HMAC-SHA-256 keyed by the
+ * session key sk over "hatchkv requests". */
+void hkv_ctl_request_key(uint8_t rk[HKV_CTL_MAC_LEN], const uint8_t sk[HKV_CTL_MAC_LEN]);
+/* A request's MAC: HMAC-SHA-256 keyed by rk over type || body[0 .. len -
+ * HKV_REQ_MAC_LEN), truncated to HKV_REQ_MAC_LEN (the body's last field is
+ * the MAC). seal writes it into the body; check: 1 if it matches. */
+void hkv_ctl_request_seal(void *body, size_t len, uint16_t type,
+			  const uint8_t rk[HKV_CTL_MAC_LEN]);
+int hkv_ctl_request_check(const void *body, size_t len, uint16_t type,
+			  const uint8_t rk[HKV_CTL_MAC_LEN]);
+
 #endif /* HKV_CTL_AUTH_H */

@@ -33,7 +33,13 @@
  * data connection goes. A peer that records the exchange can test guesses
  * of the token offline only by guessing all of it (16 random bytes).
  *
- * Every other request (GRANT, CARVE) is one per connection. GRANT exists when the data plane uses memory
+ * Every other request (GRANT, CARVE) is one per connection, from a client
+ * already welcomed: it names the client and proves it comes from that
+ * session - a sequence number above the client's last one and a MAC, by a
+ * key derived from the session key, over the request (common/ctl_auth.h).
+ * A relay that passed the exchange through, or sees a request, can neither
+ * make another request nor replay one (before: the ticket in clear).
+ * GRANT exists when the data plane uses memory
  * windows (the accept's region access has HKV_ACCESS_WINDOWS): a connected
  * client asks for its base rights (READ over the region, and for a writer
  * ATOMIC over everything past the header, a second rkey) and then for WRITE
@@ -57,7 +63,8 @@
 #include <stdint.h>
 
 #define HKV_CTL_MAGIC    0x4c54434bu /* "KCTL" */
-#define HKV_CTL_VERSION  2 /* 2: HELLO/CHALLENGE/PROVE (1: AUTH with the token) */
+#define HKV_CTL_VERSION  3 /* 3: GRANT/CARVE MACed under the session (2: with the
+			    * ticket in clear; 1: AUTH with the token) */
 #define HKV_CTL_BODY_MAX 1024
 #define HKV_TOKEN_MAX    256
 #define HKV_TICKET_LEN   16
@@ -136,12 +143,14 @@ struct hkv_data_hello {
 /* GRANT's seg for the connection's base rights (READ, and ATOMIC for writers). */
 #define HKV_GRANT_BASE 0xffffffffu
 
-/* A connected client's request for rights; its ticket, spent on the data
- * plane's hello, stays its secret while it is connected. */
+/* A welcomed client's request for rights; seq and mac as above (mac last:
+ * the MAC covers the type and every byte before it). */
+#define HKV_REQ_MAC_LEN 16
 struct hkv_ctl_grant {
 	uint32_t client_id;
 	uint32_t seg; /* segment index, or HKV_GRANT_BASE */
-	uint8_t ticket[HKV_TICKET_LEN];
+	uint64_t seq;
+	uint8_t mac[HKV_REQ_MAC_LEN];
 };
 
 struct hkv_ctl_granted {
@@ -161,11 +170,12 @@ struct hkv_ctl_granted {
 struct hkv_ctl_carve {
 	uint32_t client_id;
 	uint32_t cls;
-	uint8_t ticket[HKV_TICKET_LEN];
 	uint64_t keep_off; /* cache mode: never empty the segment holding this
 			    * block (the item a read-modify-write rewrites); 0: none */
 	uint32_t flags;    /* HKV_CARVE_F_* */
 	uint32_t pad;
+	uint64_t seq;
+	uint8_t mac[HKV_REQ_MAC_LEN];
 };
 
 /* Cache mode: the class has no segment to evict in, so the server may

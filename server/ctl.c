@@ -230,7 +230,7 @@ static void process_prove(struct ctl_conn *cc, const uint8_t *body)
 	const struct hkv_ctl_opts *o = &cc->ctl->o;
 	struct hkv_ctl_welcome_msg msg;
 	struct hkv_ctl_welcome w;
-	uint8_t want[HKV_CTL_MAC_LEN], sk[HKV_CTL_MAC_LEN];
+	uint8_t want[HKV_CTL_MAC_LEN], sk[HKV_CTL_MAC_LEN], rk[HKV_CTL_MAC_LEN];
 	const char *tok = o->token;
 	size_t tlen = o->token_len;
 	int full, ro = 0, ret;
@@ -249,8 +249,12 @@ static void process_prove(struct ctl_conn *cc, const uint8_t *body)
 		refuse(cc, HKV_REFUSED_TOKEN, HKV_EAUTH, "wrong token");
 		return;
 	}
-	ret = hkv_store_admit(cc->ctl->store, &w, !full, cc->source);
+	hkv_ctl_mac(sk, tok, tlen, "hatchkv session", cc->nonce_c, cc->nonce_s);
+	hkv_ctl_request_key(rk, sk);
+	ret = hkv_store_admit(cc->ctl->store, &w, !full, cc->source, rk);
+	sodium_memzero(rk, sizeof(rk));
 	if (ret) {
+		sodium_memzero(sk, sizeof(sk));
 		refuse(cc, ret == HKV_EDISCONNECTED ? HKV_REFUSED_FENCED : HKV_REFUSED_MAX_CLIENTS,
 		       ret, ret == HKV_EDISCONNECTED
 					? "fenced: not serving for now (cluster: settling on the map, "
@@ -262,7 +266,6 @@ static void process_prove(struct ctl_conn *cc, const uint8_t *body)
 	w.transport = o->kind;
 	w.flags |= full ? 0 : HKV_WELCOME_F_READONLY;
 	snprintf(w.data_endpoint, sizeof(w.data_endpoint), "%s", o->data_endpoint);
-	hkv_ctl_mac(sk, tok, tlen, "hatchkv session", cc->nonce_c, cc->nonce_s);
 	hkv_ctl_welcome_seal(&msg, &w, sk);
 	sodium_memzero(sk, sizeof(sk));
 	sodium_memzero(&w, sizeof(w));
@@ -328,10 +331,34 @@ static void carve_step(struct ctl_conn *cc)
 	reply(cc, HKV_CTL_CARVED, 0, &out, sizeof(out));
 }
 
+/* A GRANT's or CARVE's proof (ctl_proto.h): from the session that welcomed
+ * the client, and new. A forged or replayed one costs like a guessed token. */
+static int request_ok(struct ctl_conn *cc, uint32_t id, uint64_t seq, uint16_t type,
+		      const void *body, size_t len)
+{
+	const char *why = "not from the session that welcomed this client, or replayed";
+
+	if (hkv_store_request_ok(cc->ctl->store, id, seq, type, body, len))
+		return 1;
+	source_charge(cc);
+	if (type == HKV_CTL_GRANT)
+		cc->ctl->store->stats.grants_refused++;
+	else
+		cc->ctl->store->stats.carves_refused++;
+	hkv_warn_limited("ctl: refused a %s to client %u: %s",
+			 type == HKV_CTL_GRANT ? "grant" : "carve", id, why);
+	bufferevent_disable(cc->bev, EV_READ);
+	reply(cc, HKV_CTL_ERROR, HKV_EAUTH, why, (uint32_t)strlen(why));
+	return 0;
+}
+
 /* CARVE: a connected writer asks for memory of one class (see ctl_proto.h). */
 static void process_carve(struct ctl_conn *cc, const uint8_t *body)
 {
 	memcpy(&cc->carve, body, sizeof(cc->carve));
+	if (!request_ok(cc, cc->carve.client_id, cc->carve.seq, HKV_CTL_CARVE, &cc->carve,
+			sizeof(cc->carve)))
+		return;
 	cc->is_carve = 1;
 	cc->grant_until_ns = now_ns() + 4000000000ull;
 	bufferevent_disable(cc->bev, EV_READ); /* one request per connection */
@@ -378,6 +405,9 @@ static void grant_step(struct ctl_conn *cc)
 static void process_grant(struct ctl_conn *cc, const uint8_t *body)
 {
 	memcpy(&cc->grant, body, sizeof(cc->grant));
+	if (!request_ok(cc, cc->grant.client_id, cc->grant.seq, HKV_CTL_GRANT, &cc->grant,
+			sizeof(cc->grant)))
+		return;
 	cc->grant_until_ns = now_ns() + 2000000000ull;
 	bufferevent_disable(cc->bev, EV_READ); /* one request per connection */
 	grant_step(cc);

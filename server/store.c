@@ -9,6 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
+#include "common/ctl_auth.h"
 #include "common/hkv_alloc.h"
 #include "common/log.h"
 #include "common/transport_int.h"
@@ -258,7 +261,7 @@ static void pend_end(struct hkv_store *s, struct hkv_client_rec *c)
 }
 
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
-		    uint64_t source)
+		    uint64_t source, const uint8_t req_key[32])
 {
 	uint64_t now = hkv_now_ns();
 	uint32_t quarter = (s->max_clients ? s->max_clients : HKV_MAX_CLIENTS) / 4;
@@ -300,6 +303,8 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 		c->ticket_expiry_ns = now + TICKET_TTL_NS;
 		c->readonly = !!readonly;
 		c->source = source;
+		memcpy(c->req_key, req_key, sizeof(c->req_key));
+		c->req_seq = 0;
 		memset(w, 0, sizeof(*w));
 		w->client_id = id;
 		memcpy(w->ticket, c->ticket, HKV_TICKET_LEN);
@@ -363,6 +368,7 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 		return;
 	s->clients[id].connected = 0;
 	memset(s->clients[id].ticket, 0, HKV_TICKET_LEN);
+	sodium_memzero(s->clients[id].req_key, sizeof(s->clients[id].req_key));
 	s->nconnected--;
 	if (windows_on(s))
 		hkv_info("store: client %u disconnected; memory windows bound: %d", id,
@@ -371,11 +377,26 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie)
 		hkv_info("store: client %u disconnected", id);
 }
 
-/* A connected client, by its ticket: its record, or NULL. */
-static struct hkv_client_rec *client_of(struct hkv_store *s, uint32_t id, const uint8_t *ticket)
+int hkv_store_request_ok(struct hkv_store *s, uint32_t id, uint64_t seq, uint16_t type,
+			 const void *body, size_t len)
 {
-	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected ||
-	    !ticket_equal(s->clients[id].ticket, ticket))
+	struct hkv_client_rec *c;
+
+	if (id == 0 || id > HKV_MAX_CLIENTS)
+		return 0;
+	c = &s->clients[id];
+	if ((!c->connected && !c->ticket_expiry_ns) || seq <= c->req_seq ||
+	    !hkv_ctl_request_check(body, len, type, c->req_key))
+		return 0;
+	c->req_seq = seq;
+	return 1;
+}
+
+/* A connected client (its request checked by hkv_store_request_ok): its
+ * record, or NULL. */
+static struct hkv_client_rec *client_of(struct hkv_store *s, uint32_t id)
+{
+	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected)
 		return NULL;
 	return &s->clients[id];
 }
@@ -383,13 +404,13 @@ static struct hkv_client_rec *client_of(struct hkv_store *s, uint32_t id, const 
 int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 		    struct hkv_ctl_carved *out, const char **why)
 {
-	struct hkv_client_rec *c = client_of(s, req->client_id, req->ticket);
+	struct hkv_client_rec *c = client_of(s, req->client_id);
 	int ret;
 
 	memset(out, 0, sizeof(*out));
 	*why = "not carved";
 	if (!c) {
-		*why = "unknown client or wrong ticket";
+		*why = "not a connected client";
 		return HKV_EAUTH;
 	}
 	if (c->readonly) {
@@ -426,9 +447,9 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
 		*why = "this server does not use memory windows";
 		return -EOPNOTSUPP;
 	}
-	c = client_of(s, g->client_id, g->ticket);
+	c = client_of(s, g->client_id);
 	if (!c) {
-		*why = "unknown client or wrong ticket";
+		*why = "not a connected client";
 		return HKV_EAUTH;
 	}
 	if (g->seg != HKV_GRANT_BASE) {

@@ -33,7 +33,9 @@ struct hkv_store_opts {
 };
 
 struct hkv_client_rec {
-	uint8_t ticket[HKV_TICKET_LEN]; /* while connected: its secret for GRANT */
+	uint8_t ticket[HKV_TICKET_LEN]; /* until redeemed on the data plane */
+	uint8_t req_key[32]; /* its session's request key (GRANT, CARVE) */
+	uint64_t req_seq;    /* the last request's sequence number */
 	uint64_t ticket_expiry_ns; /* 0: redeemed or unused */
 	int connected;
 	int readonly; /* its rkey permits RDMA Read only */
@@ -147,7 +149,13 @@ void hkv_store_fini(struct hkv_store *s);
  * clients theirs (a quarter, at least 2); HKV_EDISCONNECTED while fenced. */
 #define HKV_TICKET_TTL_S 5
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
-		    uint64_t source);
+		    uint64_t source, const uint8_t req_key[32]);
+/* Is body (a GRANT or CARVE of client id) from the session we welcomed it
+ * in - its MAC by that session's request key matches - and newer than any
+ * before (seq above the last: a request seen on the way cannot be sent
+ * again)? 1 (and seq is now the last), or 0. */
+int hkv_store_request_ok(struct hkv_store *s, uint32_t id, uint64_t seq, uint16_t type,
+			 const void *body, size_t len);
 
 /* Transport callbacks (arg = the store). */
 int hkv_store_on_connect(void *arg, const void *hello, size_t len, struct hkv_accept_info *out);
@@ -155,9 +163,10 @@ void hkv_store_on_disconnect(void *arg, uint64_t cookie);
 
 /*
  * Control plane, memory windows: a connected client asks for its rights
- * (see struct hkv_ctl_grant): READ over the region and, for writers, ATOMIC
- * past the header (atomic_rkey) and WRITE over the data area (write_rkey).
- * Fills *out; returns 0, HKV_EAUTH (unknown client or wrong ticket),
+ * (see struct hkv_ctl_grant, checked by hkv_store_request_ok first): READ
+ * over the region and, for writers, ATOMIC past the header (atomic_rkey)
+ * and WRITE over the data area (write_rkey).
+ * Fills *out; returns 0, HKV_EAUTH (not a connected client),
  * -EINVAL, -EOPNOTSUPP (no windows), -EINPROGRESS (ask again), or the
  * bind's error. *why is for the ERROR reply.
  */

@@ -73,6 +73,7 @@
 #include <sodium.h>
 
 #include "client/client_int.h"
+#include "common/ctl_auth.h"
 #include "common/ctl_proto.h"
 #include "common/layout.h"
 #include "common/token.h"
@@ -336,7 +337,8 @@ struct raw {
 	uint32_t wkey;  /* for WRITEs: rkey, or with windows the WRITE window's (data area) */
 	int windows;
 	uint32_t id;    /* client id */
-	uint8_t ticket[HKV_TICKET_LEN];
+	uint8_t rk[32]; /* the session's request key (GRANT) */
+	uint64_t seq;
 	struct ctl_ep ep;
 };
 
@@ -425,13 +427,14 @@ static int ctl_call(const struct ctl_ep *ep, uint16_t type, const void *req, uin
 
 /* Control plane: the library's mutual authentication (HELLO, CHALLENGE,
  * PROVE), WELCOME with client id and ticket. */
-static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w)
+static int ctl_auth(const struct ctl_ep *ep, const char *token, struct hkv_ctl_welcome *w,
+		    uint8_t rk[32])
 {
 	int fd = ctl_connect(ep), ret;
 
 	if (fd < 0)
 		return fd;
-	ret = hkv_ctl_handshake(fd, token, 5000, w);
+	ret = hkv_ctl_handshake(fd, token, 5000, w, rk);
 	close(fd);
 	return ret;
 }
@@ -444,11 +447,12 @@ static int raw_grant(struct raw *r, uint32_t seg, struct hkv_ctl_granted *out)
 	uint64_t t0 = now_ms();
 	int ret;
 
-	memcpy(g.ticket, r->ticket, HKV_TICKET_LEN);
 	/* -EAGAIN: the server has not yet seen this connection established
 	 * (rdma_cm's event reaches it after our connect returned); retry as
 	 * the library does, for up to 5 s */
 	do {
+		g.seq = ++r->seq;
+		hkv_ctl_request_seal(&g, sizeof(g), HKV_CTL_GRANT, r->rk);
 		ret = ctl_call(&r->ep, HKV_CTL_GRANT, &g, sizeof(g), HKV_CTL_GRANTED, out,
 			       sizeof(*out));
 		if (ret == -EAGAIN)
@@ -501,7 +505,7 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 	if (!ret && hkv_token_load(token_file, token, sizeof(token), 0) < 0)
 		ret = HKV_EAUTH;
 	if (!ret)
-		ret = ctl_auth(&ep, token, &w);
+		ret = ctl_auth(&ep, token, &w, r->rk);
 	if (!ret && w.transport != ep.kind)
 		ret = HKV_EPROTO;
 	if (ret)
@@ -518,7 +522,6 @@ static int raw_open(struct raw *r, const char *uri, const char *token_file)
 		return -errno;
 	r->ep = ep;
 	r->id = w.client_id;
-	memcpy(r->ticket, w.ticket, HKV_TICKET_LEN);
 	r->rkey = r->akey = r->wkey = hkv_conn_region(r->conn)->rkey;
 	r->windows = !!(hkv_conn_region(r->conn)->access & HKV_ACCESS_WINDOWS);
 	if (r->windows) {
@@ -2555,7 +2558,7 @@ static void test_hello_and_go(void)
 		struct hkv_ctl_welcome w;
 		int fd;
 
-		CHECK_RC(ctl_auth(&ep, token, &w), 0);
+		CHECK_RC(ctl_auth(&ep, token, &w, NULL), 0);
 		w.data_endpoint[sizeof(w.data_endpoint) - 1] = 0;
 		dh.client_id = w.client_id;
 		memcpy(dh.ticket, w.ticket, HKV_TICKET_LEN);
@@ -2844,7 +2847,7 @@ static void test_admission_flood(void)
 	t0 = now_ms();
 	for (int n = 0; n < 16; n++) { /* (rounds, not seconds: slower in the guest) */
 		for (int k = 0; k < 20; k++) { /* ~100 authentications a second */
-			if (ctl_auth(&ep, token, &w) == 0)
+			if (ctl_auth(&ep, token, &w, NULL) == 0)
 				welcomed++;
 			else
 				refused++;
@@ -3093,7 +3096,7 @@ static void test_shm_region_rights(void)
 	}
 	CHECK_RC(ep_parse(s.uri, &ep), 0);
 	CHECK(hkv_token_load(ro_file, token, sizeof(token), 0) > 0);
-	CHECK_RC(ctl_auth(&ep, token, &w), 0);
+	CHECK_RC(ctl_auth(&ep, token, &w, NULL), 0);
 	snprintf(data, sizeof(data), "%.200s.data", s.uri + 4);
 	fd = shm_region_fd(data, &w);
 	CHECK(fd >= 0);
@@ -3218,6 +3221,65 @@ static void test_socket_squatter(void)
 		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 		CHECK(system(cmd) == 0);
 	}
+}
+
+/*
+ * test_request_proof (issue 28, item 3): a CARVE or GRANT proves it comes
+ * from the session that welcomed the client - a MAC by that session's
+ * request key, and a sequence number above the client's last. Before, they
+ * carried the client's ticket in clear, so whoever saw one (a relay at the
+ * control endpoint) could CARVE as that client at will. Now a replay of a
+ * request seen, one altered on the way, or one MACed by another session's
+ * key is refused (HKV_EAUTH) and changes nothing; the client's own next
+ * request is served.
+ */
+static int carve_req(const struct raw *r, const struct hkv_ctl_carve *req)
+{
+	struct hkv_ctl_carved out;
+
+	return ctl_call(&r->ep, HKV_CTL_CARVE, req, sizeof(*req), HKV_CTL_CARVED, &out,
+			sizeof(out));
+}
+
+static void test_request_proof(void)
+{
+	struct hkvserver s;
+	struct raw r, other;
+	struct hkv_ctl_carve req = {0}, seen;
+
+	CHECK(hkvserver_start(&s, use_verbs, "8M", "64K", NULL) == 0);
+	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
+	CHECK_RC(raw_open(&other, s.uri, s.token_file), 0);
+	req.client_id = r.id;
+	req.cls = 0;
+	req.seq = ++r.seq;
+	hkv_ctl_request_seal(&req, sizeof(req), HKV_CTL_CARVE, r.rk);
+	seen = req; /* what a relay on the way would have seen */
+	CHECK(carve_req(&r, &req) != HKV_EAUTH);
+	/* the same request again: refused */
+	CHECK_RC(carve_req(&r, &seen), HKV_EAUTH);
+	/* altered on the way (another class, a later seq): refused */
+	seen.cls = 1;
+	CHECK_RC(carve_req(&r, &seen), HKV_EAUTH);
+	seen.cls = 0;
+	seen.seq = 1000;
+	CHECK_RC(carve_req(&r, &seen), HKV_EAUTH);
+	/* MACed by another session's key (another client's), named as r */
+	req.seq = 2000;
+	hkv_ctl_request_seal(&req, sizeof(req), HKV_CTL_CARVE, other.rk);
+	CHECK_RC(carve_req(&r, &req), HKV_EAUTH);
+	/* an old sequence number with a good MAC: refused too */
+	req.seq = r.seq;
+	hkv_ctl_request_seal(&req, sizeof(req), HKV_CTL_CARVE, r.rk);
+	CHECK_RC(carve_req(&r, &req), HKV_EAUTH);
+	/* the client's own next request is served */
+	req.seq = ++r.seq;
+	req.cls = 1;
+	hkv_ctl_request_seal(&req, sizeof(req), HKV_CTL_CARVE, r.rk);
+	CHECK(carve_req(&r, &req) != HKV_EAUTH);
+	raw_close(&other);
+	raw_close(&r);
+	hkvserver_stop(&s);
 }
 
 /* ---- test_impostor (issue 28, item 3) -------------------------------------------------- */
@@ -4006,6 +4068,7 @@ struct ghost {
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct hkv_ctl_welcome w; /* its AUTH: client id and ticket */
+	uint8_t rk[32];           /* and its session's request key */
 	struct ctl_ep ep;
 };
 
@@ -4060,7 +4123,7 @@ static int ghost_connect(struct ghost *g, const struct hkvserver *s, int half)
 	if (ep_parse(s->uri, &ep) || hkv_token_load(s->token_file, token, sizeof(token), 0) < 0)
 		return -1;
 	/* the server may not have seen its readiness probe's client go yet */
-	while ((ret = ctl_auth(&ep, token, &w)) == -EUSERS && now_ms() - t0 < 5000)
+	while ((ret = ctl_auth(&ep, token, &w, g->rk)) == -EUSERS && now_ms() - t0 < 5000)
 		sleep_ms(50);
 	if (ret)
 		return -1;
@@ -4156,10 +4219,13 @@ static void *stall_granter(void *arg)
 	struct hkv_ctl_grant gr = {.client_id = st->g->w.client_id, .seg = HKV_GRANT_BASE};
 	struct hkv_ctl_granted out;
 
-	memcpy(gr.ticket, st->g->w.ticket, HKV_TICKET_LEN);
 	while (!atomic_load(&st->stop)) {
 		uint64_t t0 = now_ms();
-		int rc = ctl_call(&st->g->ep, HKV_CTL_GRANT, &gr, sizeof(gr), HKV_CTL_GRANTED, &out,
+		int rc;
+
+		gr.seq++;
+		hkv_ctl_request_seal(&gr, sizeof(gr), HKV_CTL_GRANT, st->g->rk);
+		rc = ctl_call(&st->g->ep, HKV_CTL_GRANT, &gr, sizeof(gr), HKV_CTL_GRANTED, &out,
 				  sizeof(out));
 
 		st->grants++;
@@ -5658,6 +5724,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_shm_region_rights);
 	RUN_TEST(test_socket_squatter);
 	RUN_TEST(test_impostor);
+	RUN_TEST(test_request_proof);
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_move_takes_leftovers);

@@ -80,6 +80,9 @@ def rdma_addr():
     sys.exit(77)
 
 
+CTL_VERSION = 3  # common/ctl_proto.h HKV_CTL_VERSION
+
+
 def ctl_auth(sock_path, token):
     """The control plane's authentication by hand over a shm control socket
     (common/ctl_proto.h: HELLO, CHALLENGE, PROVE; HMAC-SHA-256 keyed by the
@@ -101,12 +104,12 @@ def ctl_auth(sock_path, token):
     s.settimeout(10)
     s.connect(sock_path)
     nc = os.urandom(32)
-    s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 8, 0, len(nc)) + nc)
+    s.sendall(struct.pack("<IHHiI", 0x4C54434B, CTL_VERSION, 8, 0, len(nc)) + nc)
     _, _, typ, status, ln = struct.unpack("<IHHiI", recv_exact(s, 16))
     body = recv_exact(s, ln)
     if typ == 9:  # CHALLENGE: nonce_s, proofs; answer PROVE
         ns = body[:32]
-        s.sendall(struct.pack("<IHHiI", 0x4C54434B, 2, 10, 0, 32) +
+        s.sendall(struct.pack("<IHHiI", 0x4C54434B, CTL_VERSION, 10, 0, 32) +
                   mac(b"hatchkv client", nc, ns))
         _, _, typ, status, _ = struct.unpack("<IHHiI", recv_exact(s, 16))
     s.close()
