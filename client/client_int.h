@@ -53,6 +53,7 @@ struct hkv_config {
 	size_t max_value;
 	size_t cache_entries;
 	int replicas; /* hkv_config_set_replicas (0, 1: none) */
+	int retry_ms; /* cluster: a dead server's keys fail fast this long (hkv_config_set_retry_ms) */
 	struct hkv_etcd_sec etcd; /* hkv_config_set_etcd */
 	struct hkv_config *repl_sub[HKV_MAX_SERVERS]; /* each server's own (replica.c) */
 };
@@ -267,6 +268,7 @@ struct hkv_route_try {
 	uint64_t t0_ns;
 	const struct hkv_conn *conn;
 	uint64_t posts;
+	int probe; /* routes to a server found dead: one try, no waiting */
 };
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out);

@@ -27,6 +27,7 @@ HKV_EXPORT struct hkv_config *hkv_config_new(void)
 	cfg->timeout_ms = 5000;
 	cfg->max_value = 1u << 20;
 	cfg->cache_entries = 262144;
+	cfg->retry_ms = HKV_RETRY_MS_DEFAULT;
 	return cfg;
 }
 
@@ -90,6 +91,14 @@ HKV_EXPORT int hkv_config_set_token(struct hkv_config *cfg, const char *token)
 HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *path)
 {
 	return set_string(&cfg->token_file, path);
+}
+
+HKV_EXPORT int hkv_config_set_retry_ms(struct hkv_config *cfg, int ms)
+{
+	if (!cfg || ms < 0 || ms > 3600000)
+		return -EINVAL;
+	cfg->retry_ms = ms;
+	return 0;
 }
 
 HKV_EXPORT int hkv_config_set_etcd(struct hkv_config *cfg, const char *name, const char *value)

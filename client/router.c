@@ -42,6 +42,7 @@ struct rmember {
 	struct hkv_config *cfg; /* its own: its own location cache */
 	struct hkv_client *h;
 	uint64_t retry_ns;
+	uint64_t down_until_ns; /* found dead: its keys fail fast until then (0: not) */
 };
 
 struct hkv_caches {
@@ -135,6 +136,7 @@ struct hkv_router {
 	uint32_t nsets;
 	struct hkv_client_stats sets_gone; /* the counters of sets closed */
 	uint64_t reload_ns; /* last reload after a failed member */
+	uint64_t fail_ns;   /* a dead server's keys fail fast this long (config retry_ms) */
 	const struct hkv_config *tmpl; /* a private copy of the user's config */
 
 	pthread_t watcher;
@@ -290,6 +292,8 @@ static int reload(struct hkv_router *r)
 	sets_free(r); /* (member indexes changed) */
 	hkv_cmap_free(&r->map);
 	r->map = map;
+	for (uint32_t i = 0; i < r->nm; i++) /* a new map: no server is known dead in it */
+		r->m[i].down_until_ns = 0;
 	atomic_store(&r->lease_ms, hkv_cmap_route_lease(&map));
 	hkv_debug("client: map epoch %lld, %u partitions on %u servers", (long long)map.epoch,
 		  map.partitions, map.nnames);
@@ -367,6 +371,7 @@ static struct hkv_config *config_like(const struct hkv_config *src, const char *
 	cfg->timeout_ms = src->timeout_ms;
 	cfg->max_value = src->max_value;
 	cfg->cache_entries = src->cache_entries;
+	cfg->retry_ms = src->retry_ms;
 	return cfg;
 }
 
@@ -458,6 +463,9 @@ static int member_ready(struct hkv_router *r, uint32_t i, uint64_t now, struct h
 {
 	int fresh = !r->m[i].h, ret = member_handle(r, i, h);
 
+	if (!ret)
+		r->m[i].down_until_ns = 0;
+
 	/* idle a while: ask whether its server closed us (a move's fence)
 	 * before posting; a busy handle finds out from its completions */
 	if (!ret && !(*h)->conn->error && now - r->m[i].used_ns > ROUTER_IDLE_CHECK_NS)
@@ -521,6 +529,29 @@ static int set_ready(struct hkv_router *r, uint32_t p, uint64_t now, struct hkv_
 	return 0;
 }
 
+/*
+ * Fail fast (issue 30): is a server partition p's operation needs (its
+ * primary; every one of its list for a replicated write) known dead? 1:
+ * fail at once; 0 (and *probe if its retry interval is over: this one
+ * operation tries it, without waiting).
+ */
+static int route_down(struct hkv_router *r, uint32_t p, int all, uint64_t now, int *probe)
+{
+	const uint16_t *list = r->map.repl + (size_t)p * r->map.replicas;
+	uint32_t n = all ? hkv_cmap_len(&r->map, p) : 1;
+
+	for (uint32_t j = 0; j < n; j++) {
+		uint64_t until = r->m[list[j]].down_until_ns;
+
+		if (!until)
+			continue;
+		if (now < until)
+			return 1;
+		*probe = 1;
+	}
+	return 0;
+}
+
 int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *key, size_t klen,
 		    struct hkv_client **out)
 {
@@ -542,6 +573,10 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		kh = hkv_cmap_hash(&r->map, key, klen);
 		p = hkv_cmap_partition_of(&r->map, kh);
 		i = r->part[p];
+		if (route_down(r, p, r->map.replicas > 1 && !t->read_only, now, &t->probe)) {
+			rc->stats.fail_fast++;
+			return HKV_EUNAVAILABLE; /* nothing was posted */
+		}
 		if (r->map.replicas > 1 && !t->read_only) {
 			ret = set_ready(r, p, now, &h, &i);
 		} else {
@@ -572,9 +607,15 @@ int hkv_route_begin(struct hkv_client *rc, struct hkv_route_try *t, const void *
 		    now - t->t0_ns > (uint64_t)rc->timeout_ms * 1000000ull)
 			return ret;
 		/* a server that is no member, or refuses: perhaps it is just
-		 * registering again (the view may be a moment older than it) */
-		if (r->m[i].refused && now - t->t0_ns > ROUTER_GONE_MS * 1000000ull)
+		 * registering again (the view may be a moment older than it);
+		 * after that (or a probe's one try) it is dead: its keys fail
+		 * fast for the retry interval */
+		if (r->m[i].refused &&
+		    (t->probe || now - t->t0_ns > ROUTER_GONE_MS * 1000000ull)) {
+			if (r->fail_ns)
+				r->m[i].down_until_ns = now + r->fail_ns;
 			return HKV_EUNAVAILABLE; /* nothing was posted */
+		}
 		if (now - r->reload_ns >= 50000000ull) { /* the map may have moved */
 			r->reload_ns = now;
 			atomic_store(&r->dirty, 1);
@@ -623,6 +664,7 @@ int hkv_router_open(const struct hkv_config *cfg, struct hkv_client **out)
 	if (!c || !r || !tmpl)
 		goto fail;
 	r->tmpl = tmpl;
+	r->fail_ns = (uint64_t)cfg->retry_ms * 1000000ull;
 	r->caches = caches_of(cfg);
 	if (!r->caches)
 		goto fail;
@@ -824,6 +866,7 @@ void hkv_router_stats(const struct hkv_client *c, struct hkv_client_stats *out)
 	const struct hkv_router *r = c->router;
 
 	*out = r->sets_gone; /* replicated writes are counted by the sets */
+	out->fail_fast += c->stats.fail_fast; /* (the router's own) */
 	for (uint32_t i = 0; i < r->nsets; i++)
 		stats_add(out, &r->sets[i].h->stats);
 	for (uint32_t i = 0; i < r->nm; i++)

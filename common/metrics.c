@@ -477,6 +477,8 @@ static const struct client_total client_totals[] = {
 	CT(repl_unknown, "repl_unknown", "Replicated writes that returned HKV_EUNKNOWN."),
 	CT(repl_superseded, "repl_superseded", "Writes decided after a lost replica was "
 	   "replaced, done again on the new map."),
+	CT(fail_fast, "fail_fast", "Cluster operations failed at once on a server found dead "
+	   "(within its retry interval)."),
 };
 
 /* "a=1,b=2" and "op=..." joined: the labels of one sample. */

@@ -95,6 +95,16 @@ HKV_EXPORT int hkv_config_set_token_file(struct hkv_config *cfg, const char *pat
  * fails with -EPERM. Copied. 0 or -EINVAL / -ENOMEM.
  */
 HKV_EXPORT int hkv_config_set_etcd(struct hkv_config *cfg, const char *name, const char *value);
+/*
+ * Cluster: once a server is found dead (nobody answers where etcd says it
+ * is, or it is no member any more, for up to a second), operations on its
+ * partitions fail at once with HKV_EUNAVAILABLE for ms milliseconds; then
+ * one operation tries it again (a probe, no waiting) - as memcached
+ * clients' retry timeout. A new map ends it at once. Default 250; 0: every
+ * operation waits up to the second again.
+ */
+#define HKV_RETRY_MS_DEFAULT 250
+HKV_EXPORT int hkv_config_set_retry_ms(struct hkv_config *cfg, int ms);
 /* How long any one remote wait may take before HKV_ETIMEDOUT. */
 HKV_EXPORT int hkv_config_set_timeout_ms(struct hkv_config *cfg, int ms);
 /* Largest value this handle writes or reads (<= the server's limit). */
@@ -286,6 +296,9 @@ struct hkv_client_stats {
 	 * HKV_EUNKNOWN, and those a write decided after a lost replica replaced
 	 * (done again on the new map) */
 	uint64_t repl_helps, repl_unknown, repl_superseded;
+	/* cluster: operations failed at once (HKV_EUNAVAILABLE) on a server
+	 * found dead, within its retry interval (hkv_config_set_retry_ms) */
+	uint64_t fail_fast;
 };
 
 /* Counters of this handle since hkv_open(). */

@@ -715,9 +715,48 @@ static void test_kill(void)
 			victim_key = i;
 	}
 	CHECK(victim_key >= 0);
-	key_of(k, sizeof(k), victim_key);
 	hkvserver_kill(&srv[1]);
 	t0 = now_ms();
+	/*
+	 * Fail fast (issue 30): one thread walks every key for 2 s while b is
+	 * dead and still on the map. The first of b's keys takes up to a second
+	 * (b may be registering again); after that b's keys fail at once with
+	 * HKV_EUNAVAILABLE (a probe every retry interval, 250 ms) and the
+	 * others' keys are served meanwhile. Before: ~1 s for every one of b's
+	 * keys (5 operations in 6 s over all keys).
+	 */
+	{
+		int b_fast = 0, b_slow = 0, others = 0, wrong = 0;
+		struct hkv_client_stats st;
+
+		for (int i = 0; now_ms() - t0 < 2000; i = (i + 1) % 1000) {
+			uint64_t t1 = now_ms();
+			int on_b, ret;
+
+			key_of(k, sizeof(k), i);
+			on_b = !strcmp(hkv_cmap_server(&map, hkv_cmap_partition(&map, k, strlen(k)), 0),
+				       "b");
+			ret = get_str(c, k, buf, sizeof(buf), NULL);
+			if (!on_b) {
+				others += ret == 0 && !strcmp(buf, "before");
+				wrong += ret == 0 && strcmp(buf, "before");
+			} else if (ret == HKV_EUNAVAILABLE) {
+				if (now_ms() - t1 < 50)
+					b_fast++;
+				else
+					b_slow++;
+			}
+		}
+		hkv_client_stats(c, &st);
+		printf("# b dead, first 2 s: %d of its keys failed fast (< 50 ms), %d slowly; %d "
+		       "keys of the others served; fail_fast counter %llu\n", b_fast, b_slow,
+		       others, (unsigned long long)st.fail_fast);
+		CHECK(wrong == 0);
+		CHECK(b_fast >= 20 && b_slow <= 8); /* one per retry interval at most */
+		CHECK(others >= 100);
+		CHECK(st.fail_fast >= (uint64_t)b_fast / 2);
+	}
+	key_of(k, sizeof(k), victim_key);
 	/* b's keys: errors at first (fast), then misses, then writable again */
 	while (now_ms() - t0 < 15000) {
 		uint64_t t1 = now_ms();

@@ -39,6 +39,9 @@ static void usage(FILE *f)
 		"      --metrics ADDR:PORT serve Prometheus metrics at http://ADDR:PORT/metrics\n"
 		"                          (e.g. 127.0.0.1:9741; port 0: any, logged; default\n"
 		"                          off; no authentication; docs/metrics.md)\n"
+		"      --retry-ms MS       cluster: once a server is found dead its keys fail at\n"
+		"                          once (SERVER_ERROR) for MS, then one request tries it\n"
+		"                          again (default 250; 0: each waits up to a second)\n"
 		"  -v, --verbose           debug logs\n"
 		HKV_CONFIG_USAGE
 		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
@@ -84,6 +87,7 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 		{"disable-flush-all", no_argument, NULL, 'F'},
 		{"depth", required_argument, NULL, 256},
 		{"metrics", required_argument, NULL, 257},
+		{"retry-ms", required_argument, NULL, 258},
 		{"version", no_argument, NULL, 'V'},
 		HKV_ETCD_LONGOPTS,
 		{"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
@@ -103,6 +107,10 @@ static int parse_args(int argc, char **argv, struct mc_options *o)
 			if (!hkv_metrics_addr_ok(optarg))
 				return fprintf(stderr, "bad --metrics '%s' (ADDR:PORT)\n", optarg), -1;
 			o->metrics = optarg;
+			break;
+		case 258:
+			if (parse_int(optarg, 0, 3600000, &o->retry_ms))
+				return fprintf(stderr, "bad --retry-ms '%s' (0..3600000)\n", optarg), -1;
 			break;
 		case 'S': o->server_uri = optarg; break;
 		case 'k': o->token_file = optarg; break;
@@ -157,6 +165,7 @@ int main(int argc, char **argv)
 		.item_max = 1u << 20,
 		.server_uri = NULL,
 		.token_file = "hatchkv.token",
+		.retry_ms = -1,
 	};
 	char uri[320];
 

@@ -1729,6 +1729,7 @@ static int make_config(struct mc_server *s)
 	    (e->user && hkv_config_set_etcd(s->cfg, "user", e->user)) ||
 	    (e->password_file && hkv_config_set_etcd(s->cfg, "password-file", e->password_file)) ||
 	    (e->insecure && hkv_config_set_etcd(s->cfg, "insecure", NULL)) ||
+	    (s->o.retry_ms >= 0 && hkv_config_set_retry_ms(s->cfg, s->o.retry_ms)) ||
 	    hkv_config_set_max_value(s->cfg, s->o.item_max)) {
 		hkv_err("bad hatchkv client configuration (server %s)", s->o.server_uri);
 		return -1;

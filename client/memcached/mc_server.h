@@ -50,6 +50,7 @@ struct mc_options {
 	const char *token_file;
 	const char *metrics;     /* --metrics ADDR:PORT (Prometheus), NULL: off */
 	struct hkv_etcd_sec etcd; /* --etcd-*: a cluster's etcd (common/etcd.h) */
+	int retry_ms;            /* --retry-ms (cluster: a dead server's keys fail fast); -1: default */
 };
 
 /*
