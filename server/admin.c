@@ -10,17 +10,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "common/cli.h"
 #include "common/cluster_map.h"
 #include "common/etcd.h"
 #include "common/hkv_alloc.h"
 #include "common/log.h"
+#include "server/admin_status.h"
 #include "hatchkv_err.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: hatchkv-admin --cluster etcd://HOST:PORT[,HOST:PORT...]/PREFIX COMMAND\n"
+		"       hatchkv-admin --server shm:PATH|verbs://HOST:PORT [--token-file F] status|health\n"
+		"  status             a report: members, partitions by role, what is wrong; exit\n"
+		"                     0 healthy, 1 degraded, 2 down (a standalone server: its\n"
+		"                     region, reached with a token or read-only token)\n"
+		"  health             the same verdict in one line\n"
 		"  members            the servers, their endpoints, partitions and state\n"
 		"  map                the partition map: epoch, then each partition's replicas\n"
 		"  drain NAME         move NAME's partitions to the others (it stays a member);\n"
@@ -32,7 +40,9 @@ static void usage(FILE *f)
 		"                     items move); a dead one that still holds partitions\n"
 		"                     is refused unless --force (its items are lost)\n"
 		"  admit NAME         undo remove (and drain) for NAME\n"
-		"options: --wait SECONDS, --force, -h/--help\n" HKV_CONFIG_USAGE
+		"options: --wait SECONDS, --force, --json (status, health, members, map),\n"
+		"  --token-file F (with --server; default hatchkv.token), -h/--help\n"
+		HKV_CONFIG_USAGE
 		"etcd (the operator role's user, over TLS; or --etcd-insecure):\n" HKV_ETCD_USAGE);
 }
 
@@ -183,6 +193,35 @@ static int cmd_map(struct admin *a)
 			printf(" %s", hkv_cmap_server(&map, p, r));
 		printf("\n");
 	}
+	hkv_cmap_free(&map);
+	return 0;
+}
+
+static int cmd_map_json(struct admin *a)
+{
+	struct hkv_cmap map;
+	json_object *o, *lists;
+	int ret = load_map(a, &map);
+
+	if (ret)
+		return fprintf(stderr, "hatchkv-admin: map: %s\n",
+			       ret == -ENOENT ? "no map yet (no server has joined)"
+					      : hkv_strerror(ret)), ret;
+	o = json_object_new_object();
+	lists = json_object_new_array();
+	json_object_object_add(o, "epoch", json_object_new_int64(map.epoch));
+	json_object_object_add(o, "partitions", json_object_new_int((int)map.partitions));
+	json_object_object_add(o, "replicas", json_object_new_int((int)map.replicas));
+	for (uint32_t p = 0; p < map.partitions; p++) {
+		json_object *l = json_object_new_array();
+
+		for (uint32_t r = 0; r < hkv_cmap_len(&map, p); r++)
+			json_object_array_add(l, json_object_new_string(hkv_cmap_server(&map, p, r)));
+		json_object_array_add(lists, l);
+	}
+	json_object_object_add(o, "lists", lists);
+	printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	json_object_put(o);
 	hkv_cmap_free(&map);
 	return 0;
 }
@@ -377,12 +416,16 @@ int main(int argc, char **argv)
 					      {"force", no_argument, NULL, 'f'},
 					      {"help", no_argument, NULL, 'h'},
 					      {"version", no_argument, NULL, 'V'},
+					      {"json", no_argument, NULL, 'j'},
+					      {"server", required_argument, NULL, 'S'},
+					      {"token-file", required_argument, NULL, 'k'},
 					      HKV_ETCD_LONGOPTS,
 					      {NULL, 0, NULL, 0}};
 	const char *uri = getenv("HATCHKV_CLUSTER"), *cmd, *id = NULL;
+	const char *server = NULL, *token_file = "hatchkv.token";
 	struct hkv_etcd_sec sec = {0};
 	struct admin a;
-	int wait_s = 30, force = 0, c, ret;
+	int wait_s = 30, force = 0, json = 0, status, c, ret;
 
 	hkv_log_set_prog("hatchkv-admin");
 	if (hkv_cli_config(&argc, &argv, opts, "hatchkv-admin"))
@@ -392,6 +435,9 @@ int main(int argc, char **argv)
 		case 'f': force = 1; break;
 		case 'c': uri = optarg; break;
 		case 'w': wait_s = atoi(optarg); break;
+		case 'j': json = 1; break;
+		case 'S': server = optarg; break;
+		case 'k': token_file = optarg; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': hkv_print_version(stdout, "hatchkv-admin"); return 0;
 		default:
@@ -403,14 +449,25 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!uri || optind >= argc)
+	if ((!uri && !server) || optind >= argc)
 		return usage(stderr), 2;
 	cmd = argv[optind++];
 	if (optind < argc)
 		id = argv[optind++];
-	if (optind != argc || ((!strcmp(cmd, "members") || !strcmp(cmd, "map")) == !!id) ||
+	status = !strcmp(cmd, "status") || !strcmp(cmd, "health");
+	if (optind != argc ||
+	    ((!strcmp(cmd, "members") || !strcmp(cmd, "map") || status) == !!id) ||
 	    (id && !hkv_cluster_id_valid(id)))
 		return usage(stderr), 2;
+	if (server) { /* a standalone server: only its status */
+		if (!status) {
+			fprintf(stderr, "hatchkv-admin: --server takes status or health; the other "
+					"commands are a cluster's (--cluster)\n");
+			return 2;
+		}
+		hkv_etcd_sec_free(&sec);
+		return hkv_admin_status_server(server, token_file, json, !strcmp(cmd, "health"));
+	}
 	a.e = hkv_etcd_open_sec(uri, &sec, 5000);
 	ret = errno;
 	hkv_etcd_sec_free(&sec);
@@ -424,6 +481,17 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	a.prefix = hkv_etcd_prefix(a.e);
+	if (status || (json && (!strcmp(cmd, "members")))) {
+		/* (a report on any etcd answer: no cluster there is "down") */
+		ret = hkv_admin_status_cluster(a.e, uri, json, !strcmp(cmd, "health"));
+		hkv_etcd_close(a.e);
+		return ret;
+	}
+	if (json && !strcmp(cmd, "map")) {
+		ret = cmd_map_json(&a);
+		hkv_etcd_close(a.e);
+		return ret ? 1 : 0;
+	}
 	ret = cluster_there(&a);
 	if (!ret && id && (!strcmp(cmd, "drain") || !strcmp(cmd, "remove")))
 		ret = known_name(&a, id, force);

@@ -757,6 +757,19 @@ static void test_kill(void)
 		CHECK(st.fail_fast >= (uint64_t)b_fast / 2);
 	}
 	key_of(k, sizeof(k), victim_key);
+	/* hatchkv-admin health while b is on the map but dead: down (exit 2),
+	 * naming b, once its lease is gone (3 s TTL) */
+	{
+		char out[4096];
+		int st = -1;
+		uint64_t t2;
+
+		for (t2 = now_ms(); now_ms() - t2 < 6000; sleep_ms(100))
+			if ((st = admin(out, sizeof(out), "health")) == 2)
+				break;
+		printf("# b dead, on the map: health exit %d: %s", st, out);
+		CHECK(st == 2 && strstr(out, "down: b is on the map but no member"));
+	}
 	/* b's keys: errors at first (fast), then misses, then writable again */
 	while (now_ms() - t0 < 15000) {
 		uint64_t t1 = now_ms();
@@ -780,6 +793,21 @@ static void test_kill(void)
 	CHECK_RC(wait_map(three, 5000, NULL), 0);
 	CHECK_RC(get_str(c, k, buf, sizeof(buf), NULL), 0);
 	CHECK(!strcmp(buf, "after"));
+	/* hatchkv-admin status / health (issue 30, item 3): healthy again once
+	 * b is off the map; --json says the same with the members' roles */
+	{
+		char out[8192];
+		int st = -1;
+
+		for (t0 = now_ms(); now_ms() - t0 < 5000; sleep_ms(100))
+			if ((st = admin(out, sizeof(out), "health")) == 0)
+				break;
+		printf("# after b is dropped: health exit %d: %s", st, out);
+		CHECK(st == 0 && !strncmp(out, "healthy", 7));
+		CHECK_RC(admin(out, sizeof(out), "--json status"), 0);
+		CHECK(strstr(out, "\"state\":\"healthy\"") && strstr(out, "\"name\":\"a\"") &&
+		      strstr(out, "\"primaries\":") && !strstr(out, "\"name\":\"b\""));
+	}
 	hkv_cmap_free(&map);
 	hkv_close(c);
 }
