@@ -445,11 +445,27 @@ static int member_handle(struct hkv_router *r, uint32_t i, struct hkv_client **o
 static int view_fresh(struct hkv_router *r, uint64_t now)
 {
 	uint64_t lease = hkv_cmap_route_lease(&r->map) * 1000000ull;
+	uint64_t age = now - atomic_load_explicit(&r->valid_ns, memory_order_relaxed);
 
 	if ((atomic_load_explicit(&r->dirty, memory_order_relaxed) &&
 	     atomic_exchange(&r->dirty, 0)) ||
-	    now - atomic_load_explicit(&r->valid_ns, memory_order_relaxed) > lease / 2) {
-		reload(r); /* on failure the last good map stays, while its lease lasts */
+	    age > lease / 2) {
+		/* on failure the last good map stays, while its lease lasts; so
+		 * a view still within it waits for etcd no longer than what is
+		 * left of it (a stalled etcd: the operation goes on, on the view
+		 * it has, instead of hanging for the whole timeout) */
+		int left_ms = age < lease ? (int)((lease - age) / 1000000ull) : 0;
+		int lease_ms = (int)(lease / 1000000ull), old;
+
+		/* (a view past its lease: no longer than one lease either, so a
+		 * stalled etcd fails operations within ~1.5 s, not a timeout) */
+		if (left_ms <= 0)
+			left_ms = lease_ms > 1000 ? lease_ms : 1000;
+		old = hkv_etcd_set_timeout(r->e, left_ms < 50 ? 50 : left_ms);
+		if (old < left_ms)
+			hkv_etcd_set_timeout(r->e, old);
+		reload(r);
+		hkv_etcd_set_timeout(r->e, old);
 		now = hkv_coarse_ns();
 	}
 	if (!r->part)

@@ -1574,8 +1574,11 @@ static void map_after_rejoin(struct hkv_cluster *cl, const struct snap *sn)
  * Each round: registration if the lease is gone, then one read of PREFIX/
  * that every decision of the round works from. Between rounds it waits on
  * an etcd watch of PREFIX/ (a member joining or leaving, an ack, a map), so
- * it reacts at once and costs etcd nothing while nothing changes; while a
- * purge of ours is to be acked it looks every 20 ms instead.
+ * it reacts at once; while nothing changes the watch ends after 300 ms and
+ * the round runs anyway (a lost lease the keepalive thread noticed, a
+ * coordinator's waits: acted on within that, at a read and a watch of
+ * PREFIX/ per member every 300 ms); while a purge of ours is to be acked
+ * it looks every 20 ms instead.
  */
 static void *cluster_thread(void *arg)
 {
@@ -1623,7 +1626,9 @@ static void *cluster_thread(void *arg)
 		    (atomic_load(&cl->move_fence) && cl->acked_rev != cl->fence_rev))
 			nap(cl, 20); /* our job, our ack: act on them soon */
 		else if (rev && !atomic_load(&cl->removed) && !atomic_load(&cl->lease_gone))
-			hkv_etcd_watch_wait(cl->e, dir, 1, rev, 1000, &got);
+			/* (300 ms: a lost lease, noticed by the keepalive thread,
+			 * is acted on within that; so is a member gone) */
+			hkv_etcd_watch_wait(cl->e, dir, 1, rev, 300, &got);
 		else
 			nap(cl, 200);
 	}
