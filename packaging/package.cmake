@@ -9,6 +9,9 @@ install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}
         FILES_MATCHING PATTERN "*.md")
 
+# scripts/etcd-roles (docs/operating.md, "etcd with TLS and roles") -> share/hatchkv
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/etcd-roles DESTINATION ${CMAKE_INSTALL_DATADIR}/hatchkv)
+
 # The service files name absolute paths (/usr/bin/hatchkv-server,
 # /etc/hatchkv, /run/hatchkv), so they go only into the package: component
 # "service", left out of a plain `cmake --install` (which must never write
@@ -54,11 +57,13 @@ if(HKV_DPKG_SHLIBDEPS)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
   set(CPACK_DEBIAN_PACKAGE_DEPENDS "ibverbs-providers, adduser")
 else()
-  set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6, libibverbs1, librdmacm1, libevent-2.1-7, libevent-core-2.1-7, libevent-pthreads-2.1-7, libevent-extra-2.1-7, libsodium23, libjson-c5, ibverbs-providers, adduser")
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6, libibverbs1, librdmacm1, libevent-2.1-7, libevent-core-2.1-7, libevent-pthreads-2.1-7, libevent-extra-2.1-7, libevent-openssl-2.1-7, libssl3, libsodium23, libjson-c5, ibverbs-providers, adduser")
   if(HKV_JEMALLOC)
     string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libjemalloc2")
   endif()
 endif()
+# /usr/share/hatchkv/etcd-roles runs etcdctl
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "etcd-client")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON) # libhatchkv.so.0's shlibs file
 # debian/triggers: ldconfig after install and removal (libhatchkv.so.0)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
