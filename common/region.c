@@ -13,12 +13,48 @@
 
 #define HUGE_2M (2u << 20)
 
-/* Map fd (already sized) shared and prefaulted; NULL on failure. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+#define TOUCH_CHUNK (256ul << 20)
+
+static hkv_region_progress_fn progress_fn;
+static void *progress_arg;
+
+void hkv_region_set_progress(hkv_region_progress_fn fn, void *arg)
+{
+	progress_fn = fn;
+	progress_arg = arg;
+}
+
+/* Map fd (already sized) shared and prefaulted, a chunk at a time so that
+ * the progress hook can say how far it is; NULL on failure. A kernel
+ * without MADV_POPULATE_WRITE faults each chunk in by touching a byte per
+ * page (read: the bytes of a kept file stay as they are). */
 static void *region_map(int fd, size_t length)
 {
-	void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	long page = sysconf(_SC_PAGESIZE);
 
-	return p == MAP_FAILED ? NULL : p;
+	if (p == MAP_FAILED)
+		return NULL;
+	if (progress_fn)
+		progress_fn(0, length, progress_arg);
+	for (size_t off = 0; off < length; off += TOUCH_CHUNK) {
+		size_t n = length - off < TOUCH_CHUNK ? length - off : TOUCH_CHUNK;
+
+		if (madvise((char *)p + off, n, MADV_POPULATE_WRITE)) {
+			if (errno != EINVAL) { /* (EINVAL: an older kernel) */
+				munmap(p, length);
+				return NULL;
+			}
+			for (size_t i = 0; i < n; i += (size_t)page)
+				(void)*(volatile char *)((char *)p + off + i);
+		}
+		if (progress_fn)
+			progress_fn(off + n, length, progress_arg);
+	}
+	return p;
 }
 
 /*

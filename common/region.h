@@ -29,4 +29,10 @@ struct hkv_region {
 int hkv_region_create(struct hkv_region *r, size_t length, const char *path, int *existed);
 void hkv_region_destroy(struct hkv_region *r);
 
+/* Called as a region's pages are first touched (prefaulted, 256 MiB at a
+ * time: a large region takes seconds): done and total bytes; once with
+ * done == 0 before, once with done == total after. NULL: none. */
+typedef void (*hkv_region_progress_fn)(size_t done, size_t total, void *arg);
+void hkv_region_set_progress(hkv_region_progress_fn fn, void *arg);
+
 #endif /* HKV_REGION_H */

@@ -26,6 +26,8 @@
 #include "common/fdlimit.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/notify.h"
+#include "common/region.h"
 #include "common/token.h"
 #include "common/transport.h"
 #include "server/cluster.h"
@@ -675,6 +677,7 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 	if (fenced && !sv->store.fenced) {
 		hkv_warn("server: fenced (%s): closing %d client connections",
 			 hkv_cluster_fence_reason(sv->cluster), hkv_listener_nconns(sv->data));
+		hkv_notify_status("fenced: %s", hkv_cluster_fence_reason(sv->cluster));
 		stop_data_plane(sv);
 		sv->store.fenced = 1;
 		sv->fenced_ns = mono_ns();
@@ -729,6 +732,7 @@ static void on_cluster(evutil_socket_t fd, short what, void *arg)
 	if (sv->store.fenced && !start_data_plane(sv, sv->o)) {
 		sv->store.fenced = 0;
 		hkv_info("server: serving again");
+		hkv_notify_status("serving");
 	}
 }
 
@@ -930,6 +934,7 @@ int main(int argc, char **argv)
 			"first, or give this one another --socket)", o.socket_path);
 		return 1;
 	}
+	hkv_region_set_progress(hkv_notify_region_progress, "hatchkv-server");
 	if (hkv_store_init(&sv.store, &o.store))
 		return 1;
 	sv.o = &o;
@@ -1010,7 +1015,9 @@ int main(int argc, char **argv)
 	else
 		hkv_info("server: ready, transport verbs, control %s:%s, rdma_cm port %s", o.host,
 			 o.port, o.data_port);
+	hkv_notify_ready(o.cluster.uri ? "serving (a cluster member)" : "serving");
 	event_base_dispatch(sv.base);
+	hkv_notify_stopping();
 	if (ev_cluster)
 		event_free(ev_cluster);
 	event_free(ev_idle);

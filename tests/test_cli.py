@@ -23,7 +23,10 @@
   - a client's missing token file is named as such (before: "authentication
     refused (is the hatchkv server ... running?)");
   - --config FILE gives every program its options from a file (the command
-    line wins), and a bad line is named by file and line.
+    line wins), and a bad line is named by file and line;
+  - under systemd's NOTIFY_SOCKET (Type=notify units) the server says how far
+    the region's first touch is (STATUS), READY=1 once it serves, STOPPING=1
+    on SIGTERM; hatchkv-memcached READY=1 once it listens.
 
 usage: test_cli.py BINDIR
 """
@@ -190,6 +193,51 @@ def main(bindir):
     check(rc != 0 and "without TLS and a user (--etcd-insecure)" in err and
           "Connection refused" in err, "... and with etcd-insecure in the file it warns and "
           "tries etcd (nothing listens there): %r" % err.strip().split("\n")[-1])
+
+    # Type=notify (sd_notify): STATUS while the region is touched, READY=1
+    # once it serves, STOPPING=1 on SIGTERM; hatchkv-memcached READY=1 too
+    nsock = os.path.join(tmp, "notify.sock")
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(nsock)
+    ns.settimeout(1.0)
+    env = dict(os.environ, NOTIFY_SOCKET=nsock)
+
+    def notes(until, secs):
+        got, deadline = [], time.monotonic() + secs
+        while time.monotonic() < deadline and not any(until in g for g in got):
+            try:
+                got.append(ns.recv(4096).decode())
+            except socket.timeout:
+                pass
+        return got
+
+    nsrv = subprocess.Popen([srv, "-t", "shm", "-s", os.path.join(tmp, "n.sock"), "--token-file",
+                             tok, "--memory", "64M"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    nmc = None
+    try:
+        got = notes("READY=1", 30)
+        ready = [i for i, g in enumerate(got) if "READY=1" in g]
+        check(ready and any("touching the region" in g for g in got[:ready[0]]),
+              "hatchkv-server under NOTIFY_SOCKET: STATUS while touching, then READY=1: %r"
+              % got)
+        nmc = subprocess.Popen([os.path.join(bindir, "hatchkv-memcached"), "--server",
+                                "shm:" + os.path.join(tmp, "n.sock"), "--token-file", tok,
+                                "-p", "0"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        got = notes("READY=1", 30)
+        check(any("READY=1" in g for g in got), "hatchkv-memcached: READY=1 once it listens")
+        nmc.terminate()
+        nmc.wait(10)
+        nsrv.terminate()
+        got = notes("STOPPING=1", 10)
+        check(any("STOPPING=1" in g for g in got) and nsrv.wait(10) == 0,
+              "SIGTERM: STOPPING=1, exit 0")
+    finally:
+        for p in (nsrv, nmc):
+            if p and p.poll() is None:
+                p.kill()
+        ns.close()
 
     # a second server on a live socket
     log = open(os.path.join(tmp, "a.log"), "w")

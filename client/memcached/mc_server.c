@@ -29,6 +29,7 @@
 #include "common/fdlimit.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/notify.h"
 #include "hatchkv.h"
 
 #define MC_BATCH 64                   /* requests per read callback */
@@ -1672,6 +1673,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	struct mc_server *s = arg;
 
 	hkv_info("%s, shutting down", strsignal((int)sig));
+	hkv_notify_stopping();
 	stopping = 1;
 	event_base_loopbreak(s->base);
 }
@@ -1711,6 +1713,7 @@ static int start_listener(struct mc_server *s)
 		 "flight, hatchkv server %s, item size max %zu, connections max %d",
 		 s->o.listen_addr, s->o.port, s->nworkers, s->o.depth, s->o.server_uri,
 		 s->o.item_max, s->o.max_conns);
+	hkv_notify_ready("serving");
 	return 0;
 }
 
