@@ -113,10 +113,11 @@ void mc_metrics_page(struct evbuffer *b, const struct mc_metrics_snap *s)
 			  s->in_flight_peak);
 	page_daemon(b, s);
 	hkv_metrics_gauge(b, "hatchkv_memcached_items",
-			  "Items in the store, as the last `stats` walk of the index counted "
-			  "(0 before one).", (double)s->items);
+			  "Items in the store, as the last walk of the index counted (with "
+			  "--metrics one every 10 s, and at most every 5 s for `stats`).",
+			  (double)s->items);
 	hkv_metrics_gauge(b, "hatchkv_memcached_item_bytes",
-			  "Bytes of those items, as the last `stats` walk counted.",
+			  "Bytes of those items, as the last walk counted.",
 			  (double)s->bytes);
 	hkv_metrics_gauge(b, "hatchkv_memcached_items_sampled_timestamp_seconds",
 			  "Unix time of that walk (0: none yet; a scrape never walks).",

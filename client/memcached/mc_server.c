@@ -93,6 +93,12 @@ struct mc_server {
 	pthread_mutex_t walk_lock;         /* held by the one walking it */
 	time_t counted_at;
 	uint64_t items, bytes, walks;
+	/* --metrics: a thread of its own walks the index every MC_COUNT_BG s,
+	 * so the items gauge is current without a `stats` (issue 30) */
+	pthread_t counter;
+	struct hkv_client *counter_h; /* its handle, opened before we listen */
+	int counter_started, counter_stop; /* counter_stop under count_lock */
+	pthread_cond_t counter_wake;
 };
 
 struct conn {
@@ -1775,6 +1781,53 @@ static void learn_limits(struct mc_server *s)
 	hkv_close(h);
 }
 
+/*
+ * The items gauge's walk, off the workers' loops: a handle of its own,
+ * one walk every MC_COUNT_BG s (skipped if a `stats` walk is running).
+ * A walk READs every index slot and each entry's header and key: on shm
+ * ~10 ms for 10^5 items; over RDMA the index's bytes every MC_COUNT_BG s.
+ */
+#define MC_COUNT_BG 10
+static void *counter_main(void *arg)
+{
+	struct mc_server *s = arg;
+	struct hkv_client *h = s->counter_h;
+
+	pthread_mutex_lock(&s->count_lock);
+	while (!s->counter_stop) {
+		struct timespec until;
+		uint64_t n_items, n_bytes;
+
+		pthread_mutex_unlock(&s->count_lock);
+		if (!h && hkv_open(s->cfg, &h))
+			h = NULL;
+		if (h && !pthread_mutex_trylock(&s->walk_lock)) {
+			int rc = hkv_count_items(h, &n_items, &n_bytes);
+
+			if (!rc) {
+				pthread_mutex_lock(&s->count_lock);
+				s->items = n_items;
+				s->bytes = n_bytes;
+				s->counted_at = time(NULL);
+				s->walks++;
+				pthread_mutex_unlock(&s->count_lock);
+			} else if (rc == HKV_EDISCONNECTED || rc == HKV_ETIMEDOUT) {
+				hkv_close(h); /* (opened again next time) */
+				h = NULL;
+			}
+			pthread_mutex_unlock(&s->walk_lock);
+		}
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += MC_COUNT_BG;
+		pthread_mutex_lock(&s->count_lock);
+		if (!s->counter_stop)
+			pthread_cond_timedwait(&s->counter_wake, &s->count_lock, &until);
+	}
+	pthread_mutex_unlock(&s->count_lock);
+	hkv_close(h);
+	return NULL;
+}
+
 static int start_workers(struct mc_server *s)
 {
 	s->workers = calloc((size_t)s->nworkers, sizeof(*s->workers));
@@ -1815,6 +1868,7 @@ int mc_server_run(const struct mc_options *opts)
 	size_conns(&s);
 	pthread_mutex_init(&s.count_lock, NULL);
 	pthread_mutex_init(&s.walk_lock, NULL);
+	pthread_cond_init(&s.counter_wake, NULL);
 	if (evthread_use_pthreads() || make_config(&s))
 		goto free_config;
 	learn_limits(&s);
@@ -1833,12 +1887,25 @@ int mc_server_run(const struct mc_options *opts)
 	for (int i = 0; i < 3; i++)
 		if ((ev_quiet[i] = evsignal_new(s.base, quiet[i], on_ignored_signal, &s)))
 			event_add(ev_quiet[i], NULL);
+	if (s.o.metrics && hkv_open(s.cfg, &s.counter_h)) /* (it tries again later) */
+		s.counter_h = NULL;
 	if (!ev_int || !ev_term || event_add(ev_int, NULL) || event_add(ev_term, NULL) ||
 	    start_listener(&s) || (s.o.metrics && start_metrics(&s)))
 		goto free_listener;
+	if (s.o.metrics)
+		s.counter_started = !pthread_create(&s.counter, NULL, counter_main, &s);
 	event_base_dispatch(s.base);
 	rc = stopping ? 0 : 1;
 free_listener:
+	if (s.counter_started) {
+		pthread_mutex_lock(&s.count_lock);
+		s.counter_stop = 1;
+		pthread_cond_broadcast(&s.counter_wake);
+		pthread_mutex_unlock(&s.count_lock);
+		pthread_join(s.counter, NULL);
+	} else {
+		hkv_close(s.counter_h);
+	}
 	hkv_metrics_stop(s.metrics);
 	if (s.lis)
 		evconnlistener_free(s.lis);

@@ -227,7 +227,7 @@ def test_pages(mc_bin, srv_bin):
     t_start = time.time()
     srv_port = free_port()
     with MetricsDaemons(mc_bin, srv_bin, memory="64M", threads=2,
-                        srv_extra=["--metrics", "127.0.0.1:%d" % srv_port, "--max-clients", "3"],
+                        srv_extra=["--metrics", "127.0.0.1:%d" % srv_port, "--max-clients", "4"],
                         mc_extra=["--metrics", "127.0.0.1:0"]) as d:
         # (the daemon logs "listening on" before it starts its metrics endpoint)
         deadline = time.time() + 20
@@ -255,7 +255,7 @@ def test_pages(mc_bin, srv_bin):
         start = val(s0, "hatchkv_start_time_seconds")
         check(0 < up < 120 and t_start - 5 < start <= time.time(), "server uptime %.1f s" % up)
         check(val(m0, "hatchkv_memcached_uptime_seconds") >= 0, "memcached uptime")
-        check(val(s0, "hatchkv_clients_max") == 3, "clients_max is --max-clients")
+        check(val(s0, "hatchkv_clients_max") == 4, "clients_max is --max-clients")
 
         # scrapes on the side while the workers count (for the TSan tier)
         stop, scrapes = threading.Event(), []
@@ -278,8 +278,8 @@ def test_pages(mc_bin, srv_bin):
         token = open(os.path.join(d.tmp, "token"), "rb").read().strip()
         sock = os.path.join(d.tmp, "ctl.sock")
         check(auth(sock, b"not-the-token-at-all")[0] == 3, "AUTH with a wrong token: ERROR")
-        # two workers connected: one more is admitted (a ticket, pending) and
-        # the next is over --max-clients 3
+        # two workers and the items counter (--metrics) connected: one more
+        # is admitted (a ticket, pending) and the next is over --max-clients 4
         check(auth(sock, token)[0] == 2, "AUTH with the token: WELCOME")
         check(auth(sock, token)[0] == 3, "AUTH over --max-clients: ERROR")
 
@@ -287,15 +287,15 @@ def test_pages(mc_bin, srv_bin):
         m1 = scrape(mc_url)  # the pymemcache client is still connected
         check(val(s1, "hatchkv_clients_connected") >= 1,
               "server: clients connected %d (>= 1)" % val(s1, "hatchkv_clients_connected"))
-        check(val(s1, "hatchkv_clients_connected") == 2 and
+        check(val(s1, "hatchkv_clients_connected") == 3 and
               val(s1, "hatchkv_clients_pending") == 1,
-              "server: the 2 workers connected, 1 admitted and pending")
+              "server: the 2 workers and the items counter connected, 1 admitted and pending")
         check(val(s1, "hatchkv_clients_refused_total", reason="wrong_token") == 1,
               "server: the wrong token counted")
         check(val(s1, "hatchkv_clients_refused_total", reason="max_clients") == 1,
               "server: the client over --max-clients counted")
         check(val(s1, "hatchkv_clients_admitted_total") >= 4,
-              "server: admitted %d (learn handle, 2 workers, 1 raw)"
+              "server: admitted %d (learn handle, 2 workers, counter, 1 raw)"
               % val(s1, "hatchkv_clients_admitted_total"))
         check(val(s1, "hatchkv_rate_limited_total") == 0 and
               val(s1, "hatchkv_keepalive_drops_total") == 0, "server: nothing rate limited, "
@@ -349,13 +349,17 @@ def test_pages(mc_bin, srv_bin):
         sets = val(m1, "hatchkv_client_ops_total", op="set")
         check(sets >= 21 and val(m1, "hatchkv_client_round_trips_total", op="set") >= sets,
               "library: %d set operations summed over the workers" % sets)
-        check(val(m1, "hatchkv_memcached_items_sampled_timestamp_seconds") == 0,
-              "memcached: no index walk without a `stats` command")
-        st = c.stats()
+        # the items gauge is kept current without any `stats` (issue 30): a
+        # walk every 10 s on a thread of its own; wait for one after the sets
+        t_sets = time.time()
+        wait_for(lambda: val(scrape(mc_url),
+                             "hatchkv_memcached_items_sampled_timestamp_seconds") > t_sets + 1,
+                 25, "a walk of the index after the sets, without `stats`")
         m2 = scrape(mc_url)
+        st = c.stats()
         check(val(m2, "hatchkv_memcached_items") == int(st[b"curr_items"]) and
-              val(m2, "hatchkv_memcached_items_sampled_timestamp_seconds") > 0,
-              "memcached: items %d as `stats` last counted, with its time"
+              int(st[b"curr_items"]) > 0,
+              "memcached: items %d counted without a `stats` command, as `stats` counts"
               % val(m2, "hatchkv_memcached_items"))
         c.close()
         wait_for(lambda: val(scrape(mc_url), "hatchkv_memcached_connections") == 0, 10,
