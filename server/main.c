@@ -82,8 +82,9 @@ static void usage(FILE *f)
 		"  -W, --no-windows           verbs: hand every client one rkey for the whole\n"
 		"                             region instead of memory windows bound to its own\n"
 		"                             connection (default: windows if the device has\n"
-		"                             type-2B windows: writers may WRITE only into\n"
-		"                             segments they own, keys die with the connection)\n"
+		"                             type-2B windows: writers may WRITE only into the\n"
+		"                             data area, never the header, segment table,\n"
+		"                             bitmaps or index; keys die with the connection)\n"
 		"      --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
 		"                             (e.g. 127.0.0.1:9740; port 0: any, logged; default\n"
 		"                             off; no authentication: keep it on a trusted\n"
@@ -980,10 +981,19 @@ int main(int argc, char **argv)
 		o.cluster.region_bytes = sv.store.region.length;
 		sv.cluster = hkv_cluster_start(&o.cluster);
 		if (!sv.cluster) {
+			int err = errno;
+
 			hkv_err("server: cannot join the cluster at %s as %s: %s", o.cluster.uri,
-				o.cluster.id, errno == EEXIST ? "a live member has that name"
-					      : errno == EPERM ? "that name was removed by an operator"
-							       : hkv_strerror(-errno));
+				o.cluster.id, err == EEXIST ? "a live member has that name"
+					      : err == EPERM ? "that name was removed by an operator "
+							       "(hatchkv-admin admit NAME undoes it)"
+					      : err == EACCES ? "etcd refuses this user what a member "
+								"writes (its role)"
+							      : hkv_strerror(-err));
+			/* a removed name or a role that cannot write: starting again
+			 * changes nothing, so the member unit must not restart it */
+			if (err == EPERM || err == EACCES || err == EKEYREJECTED)
+				rc = EXIT_CONFIG;
 			goto out;
 		}
 		ev_cluster = event_new(sv.base, -1, EV_PERSIST, on_cluster, &sv);
