@@ -1676,6 +1676,19 @@ struct hkv_cluster *hkv_cluster_start(const struct hkv_cluster_opts *o)
 		goto close_etcd;
 	}
 	ret = do_register(cl);
+	/* our name is held: by our own earlier life (killed, restarted within
+	 * its lease: it ends within a TTL), or by another live server (its
+	 * keepalives go on). Wait out one lease, then say which it was. */
+	if (ret == -EEXIST)
+		hkv_info("cluster: %s is still registered (an earlier run of ours?): waiting up "
+			 "to %d s for that lease to end", o->id, o->ttl_s + 2);
+	for (uint64_t t0 = boot_ns(); ret == -EEXIST &&
+				      boot_ns() - t0 < (uint64_t)(o->ttl_s + 2) * 1000000000ull;) {
+		struct timespec quarter = {0, 250000000L};
+
+		nanosleep(&quarter, NULL);
+		ret = do_register(cl);
+	}
 	if (ret)
 		goto free_json;
 	pthread_mutex_init(&cl->lock, NULL);
