@@ -204,10 +204,14 @@ wait $pid || fail "hatchkv-server exited $? on SIGTERM"
 [ -f "$tok" ] && getent passwd hatchkv >/dev/null || fail "postrm remove took what only purge may"
 "$C/postrm" purge || fail "postrm purge failed"
 [ ! -e /etc/hatchkv ] || fail "postrm purge left /etc/hatchkv"
-[ ! -e /var/lib/hatchkv ] || fail "postrm purge left /var/lib/hatchkv"
+[ -f /var/lib/hatchkv/t.region ] || fail "postrm purge deleted the memory file (the stored items)"
+rm -rf /var/lib/hatchkv
+mkdir /var/lib/hatchkv
+"$C/postrm" purge 2>/dev/null || fail "postrm purge (again) failed"
+[ ! -e /var/lib/hatchkv ] || fail "postrm purge left an empty /var/lib/hatchkv"
 ! getent passwd hatchkv >/dev/null || fail "postrm purge left the user hatchkv"
 ! getent group hatchkv >/dev/null || fail "postrm purge left the group hatchkv"
-echo "packaging_deb: maintainer scripts: user uid $uid, token 600 hatchkv (32 hex), server started as hatchkv on it; purge removed all"
+echo "packaging_deb: maintainer scripts: user uid $uid, token 600 hatchkv (32 hex), server started as hatchkv on it; purge removed the token and user, kept the memory file"
 SEOF
 unshare -m --propagation private sh "$tmp/sandbox.sh" "$C" "$tmp/root" "$tmp" ||
 	fail "the maintainer scripts failed in the sandbox (above)"
