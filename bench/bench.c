@@ -70,6 +70,7 @@ struct opts {
 
 struct result {
 	char system[16], workload, transport[8];
+	int replicas; /* hatchkv: copies of each item its handles wrote (0: not hatchkv) */
 	double runtime_ms, throughput, server_cpu;
 	/* the work's own time (CLOCK_MONOTONIC, one clock for every process of
 	 * the host): the start all workers were released at, the last one's end */
@@ -629,6 +630,7 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		res->workload = w ? w->name : 'L';
 		snprintf(res->transport, sizeof(res->transport), "%s",
 			 !is_hkv(system) ? "tcp" : o->verbs ? "verbs" : "shm");
+		res->replicas = is_hkv(system) ? (int)driver_hatchkv_replicas_seen : 0;
 		res->start_ns = r.start_ns;
 		res->end_ns = end > r.start_ns ? end : r.start_ns;
 		res->ops = atomic_load(&r.done);
@@ -811,7 +813,9 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 			   "\"runtime_ms\": %.1f, \"throughput_ops_per_sec\": %.1f, "
 			   "\"server_cpu_percent\": %.3f,\n    \"ops\": {",
 			i ? "," : "", r->system, r->workload, r->transport,
-			is_repl(r->system) ? atoi(r->system + 9) : is_hkv(r->system) ? 1 : 0, o->threads,
+			r->replicas ? r->replicas
+			: is_repl(r->system) ? atoi(r->system + 9) : is_hkv(r->system) ? 1 : 0,
+			o->threads,
 			(unsigned long long)o->records, o->fieldcount * o->fieldlength, r->runtime_ms,
 			r->throughput, r->server_cpu);
 		for (int k = 0; k < YOP_N; k++)

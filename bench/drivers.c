@@ -70,6 +70,8 @@ static const struct driver_ops hkv_driver_ops = {"hatchkv",     hkvd_read,  hkvd
 						 hkvd_mread,    hkvd_counters, hkvd_stats,
 						 hkvd_close};
 
+_Atomic unsigned driver_hatchkv_replicas_seen;
+
 struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 {
 	struct hkv_driver *d = calloc(1, sizeof(*d));
@@ -81,6 +83,12 @@ struct driver *driver_open_hatchkv(const struct hkv_config *cfg)
 		return NULL;
 	}
 	d->base.ops = &hkv_driver_ops;
+	{
+		struct hkv_server_info si;
+
+		hkv_server_info(d->c, &si);
+		driver_hatchkv_replicas_seen = si.replicas;
+	}
 	return &d->base;
 }
 

@@ -59,6 +59,9 @@ struct hkv_config;
  * service would. NULL + message on failure.
  */
 struct hkv_etcd_sec;
+/* The replicas the last hatchkv handle opened writes (hkv_server_info:
+ * a cluster's map's, a replicated handle's list). */
+extern _Atomic unsigned driver_hatchkv_replicas_seen;
 /* uris: one server, a cluster (etcd://..., reached as etcd says), or a
  * comma-separated list of replicas. */
 struct hkv_config *driver_hatchkv_config(const char *uris, const char *token_file, size_t keys,

@@ -676,13 +676,17 @@ HKV_EXPORT void hkv_client_wrs(const struct hkv_client *c, uint64_t *wrs, uint64
 
 HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out)
 {
+	uint32_t replicas;
+
 	if (c->router) {
 		hkv_router_server_info(c, out);
 		return;
 	}
+	replicas = c->repl ? (uint32_t)hkv_repl_count(c) : 1;
 	if (c->repl)
 		c = hkv_repl_primary(c);
 	*out = (struct hkv_server_info){
+		.replicas = replicas,
 		.region_bytes = c->g.total_size,
 		.index_slots = c->g.nbuckets * HKV_BUCKET_SLOTS,
 		.value_bytes = (uint64_t)c->g.nsegs * c->g.seg_size,

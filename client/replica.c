@@ -318,6 +318,11 @@ struct hkv_client *hkv_repl_primary(const struct hkv_client *c)
 	return c->repl->h[0];
 }
 
+int hkv_repl_count(const struct hkv_client *c)
+{
+	return c->repl->r;
+}
+
 /* A config for one of cfg's servers, with cfg's settings (made once, kept
  * by cfg: its location cache is that server's for every handle of cfg). */
 static struct hkv_config *sub_config(const struct hkv_config *cfg_in, int i, int *ret)

@@ -46,6 +46,8 @@ void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns);
 int hkv_repl_write(struct hkv_client *c, const void *key, size_t klen, const struct repl_op *op);
 /* The primary's handle (reads go there). */
 struct hkv_client *hkv_repl_primary(const struct hkv_client *c);
+/* How many replicas the handle writes. */
+int hkv_repl_count(const struct hkv_client *c);
 /* flush_all by replicated deletes of the keys h holds present (api.c, the
  * walk count takes too): mine filters. */
 int hkv_flush_by_deletes(struct hkv_client *h, struct hkv_client *del,

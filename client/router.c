@@ -457,10 +457,11 @@ static int view_fresh(struct hkv_router *r, uint64_t now)
 		int left_ms = age < lease ? (int)((lease - age) / 1000000ull) : 0;
 		int lease_ms = (int)(lease / 1000000ull), old;
 
-		/* (a view past its lease: no longer than one lease either, so a
-		 * stalled etcd fails operations within ~1.5 s, not a timeout) */
+		/* (a view past its lease: two leases, at least 3 s - room for a
+		 * new TLS connection and a login to etcd, a bcrypt there - so a
+		 * stalled etcd fails operations within that, not a timeout) */
 		if (left_ms <= 0)
-			left_ms = lease_ms > 1000 ? lease_ms : 1000;
+			left_ms = 2 * lease_ms > 3000 ? 2 * lease_ms : 3000;
 		old = hkv_etcd_set_timeout(r->e, left_ms < 50 ? 50 : left_ms);
 		if (old < left_ms)
 			hkv_etcd_set_timeout(r->e, old);
@@ -874,6 +875,7 @@ void hkv_router_server_info(const struct hkv_client *c, struct hkv_server_info *
 {
 	memset(out, 0, sizeof(*out));
 	each_member((struct hkv_client *)c, info_one, out);
+	out->replicas = c->router->map.replicas ? c->router->map.replicas : 1;
 }
 
 /* Sums over the members' handles (those opened so far). */

@@ -1,6 +1,7 @@
 /* err.c - hkv_strerror(): names for -errno and HKV_E* codes. */
 #include "hatchkv_err.h"
 
+#include <errno.h>
 #include <string.h>
 
 static const char *const hkv_messages[] = {
@@ -35,6 +36,8 @@ HKV_EXPORT const char *hkv_strerror(int err)
 	if (idx > 0 && idx < (int)(sizeof(hkv_messages) / sizeof(hkv_messages[0])) &&
 	    hkv_messages[idx])
 		return hkv_messages[idx];
+	if (err == -EKEYREJECTED) /* (common/etcd.c's: etcd's authentication) */
+		return "etcd refused the user or its password";
 	if (err < 0 && err > -1000)
 		return strerror(-err); /* glibc: static for known errno values */
 	return "unknown error";

@@ -231,6 +231,8 @@ struct hkv_server_info {
 	uint64_t segment_bytes;  /* one segment */
 	uint32_t max_value;      /* largest value this handle accepts */
 	int cache_mode;          /* 1: writers evict when full; 0: HKV_EFULL */
+	uint32_t replicas;       /* copies of each item: 1; a replicated handle's
+				  * servers; a cluster's map's replicas */
 };
 HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_info *out);
 
