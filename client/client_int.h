@@ -171,7 +171,9 @@ struct hkv_client {
 	int windows;  /* memory windows: rkey READs, akey atomics, wkey WRITEs */
 	uint32_t wkey; /* windows: the WRITE window over the data area */
 	int timeout_ms;
-	size_t max_value;
+	size_t max_value;   /* a value any key may have (one of 250 bytes too) */
+	size_t value_cap;   /* a value a short key may have: the configured cap, and
+			     * header + key + value within max_block */
 	uint32_t max_block; /* largest block this handle writes or reads */
 
 	uint8_t *arena;

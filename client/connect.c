@@ -415,6 +415,9 @@ static int setup_arena(struct hkv_client *c, size_t max_value)
 	c->max_value = c->max_block - HKV_BLOCK_HDR - HKV_MAX_KEY;
 	if (c->max_value > max_value)
 		c->max_value = max_value;
+	c->value_cap = c->max_block - HKV_BLOCK_HDR - 1;
+	if (c->value_cap > max_value)
+		c->value_cap = max_value;
 	c->read_cap = 2 * (size_t)c->max_block < (64u << 10) ? (64u << 10) : 2 * (size_t)c->max_block;
 	/* the segment table, or up to 64 segments' bitmaps (one harvest chain) */
 	c->scr_cap = (size_t)(g->nsegs < 64 ? g->nsegs : 64) * g->bitmap_bytes;
@@ -692,6 +695,7 @@ HKV_EXPORT void hkv_server_info(const struct hkv_client *c, struct hkv_server_in
 		.value_bytes = (uint64_t)c->g.nsegs * c->g.seg_size,
 		.segment_bytes = c->g.seg_size,
 		.max_value = (uint32_t)c->max_value,
+		.max_item = c->max_block,
 		.cache_mode = !!(c->g.flags & HKV_GEOM_F_CACHE),
 	};
 }

@@ -867,6 +867,7 @@ static int info_one(struct hkv_client *h, const char *id, void *arg)
 	t->value_bytes += one.value_bytes;
 	t->segment_bytes = one.segment_bytes;
 	t->max_value = one.max_value;
+	t->max_item = one.max_item;
 	t->cache_mode = one.cache_mode;
 	return 0;
 }

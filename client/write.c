@@ -26,7 +26,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	uint32_t gen;
 	int cls, ret;
 
-	if (vlen > c->max_value || total > c->max_block)
+	if (vlen > c->value_cap || total > c->max_block)
 		return HKV_ETOOBIG;
 	cls = hkv_class_for(&c->g, (uint32_t)total);
 	if (cls < 0)

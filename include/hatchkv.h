@@ -229,7 +229,11 @@ struct hkv_server_info {
 	uint64_t index_slots;    /* 8-byte slots in the hash index */
 	uint64_t value_bytes;    /* bytes of the value area (segments) */
 	uint64_t segment_bytes;  /* one segment */
-	uint32_t max_value;      /* largest value this handle accepts */
+	uint32_t max_value;      /* largest value this handle accepts for any key */
+	uint32_t max_item;       /* a shorter key leaves room for a longer value: a
+				  * value fits if 48 (the block header) + key +
+				  * value <= max_item and value <= the configured
+				  * max value (hkv_config_set_max_value) */
 	int cache_mode;          /* 1: writers evict when full; 0: HKV_EFULL */
 	uint32_t replicas;       /* copies of each item: 1; a replicated handle's
 				  * servers; a cluster's map's replicas */

@@ -27,6 +27,7 @@
 #include "client/memcached/mc_metrics.h"
 #include "client/memcached/mc_proto.h"
 #include "common/fdlimit.h"
+#include "common/layout.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/notify.h"
@@ -1771,10 +1772,20 @@ static void learn_limits(struct mc_server *s)
 		hkv_close(h);
 		return;
 	}
-	if (si.max_value < s->max_value) {
-		hkv_warn("the hatchkv server's largest value is %u bytes (< -I %zu)", si.max_value,
-			 s->o.item_max);
-		s->max_value = si.max_value;
+	/* -I bounds an item (memcached: its header, key and value), as the
+	 * server's largest block bounds ours: a value fits when 48 + key +
+	 * value <= max_item, so short keys take values as long as memcached's
+	 * at the same -I (the library refuses the rest: "object too large") */
+	{
+		uint32_t short_max = si.max_item > HKV_BLOCK_HDR + 1
+					     ? si.max_item - HKV_BLOCK_HDR - 1
+					     : si.max_value;
+
+		if (short_max < s->max_value)
+			s->max_value = short_max;
+		if (si.max_item && si.max_item < s->o.item_max)
+			hkv_warn("the hatchkv server's largest item is %u bytes (its segment size; "
+				 "< -I %zu): larger ones are refused", si.max_item, s->o.item_max);
 	}
 	hkv_info("hatchkv server: %" PRIu64 " MiB of values, %" PRIu64 " index slots, %s mode",
 		 si.value_bytes >> 20, si.index_slots, si.cache_mode ? "cache" : "store");

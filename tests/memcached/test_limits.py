@@ -258,9 +258,46 @@ def re_version(b):
     return b[:i] + b"VERSION" + b[j:]
 
 
+def largest_value(port, key):
+    """The largest value a server stores under key (binary search over set)."""
+    c = Conn(port)
+    lo, hi = 1000 * 1000, 1 << 20  # stored / refused (memcached -I 1m refuses 1 MiB)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        c.send(b"set %s 0 0 %d noreply\r\n" % (key, mid) + b"v" * mid + b"\r\n")
+        reply = c.cmd(b"mg %s s" % key)
+        if reply.startswith(b"VA ") or reply.startswith(b"HD s%d" % mid):
+            lo = mid
+        else:
+            hi = mid
+        c.cmd(b"mn")
+        c.send(b"delete %s noreply\r\n" % key)
+    c.s.close()
+    return lo
+
+
+def item_boundary(d, ref):
+    """-I bounds an item, not a value (issue 30): at the same -I (1m), a
+    short key's largest value on hatchkv is at least memcached's, and a
+    250-byte key's too; past it the answer is memcached's own."""
+    for key in (b"k", b"K" * 250):
+        m = largest_value(ref.port, key)
+        h = largest_value(d.port, key)
+        check(h >= m, "a %d-byte key: hatchkv-memcached stores values up to %d bytes, "
+              "memcached (-I 1m) up to %d" % (len(key), h, m))
+    c = Conn(d.port)
+    over = (1 << 20) - 48  # block header 48 + key 1 + value: one byte past the segment
+    c.send(b"set k 0 0 %d\r\n" % over + b"v" * over + b"\r\n")
+    r = c.line()
+    check(r == b"SERVER_ERROR object too large for cache",
+          "one byte past the largest item: %r, as memcached says it" % r)
+    c.s.close()
+
+
 def main():
     mc_bin, srv_bin = sys.argv[1], sys.argv[2]
     with RealMemcached() as ref, Daemons(mc_bin, srv_bin, threads=2) as d:
+        item_boundary(d, ref)
         big_multiget(d)
         compare_multiget(d, ref)
         flush_timers(d, ref)
