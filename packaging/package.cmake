@@ -6,8 +6,10 @@ include(GNUInstallDirs)
 
 # README.md and docs/*.md -> share/doc/hatchkv (both cmake --install and the .deb)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# (not the proposals and their reviews: working papers of the project, not
+# documentation of what it does)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}
-        FILES_MATCHING PATTERN "*.md")
+        FILES_MATCHING PATTERN "*.md" PATTERN "proposal-*" EXCLUDE)
 
 # scripts/etcd-roles (docs/operating.md, "etcd with TLS and roles") -> share/hatchkv
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/etcd-roles DESTINATION ${CMAKE_INSTALL_DATADIR}/hatchkv)
