@@ -450,23 +450,7 @@ static int view_fresh(struct hkv_router *r, uint64_t now)
 	if ((atomic_load_explicit(&r->dirty, memory_order_relaxed) &&
 	     atomic_exchange(&r->dirty, 0)) ||
 	    age > lease / 2) {
-		/* on failure the last good map stays, while its lease lasts; so
-		 * a view still within it waits for etcd no longer than what is
-		 * left of it (a stalled etcd: the operation goes on, on the view
-		 * it has, instead of hanging for the whole timeout) */
-		int left_ms = age < lease ? (int)((lease - age) / 1000000ull) : 0;
-		int lease_ms = (int)(lease / 1000000ull), old;
-
-		/* (a view past its lease: two leases, at least 3 s - room for a
-		 * new TLS connection and a login to etcd, a bcrypt there - so a
-		 * stalled etcd fails operations within that, not a timeout) */
-		if (left_ms <= 0)
-			left_ms = 2 * lease_ms > 3000 ? 2 * lease_ms : 3000;
-		old = hkv_etcd_set_timeout(r->e, left_ms < 50 ? 50 : left_ms);
-		if (old < left_ms)
-			hkv_etcd_set_timeout(r->e, old);
-		reload(r);
-		hkv_etcd_set_timeout(r->e, old);
+		reload(r); /* on failure the last good map stays, while its lease lasts */
 		now = hkv_coarse_ns();
 	}
 	if (!r->part)

@@ -949,7 +949,9 @@ static void test_memcached_front(void)
 	}
 	CHECK(pid > 0);
 	a.sin_port = htons((uint16_t)port);
-	for (t0 = now_ms(); now_ms() - t0 < 10000; sleep_ms(50)) {
+	/* (30 s: in the TCG guest 2 workers x 8 lanes each open a handle on the
+	 * cluster, map and members read from etcd, before it listens) */
+	for (t0 = now_ms(); now_ms() - t0 < 30000; sleep_ms(50)) {
 		fd = socket(AF_INET, SOCK_STREAM, 0);
 		if (!connect(fd, (struct sockaddr *)&a, sizeof(a)))
 			break;
