@@ -23,7 +23,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, find_etcd, free_port  # noqa: E402
 
 LEASE_TTL = 3
 KEYS = 1000
@@ -52,46 +51,6 @@ def post(url, obj, timeout=2):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-class Mc:
-    """The memcached text protocol over one connection."""
-
-    def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), 5)
-        self.s.settimeout(5)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise OSError("closed")
-            self.buf += chunk
-        ln, self.buf = self.buf.split(b"\r\n", 1)
-        return ln
-
-    def set(self, k, v):
-        self.s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k.encode(), len(v), v))
-        return self.line() == b"STORED"
-
-    def get(self, k):
-        self.s.sendall(b"get %s\r\n" % k.encode())
-        ln = self.line()
-        if ln == b"END":
-            return None
-        if not ln.startswith(b"VALUE "):
-            raise OSError("unexpected %r" % ln)
-        n = int(ln.split()[3])
-        while len(self.buf) < n + 2:
-            self.buf += self.s.recv(65536)
-        v, self.buf = self.buf[:n], self.buf[n + 2:]
-        if self.line() != b"END":
-            raise OSError("no END")
-        return v
-
-    def close(self):
-        self.s.close()
 
 
 class Cluster:
@@ -222,7 +181,7 @@ def run(bindir):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                mc = Mc(port)
+                mc = Mc(port, 5)
                 if mc.set("warm", b"1"):
                     break
             except OSError:

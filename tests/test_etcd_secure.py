@@ -55,7 +55,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, find_etcd, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ETCD_ROLES = os.path.join(HERE, "..", "scripts", "etcd-roles")
@@ -84,49 +84,6 @@ def find_etcdctl(etcd):
     if os.access(beside, os.X_OK):
         return beside
     return shutil.which("etcdctl")
-
-
-class Mc:
-    """The memcached text protocol over one connection."""
-
-    def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port), 5)
-        self.s.settimeout(5)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise OSError("closed")
-            self.buf += chunk
-        ln, self.buf = self.buf.split(b"\r\n", 1)
-        return ln
-
-    def set(self, k, v):
-        self.s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k.encode(), len(v), v))
-        return self.line() == b"STORED"
-
-    def get(self, k):
-        self.s.sendall(b"get %s\r\n" % k.encode())
-        ln = self.line()
-        if ln == b"END":
-            return None
-        if not ln.startswith(b"VALUE "):
-            raise OSError("unexpected %r" % ln)
-        n = int(ln.split()[3])
-        while len(self.buf) < n + 2:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise OSError("closed")
-            self.buf += chunk
-        v, self.buf = self.buf[:n], self.buf[n + 2:]
-        if self.line() != b"END":
-            raise OSError("no END")
-        return v
-
-    def close(self):
-        self.s.close()
 
 
 class Impostor:
@@ -445,7 +402,7 @@ def run(bindir):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                mc = Mc(port)
+                mc = Mc(port, 5)
                 if mc.set("warm", b"1"):
                     break
             except OSError:
@@ -465,7 +422,7 @@ def run(bindir):
 
         def still_works(when, tag):
             try:
-                mc2 = Mc(port)
+                mc2 = Mc(port, 5)
                 try:
                     bad = [i for i in range(KEYS) if mc2.get("k%d" % i) != b"v%d" % i]
                     bad_sets = [i for i in range(50) if not mc2.set("%s%d" % (tag, i), b"x")]
@@ -533,7 +490,7 @@ def run(bindir):
         t_p, errs = time.monotonic(), []
         while time.monotonic() - t_p < 10:
             try:
-                m9 = Mc(port)
+                m9 = Mc(port, 5)
                 try:
                     missing = [i for i in range(20) if m9.get("k%d" % i) != b"v%d" % i]
                 finally:
@@ -567,7 +524,7 @@ def run(bindir):
         ok_sets = 0
         while time.monotonic() - t0 < 15:
             try:
-                mc3 = Mc(port)
+                mc3 = Mc(port, 5)
                 try:
                     ok_sets = sum(mc3.set("drained%d" % i, b"d%d" % i) and
                                   mc3.get("drained%d" % i) == b"d%d" % i for i in range(100))

@@ -58,7 +58,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, find_etcd, free_port  # noqa: E402
 
 LEASE_TTL = 3
 KEYS = 2000
@@ -104,49 +103,6 @@ def die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-
-
-class Mc:
-    """The memcached text protocol over one connection."""
-
-    def __init__(self, port, timeout=10):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout)
-        self.s.settimeout(timeout)
-        self.buf = b""
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise OSError("closed")
-            self.buf += chunk
-        ln, self.buf = self.buf.split(b"\r\n", 1)
-        return ln
-
-    def set(self, k, v):
-        self.s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k.encode(), len(v), v))
-        return self.line() == b"STORED"
-
-    def get(self, k):
-        self.s.sendall(b"get %s\r\n" % k.encode())
-        ln = self.line()
-        if ln == b"END":
-            return None
-        if not ln.startswith(b"VALUE "):
-            raise OSError("unexpected %r" % ln)
-        n = int(ln.split()[3])
-        while len(self.buf) < n + 2:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                raise OSError("closed")
-            self.buf += chunk
-        v, self.buf = self.buf[:n], self.buf[n + 2:]
-        if self.line() != b"END":
-            raise OSError("no END")
-        return v
-
-    def close(self):
-        self.s.close()
 
 
 class Client:

@@ -116,6 +116,49 @@ def ctl_auth(sock_path, token):
     return typ, status
 
 
+class Mc:
+    """The memcached text protocol over one connection."""
+
+    def __init__(self, port, timeout=10):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout)
+        self.s.settimeout(timeout)
+        self.buf = b""
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise OSError("closed")
+            self.buf += chunk
+        ln, self.buf = self.buf.split(b"\r\n", 1)
+        return ln
+
+    def set(self, k, v):
+        self.s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k.encode(), len(v), v))
+        return self.line() == b"STORED"
+
+    def get(self, k):
+        self.s.sendall(b"get %s\r\n" % k.encode())
+        ln = self.line()
+        if ln == b"END":
+            return None
+        if not ln.startswith(b"VALUE "):
+            raise OSError("unexpected %r" % ln)
+        n = int(ln.split()[3])
+        while len(self.buf) < n + 2:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise OSError("closed")
+            self.buf += chunk
+        v, self.buf = self.buf[:n], self.buf[n + 2:]
+        if self.line() != b"END":
+            raise OSError("no END")
+        return v
+
+    def close(self):
+        self.s.close()
+
+
 def wait_for(pred, timeout, what):
     deadline = time.time() + timeout
     while time.time() < deadline:
