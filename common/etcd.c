@@ -1210,6 +1210,20 @@ put_req:
 	return rc;
 }
 
+/* The token e used is no good (lapsed, or another member's): forget it,
+ * here and in the process's cache, and make c ready to be sent again. */
+static void token_lapsed(struct hkv_etcd *e, struct etcd_call *c)
+{
+	if (e->token_ep >= 0)
+		token_keep(e, e->token_ep, NULL);
+	e->token_ep = -1;
+	evbuffer_drain(c->body, evbuffer_get_length(c->body));
+	if (c->tok)
+		json_tokener_reset(c->tok);
+	c->status = c->err = c->done = c->http_failed = c->http_timeout = 0;
+	c->why[0] = 0;
+}
+
 /*
  * call_run() as the handle's user: authenticate first if there is no token
  * for the current endpoint (the first call, or a call_run that moved to
@@ -1240,14 +1254,7 @@ static int call_auth(struct hkv_etcd *e, const char *path, const char *body, siz
 			call_log(e, path, c, rc);
 			return rc;
 		}
-		if (e->token_ep >= 0) /* lapsed, or another member's: a new one */
-			token_keep(e, e->token_ep, NULL);
-		e->token_ep = -1;
-		evbuffer_drain(c->body, evbuffer_get_length(c->body));
-		if (c->tok)
-			json_tokener_reset(c->tok);
-		c->status = c->err = c->done = c->http_failed = c->http_timeout = 0;
-		c->why[0] = 0;
+		token_lapsed(e, c); /* lapsed, or another member's: a new one */
 	}
 }
 
@@ -1279,11 +1286,7 @@ static int etcd_call(struct hkv_etcd *e, const char *path, json_object *req, jso
 			break;
 		json_object_put(*reply);
 		*reply = NULL;
-		if (e->token_ep >= 0) /* the token lapsed: a new one, and once more */
-			token_keep(e, e->token_ep, NULL);
-		e->token_ep = -1;
-		evbuffer_drain(c.body, evbuffer_get_length(c.body));
-		c.status = c.err = c.done = c.http_failed = c.http_timeout = 0;
+		token_lapsed(e, &c); /* the token lapsed: a new one, and once more */
 	}
 	evbuffer_free(c.body);
 put_req:
