@@ -459,15 +459,6 @@ void hkv_etcd_close(struct hkv_etcd *e)
 	hkv_free(e);
 }
 
-int hkv_etcd_set_timeout(struct hkv_etcd *e, int ms)
-{
-	int old = e->timeout_ms;
-
-	if (ms > 0)
-		e->timeout_ms = ms;
-	return old;
-}
-
 const char *hkv_etcd_prefix(const struct hkv_etcd *e)
 {
 	return e->prefix;

@@ -112,8 +112,6 @@ int hkv_etcd_sec_opt(struct hkv_etcd_sec *s, int opt, const char *arg);
 struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms);
 struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s, int timeout_ms);
 void hkv_etcd_close(struct hkv_etcd *e);
-/* The handle's timeout from now on (ms > 0); its old one. */
-int hkv_etcd_set_timeout(struct hkv_etcd *e, int ms);
 /* The PREFIX part of the URI ("" if none); valid while the handle is open. */
 const char *hkv_etcd_prefix(const struct hkv_etcd *e);
 
