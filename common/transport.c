@@ -81,6 +81,19 @@ void hkv_listener_gone(struct hkv_listener *l, uint64_t cookie)
 		l->on_disconnect(l->arg, cookie);
 }
 
+int hkv_conn_settle(struct hkv_conn *c, int timeout_ms, int sq_depth)
+{
+	c->timeout_ms = timeout_ms;
+	c->sq_depth = sq_depth;
+	c->runs = hkv_calloc((size_t)sq_depth, sizeof(*c->runs));
+	if (!c->runs) {
+		c->ops->close(c);
+		errno = ENOMEM;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, size_t *reply_len)
 {
 	struct hkv_conn_cfg cfg = *cfg_in;
@@ -106,16 +119,8 @@ struct hkv_conn *hkv_conn_open(const struct hkv_conn_cfg *cfg_in, void *reply, s
 		errno = EINVAL;
 		return NULL;
 	}
-	if (!c)
+	if (!c || hkv_conn_settle(c, cfg.timeout_ms, cfg.sq_depth))
 		return NULL;
-	c->timeout_ms = cfg.timeout_ms;
-	c->sq_depth = cfg.sq_depth;
-	c->runs = hkv_calloc((size_t)cfg.sq_depth, sizeof(*c->runs));
-	if (!c->runs) {
-		c->ops->close(c);
-		errno = ENOMEM;
-		return NULL;
-	}
 	if (reply && reply_len) {
 		*reply_len = *reply_len < acc.len ? *reply_len : acc.len;
 		memcpy(reply, acc.data, *reply_len);
@@ -397,6 +402,15 @@ int hkv_listener_tick(struct hkv_listener *l)
 int hkv_listener_nwindows(const struct hkv_listener *l)
 {
 	return l->ops->nwindows ? l->ops->nwindows(l) : 0;
+}
+
+struct hkv_conn *hkv_listener_loopback(struct hkv_listener *l, int timeout_ms)
+{
+	if (!l->ops->loopback) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return l->ops->loopback(l, timeout_ms);
 }
 
 const struct hkv_region_desc *hkv_listener_region(const struct hkv_listener *l)

@@ -334,6 +334,20 @@ int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off);
 int hkv_listener_tick(struct hkv_listener *l);
 /* Windows currently bound, over all connections. */
 int hkv_listener_nwindows(const struct hkv_listener *l);
+/*
+ * The owner's own connection to its region through the device (verbs), for
+ * atomics on words clients reach with RDMA atomics: a CPU atomic is atomic
+ * against the NIC's only on devices with IBV_ATOMIC_GLOB (rxe executes an
+ * RDMA atomic as a read and a write under its own lock; most NICs report
+ * IBV_ATOMIC_HCA). A private rdma_cm pair on the listener's address and
+ * device, set up without the listener's event loop; its region descriptor
+ * carries an rkey with every right (a window bound to this connection's
+ * queue pair alone when the listener uses windows). The listener keeps the
+ * responder side; close the connection before destroying the listener.
+ * NULL with errno: EOPNOTSUPP on shm (the clients execute their atomics with
+ * the CPU's: nothing to serialise against), else why it failed.
+ */
+struct hkv_conn *hkv_listener_loopback(struct hkv_listener *l, int timeout_ms);
 /* Connections currently established. */
 int hkv_listener_nconns(const struct hkv_listener *l);
 void hkv_listener_destroy(struct hkv_listener *l);

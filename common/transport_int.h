@@ -57,6 +57,7 @@ struct hkv_listener_ops {
 	int (*revoke)(struct hkv_listener *l, uint64_t cookie, uint64_t off);
 	int (*nwindows)(const struct hkv_listener *l);
 	int (*tick)(struct hkv_listener *l); /* NULL: nothing to probe */
+	struct hkv_conn *(*loopback)(struct hkv_listener *l, int timeout_ms); /* NULL: shm */
 };
 
 struct hkv_listener {
@@ -71,6 +72,10 @@ struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_ac
 struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc);
 struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg);
 struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cfg);
+
+/* A backend's connection, opened, made usable: what hkv_conn_open does
+ * after the backend's open. 0, or -ENOMEM with the connection closed. */
+int hkv_conn_settle(struct hkv_conn *c, int timeout_ms, int sq_depth);
 
 /* Bytes of an accept message on the wire: a refusal carries only magic and status. */
 #define HKV_REFUSAL_LEN offsetof(struct hkv_accept_msg, region)

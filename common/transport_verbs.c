@@ -33,10 +33,14 @@
  */
 #include "common/transport_int.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <infiniband/verbs.h>
@@ -468,8 +472,18 @@ struct verbs_child {
 	struct verbs_child *next;
 };
 
+/* The responder side of an owner's own connection (hkv_listener_loopback). */
+struct verbs_loop {
+	struct rdma_event_channel *ec;
+	struct rdma_cm_id *lid, *child;
+	struct ibv_cq *cq; /* the responder QP's: its window's bind, nothing else */
+	struct ibv_mw *mw;
+	struct verbs_loop *next;
+};
+
 struct verbs_listener {
 	struct hkv_listener base;
+	struct verbs_loop *loops;
 	struct rdma_event_channel *ec;
 	struct rdma_cm_id *id;
 	struct ibv_context *ctx;
@@ -912,6 +926,234 @@ static int verbs_l_nwindows(const struct hkv_listener *l)
 	return container_of(l, struct verbs_listener, base)->nwindows;
 }
 
+static void loop_free(struct verbs_loop *lp)
+{
+	if (lp->child) {
+		rdma_disconnect(lp->child);
+		if (lp->child->qp)
+			rdma_destroy_qp(lp->child);
+		rdma_destroy_id(lp->child);
+	}
+	if (lp->mw)
+		ibv_dealloc_mw(lp->mw);
+	if (lp->cq)
+		ibv_destroy_cq(lp->cq);
+	if (lp->lid)
+		rdma_destroy_id(lp->lid);
+	if (lp->ec)
+		rdma_destroy_event_channel(lp->ec);
+	hkv_free(lp);
+}
+
+/* An IPv4 address of this host that the listener's device serves: the one
+ * it is bound to, or (a wildcard listener) the first that resolves to it. */
+static int loop_addr(struct verbs_listener *vl, struct rdma_event_channel *ec,
+		     struct sockaddr_in *out)
+{
+	struct sockaddr *sa = rdma_get_local_addr(vl->id);
+	struct ifaddrs *ifs, *i;
+	int ret = HKV_ENODEV;
+
+	if (sa->sa_family == AF_INET &&
+	    ((struct sockaddr_in *)sa)->sin_addr.s_addr != htonl(INADDR_ANY)) {
+		*out = *(struct sockaddr_in *)sa;
+		out->sin_port = 0;
+		return 0;
+	}
+	if (getifaddrs(&ifs))
+		return -errno;
+	for (i = ifs; i && ret; i = i->ifa_next) {
+		struct rdma_cm_id *id;
+
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+		    (i->ifa_flags & IFF_LOOPBACK) || rdma_create_id(ec, &id, NULL, RDMA_PS_TCP))
+			continue;
+		*out = *(struct sockaddr_in *)i->ifa_addr;
+		out->sin_port = 0;
+		if (!rdma_bind_addr(id, (struct sockaddr *)out) && id->verbs == vl->ctx)
+			ret = 0;
+		rdma_destroy_id(id);
+	}
+	freeifaddrs(ifs);
+	return ret;
+}
+
+/* The next cm event on ec must be `want`; its id in *id (acked). */
+static int loop_expect(struct rdma_event_channel *ec, int timeout_ms,
+		       enum rdma_cm_event_type want, struct rdma_cm_id **id, uint8_t *resources)
+{
+	struct rdma_cm_event *ev;
+	int ret = cm_wait_event(ec, timeout_ms, &ev);
+
+	if (ret)
+		return ret;
+	ret = ev->event == want ? 0 : -ECONNREFUSED;
+	if (!ret && id)
+		*id = ev->id;
+	if (!ret && resources)
+		*resources = ev->param.conn.responder_resources;
+	if (ret)
+		hkv_debug("verbs: loopback: expected %s, got %s", rdma_event_str(want),
+			  rdma_event_str(ev->event));
+	rdma_ack_cm_event(ev);
+	return ret;
+}
+
+/* Bind the loop's window over the whole region with every right; its rkey. */
+static int loop_window(struct verbs_listener *vl, struct verbs_loop *lp, int timeout_ms,
+		       uint32_t *rkey)
+{
+	struct ibv_send_wr wr = {0}, *bad;
+	struct ibv_wc wc;
+	uint64_t until = hkv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	int n;
+
+	if (!(lp->mw = ibv_alloc_mw(vl->pd, IBV_MW_TYPE_2)))
+		return -errno;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = lp->mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(lp->mw->rkey);
+	wr.bind_mw.bind_info.mr = vl->wmr;
+	wr.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)vl->region;
+	wr.bind_mw.bind_info.length = vl->region_len;
+	wr.bind_mw.bind_info.mw_access_flags = (unsigned int)access_to_mw(HKV_ACCESS_ALL);
+	if ((errno = ibv_post_send(lp->child->qp, &wr, &bad)))
+		return -errno;
+	while (!(n = ibv_poll_cq(lp->cq, 1, &wc)) && hkv_now_ns() < until)
+		;
+	if (n <= 0)
+		return n < 0 ? HKV_ETRANSPORT : HKV_ETIMEDOUT;
+	if (wc.status) {
+		hkv_warn("verbs: loopback: binding its window: %s", ibv_wc_status_str(wc.status));
+		return wc_status_to_err(wc.status);
+	}
+	*rkey = wr.bind_mw.rkey;
+	return 0;
+}
+
+static struct hkv_conn *verbs_l_loopback(struct hkv_listener *l, int timeout_ms)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	struct verbs_loop *lp = hkv_calloc(1, sizeof(*lp));
+	struct verbs_conn *v = hkv_calloc(1, sizeof(*v));
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = {.max_send_wr = 4, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+	};
+	struct rdma_conn_param param = {.retry_count = 6, .rnr_retry_count = 7};
+	struct hkv_accept_msg acc = {.magic = HKV_CONN_MAGIC}, got;
+	struct sockaddr_in at;
+	char host[INET_ADDRSTRLEN], port[8];
+	struct hkv_conn_cfg cfg = {.kind = HKV_TRANSPORT_VERBS, .host = host, .port = port,
+				   .timeout_ms = timeout_ms};
+	struct ibv_device_attr dattr;
+	struct ibv_mr *mr = NULL;
+	uint32_t rkey = 0;
+	uint8_t resources = 0;
+	int ret = -ENOMEM, depth = 64;
+
+	if (!lp || !v)
+		goto fail;
+	v->base.ops = &verbs_conn_ops;
+	v->sq_depth = depth;
+	v->wrs = hkv_calloc((size_t)depth, sizeof(*v->wrs));
+	v->sges = hkv_calloc((size_t)depth, sizeof(*v->sges));
+	if (!v->wrs || !v->sges)
+		goto fail;
+	/* the responder: a listener of our own on an ephemeral port */
+	ret = HKV_ENODEV;
+	if (!(lp->ec = rdma_create_event_channel()) ||
+	    rdma_create_id(lp->ec, &lp->lid, NULL, RDMA_PS_TCP))
+		goto fail;
+	ret = loop_addr(vl, lp->ec, &at);
+	if (ret)
+		goto fail;
+	ret = rdma_bind_addr(lp->lid, (struct sockaddr *)&at) || rdma_listen(lp->lid, 1) ? -errno : 0;
+	if (ret)
+		goto fail;
+	inet_ntop(AF_INET, &at.sin_addr, host, sizeof(host));
+	snprintf(port, sizeof(port), "%u", (unsigned)ntohs(rdma_get_src_port(lp->lid)));
+	/* the requester, as a client's (hkv_verbs_conn_open) */
+	ret = HKV_ENODEV;
+	if (!(v->ec = rdma_create_event_channel()) || rdma_create_id(v->ec, &v->id, v, RDMA_PS_TCP))
+		goto fail;
+	ret = verbs_resolve(v, &cfg);
+	if (ret)
+		goto fail;
+	ret = HKV_ENODEV;
+	if (v->id->verbs != vl->ctx)
+		goto fail; /* (the address is another device's) */
+	ret = -errno;
+	if (!(v->pd = ibv_alloc_pd(v->id->verbs)) ||
+	    !(v->cq = ibv_create_cq(v->id->verbs, depth, NULL, NULL, 0)) ||
+	    ibv_query_device(v->id->verbs, &dattr))
+		goto fail;
+	ret = verbs_create_qp(v, depth);
+	if (ret)
+		goto fail;
+	param.initiator_depth = (uint8_t)(dattr.max_qp_init_rd_atom < VERBS_RD_ATOMIC
+						  ? dattr.max_qp_init_rd_atom
+						  : VERBS_RD_ATOMIC);
+	param.private_data = &acc; /* (nobody reads it: any 8 bytes will do) */
+	param.private_data_len = 8;
+	ret = rdma_connect(v->id, &param) ? -errno : 0;
+	if (!ret)
+		ret = loop_expect(lp->ec, timeout_ms, RDMA_CM_EVENT_CONNECT_REQUEST, &lp->child,
+				  &resources);
+	if (ret)
+		goto fail;
+	/* the responder's QP: in the region's PD, so that its rkeys work */
+	ret = -errno;
+	if (!(lp->cq = ibv_create_cq(vl->ctx, 4, NULL, NULL, 0)))
+		goto fail;
+	qa.send_cq = qa.recv_cq = lp->cq;
+	if (rdma_create_qp(lp->child, vl->pd, &qa))
+		goto fail;
+	acc.region.base = (uint64_t)(uintptr_t)vl->region;
+	acc.region.length = vl->region_len;
+	acc.region.access = HKV_ACCESS_ALL;
+	if (!vl->wmr && !(mr = verbs_l_mr(vl, HKV_ACCESS_ALL)))
+		goto fail;
+	memset(&param, 0, sizeof(param));
+	param.private_data = &acc;
+	param.private_data_len = (uint8_t)offsetof(struct hkv_accept_msg, data);
+	param.responder_resources = resources < vl->max_rd_atom ? resources : vl->max_rd_atom;
+	ret = rdma_accept(lp->child, &param) ? -errno : 0;
+	if (!ret)
+		ret = cm_expect(v->ec, timeout_ms, RDMA_CM_EVENT_ESTABLISHED, &got);
+	if (!ret)
+		ret = loop_expect(lp->ec, timeout_ms, RDMA_CM_EVENT_ESTABLISHED, NULL, NULL);
+	if (ret)
+		goto fail;
+	v->connected = 1;
+	if (vl->wmr) { /* (the QP is at RTS now: a window can be bound on it) */
+		ret = loop_window(vl, lp, timeout_ms, &rkey);
+		if (ret)
+			goto fail;
+	} else {
+		rkey = mr->rkey;
+	}
+	v->base.region = acc.region;
+	v->base.region.rkey = rkey;
+	fcntl(v->ec->fd, F_SETFL, fcntl(v->ec->fd, F_GETFL) | O_NONBLOCK);
+	lp->next = vl->loops;
+	vl->loops = lp;
+	if (hkv_conn_settle(&v->base, timeout_ms, depth))
+		return NULL; /* (closed it; the responder goes with the listener) */
+	hkv_info("verbs: loopback connection on %s:%s for the server's own atomics", host, port);
+	return &v->base;
+
+fail:
+	hkv_warn("verbs: loopback connection: %s", hkv_strerror(ret));
+	if (v)
+		verbs_teardown(v);
+	if (lp)
+		loop_free(lp);
+	errno = ret < 0 ? -ret : EIO;
+	return NULL;
+}
+
 static void verbs_l_destroy(struct hkv_listener *l)
 {
 	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
@@ -919,6 +1161,12 @@ static void verbs_l_destroy(struct hkv_listener *l)
 	while (vl->children) {
 		rdma_disconnect(vl->children->id);
 		verbs_child_forget(vl, vl->children->id);
+	}
+	while (vl->loops) {
+		struct verbs_loop *lp = vl->loops;
+
+		vl->loops = lp->next;
+		loop_free(lp);
 	}
 	for (int i = HKV_ACCESS_ALL; i >= 0; i--)
 		if (vl->mrs[i])
@@ -950,6 +1198,7 @@ static const struct hkv_listener_ops verbs_listener_ops = {
 	.revoke = verbs_l_revoke,
 	.nwindows = verbs_l_nwindows,
 	.tick = verbs_l_tick,
+	.loopback = verbs_l_loopback,
 };
 
 static int verbs_l_bind(struct verbs_listener *vl, const struct hkv_listener_cfg *cfg)

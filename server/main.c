@@ -436,9 +436,11 @@ static int start_data_plane(struct server *sv, struct server_opts *o)
 		return -1;
 	}
 	sv->store.data = sv->data;
+	hkv_satom_attach(&sv->store.atom, sv->data); /* verbs: the server's atomics via the NIC */
 	sv->ev_data = event_new(sv->base, hkv_listener_fd(sv->data), EV_READ | EV_PERSIST,
 				on_data_event, sv);
 	if (!sv->ev_data || event_add(sv->ev_data, NULL)) {
+		hkv_satom_detach(&sv->store.atom);
 		hkv_listener_destroy(sv->data);
 		sv->data = sv->store.data = NULL;
 		return -1;
@@ -451,6 +453,7 @@ static void stop_data_plane(struct server *sv)
 	if (sv->ev_data)
 		event_free(sv->ev_data);
 	sv->ev_data = NULL;
+	hkv_satom_detach(&sv->store.atom);
 	hkv_listener_destroy(sv->data); /* every client's connection closes here */
 	sv->data = sv->store.data = NULL;
 }

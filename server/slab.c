@@ -79,10 +79,17 @@ static uint64_t word_mask(uint32_t nb, uint32_t w)
 	return left >= 64 ? ~0ull : (1ull << left) - 1;
 }
 
-/* Block b of segment seg is free again: set its bit. */
-static void set_free(const struct hkv_store *s, uint32_t seg, uint32_t b)
+/* Block b of segment seg is free again: set its bit (through the NIC on
+ * verbs, as every atomic of ours on a word clients CAS or FAA: atomics.h). */
+static void set_free(struct hkv_store *s, uint32_t seg, uint32_t b)
 {
-	__atomic_fetch_or(&bitmap(s, seg)[b / 64], 1ull << (b % 64), __ATOMIC_ACQ_REL);
+	hkv_satom_or1(&s->atom, &bitmap(s, seg)[b / 64], 1ull << (b % 64));
+}
+
+/* CAS *w from expect to swap through the store's atomics; 1 if it won. */
+static int cas(struct hkv_store *s, uint64_t *w, uint64_t expect, uint64_t swap)
+{
+	return hkv_satom_cas(&s->atom, w, expect, swap) == expect;
 }
 
 static uint64_t load(const uint64_t *p)
@@ -170,11 +177,8 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
 			uint64_t stamp, uint64_t meta, int kind)
 {
-	if (kind == 2 ? !__atomic_compare_exchange_n(&h->meta, &meta,
-						     meta & ~hkv_meta_retirer(0xffff), 0,
-						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
-		      : !__atomic_compare_exchange_n(stamp_word(h), &stamp, hkv_freed_stamp(), 0,
-						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
+		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp()))
 		return 0;
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
@@ -254,13 +258,12 @@ static int reclaim_left(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	int32_t age_ms = (int32_t)(now_ms32() - __atomic_load_n(&h->atime, __ATOMIC_RELAXED));
 
 	if ((kind == 4 && age_ms <= HKV_PENDING_LEASE_MS) || !whole(s, h, cls, meta) ||
-	    !__atomic_compare_exchange_n(&h->meta, &meta,
-					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
-						 HKV_META_ABORTED,
-					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	    !cas(s, &h->meta, meta,
+		 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) | HKV_META_ABORTED))
 		return 0;
-	if (kind == 4)
-		__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	if (kind == 4 && hkv_satom_run(&s->atom, &(struct hkv_satom_op){slot, sl, 0, 0, HKV_WR_CAS},
+				       1))
+		return 0; /* (not known done: the block stays out, named maybe; leaked) */
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
 	hkv_debug("slab: segment %u block %u: %s taken back", seg, b,
@@ -352,9 +355,29 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 
 /* ---- carving ------------------------------------------------------------------- */
 
+/* Set every bit of the nb blocks' words bits[] (a chain per 32 words). */
+static void set_words(struct hkv_store *s, uint64_t *bits, uint32_t nb)
+{
+	uint64_t *w[HKV_SATOM_CHAIN], m[HKV_SATOM_CHAIN];
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i * 64 < nb; i++) {
+		w[n] = &bits[i];
+		m[n++] = word_mask(nb, i);
+		if (n == HKV_SATOM_CHAIN || (i + 1) * 64 >= nb) {
+			hkv_satom_or(&s->atom, w, m, (int)n);
+			n = 0;
+		}
+	}
+}
+
 /* Segment seg (nobody claims in it: FREE, or DRAINING with every bit
  * cleared by us) becomes SHARED in class cls: every block's first 24 bytes
- * say UNUSED with generation floor, then the entry, then the bits. */
+ * say UNUSED with generation floor, then the entry, then the bits. The
+ * headers are plain stores: no client's CAS on them can succeed meanwhile
+ * (every block is free, unheld and named by no slot, so a stale CAS finds
+ * neither the LIVE meta nor the HELD stamp it expects, and a failed RDMA
+ * CAS writes nothing), so none can be lost between a NIC's read and write. */
 static void carve(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t floor, uint64_t was)
 {
 	uint32_t nb = nblocks(s, cls);
@@ -374,8 +397,7 @@ static void carve(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t floo
 		s->slab.moved_in = hkv_calloc(s->geom->nsegs, sizeof(*s->slab.moved_in));
 	if (hkv_seg_state(was) != HKV_SEG_FREE && s->slab.moved_in) /* a move's re-carve */
 		s->slab.moved_in[seg] = (struct hkv_moved_in){hkv_now_ns(), hkv_seg_class(was)};
-	for (uint32_t w = 0; w * 64 < nb; w++)
-		__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+	set_words(s, bits, nb);
 	s->slab.carved++;
 }
 
@@ -419,29 +441,82 @@ static uint64_t *naming_slot(const struct hkv_store *s, struct hkv_block_hdr *h,
 	return NULL;
 }
 
-/*
- * Remove the LIVE item in block b of seg (class cls, meta as loaded) as a
- * client's delete does: mark its meta LIVE -> OBSOLETE, then swing the slot
- * that names it to 0, then set its bit. Only if a slot of its key names it
- * (an unpublished block is left to its writer). 1 if evicted.
- */
-static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t b,
-		       struct hkv_block_hdr *h, uint64_t meta)
-{
-	uint32_t gen = hkv_meta_gen(meta);
-	uint64_t m = meta, sl, *slot = naming_slot(s, h, cls, gen, &sl);
+/* A LIVE item the index names, to be evicted. */
+struct eviction {
+	struct hkv_block_hdr *h;
+	uint64_t *slot, sl, meta;
+	uint32_t b;
+};
 
-	if (!slot)
+/*
+ * Remove ev[0..n) (n <= HKV_SATOM_CHAIN; LIVE items of seg, class cls, each
+ * named by its slot) as a client's delete does: mark each meta LIVE ->
+ * OBSOLETE, then swing the slot that names it to 0, then set its bit; a
+ * chain for each step. An item someone else retires first is theirs to
+ * free. How many were evicted.
+ */
+static uint32_t evict_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
+			    struct eviction *ev, int n)
+{
+	struct hkv_satom_op op[HKV_SATOM_CHAIN];
+	uint64_t *w[HKV_SATOM_CHAIN], m[HKV_SATOM_CHAIN];
+	int k = 0;
+
+	for (int i = 0; i < n; i++)
+		op[i] = (struct hkv_satom_op){&ev[i].h->meta, ev[i].meta,
+					      hkv_meta_make(HKV_BLK_OBSOLETE, cls,
+							    hkv_meta_gen(ev[i].meta)),
+					      0, HKV_WR_CAS};
+	if (hkv_satom_run(&s->atom, op, n))
 		return 0;
-	if (!__atomic_compare_exchange_n(&h->meta, &m, hkv_meta_make(HKV_BLK_OBSOLETE, cls, gen), 0,
-					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		return 0; /* someone else retires it: theirs to free */
-	/* (lost: a writer's slot CAS beat ours after our mark; it is out of the
-	 * index either way, and we won the mark, so we free it) */
-	__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-	set_free(s, seg, b);
-	s->slab.evicted++;
-	return 1;
+	for (int i = 0; i < n; i++)
+		if (op[i].old == ev[i].meta)
+			ev[k++] = ev[i];
+	for (int i = 0; i < k; i++)
+		op[i] = (struct hkv_satom_op){ev[i].slot, ev[i].sl, 0, 0, HKV_WR_CAS};
+	/* (a slot CAS lost to a writer's, after our mark: the block is out of
+	 * the index either way, and we won the mark, so we free it - unless the
+	 * chain failed: then not known, and the blocks stay out) */
+	if (hkv_satom_run(&s->atom, op, k))
+		return 0;
+	for (int i = 0; i < k; i++) {
+		w[i] = &bitmap(s, seg)[ev[i].b / 64];
+		m[i] = 1ull << (ev[i].b % 64);
+	}
+	hkv_satom_or(&s->atom, w, m, k);
+	s->slab.evicted += (uint64_t)k;
+	return (uint32_t)k;
+}
+
+/* Cache mode, a segment being moved: evict every LIVE item of it that a
+ * slot names (an unpublished block is left to its writer). */
+static void evict_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
+{
+	struct eviction ev[HKV_SATOM_CHAIN];
+	uint64_t *bits = bitmap(s, seg);
+	uint32_t nb = nblocks(s, cls);
+	int n = 0;
+
+	for (uint32_t w = 0; w * 64 < nb; w++) {
+		uint64_t clear = ~load(&bits[w]) & word_mask(nb, w);
+
+		for (; clear; clear &= clear - 1) {
+			struct eviction *e = &ev[n];
+
+			e->b = w * 64 + (uint32_t)__builtin_ctzll(clear);
+			e->h = block(s, seg, cls, e->b);
+			e->meta = load(&e->h->meta);
+			if (hkv_meta_state(e->meta) != HKV_BLK_LIVE ||
+			    !(e->slot = naming_slot(s, e->h, cls, hkv_meta_gen(e->meta), &e->sl)))
+				continue;
+			if (++n == HKV_SATOM_CHAIN) {
+				evict_batch(s, seg, cls, ev, n);
+				n = 0;
+			}
+		}
+	}
+	if (n)
+		evict_batch(s, seg, cls, ev, n);
 }
 
 /* ---- moving live items (store mode, a segment being moved) -------------------- */
@@ -455,56 +530,92 @@ static int evict_block(struct hkv_store *s, uint32_t seg, uint32_t cls, uint32_t
 struct relocation {
 	struct hkv_block_hdr *from, *to;
 	uint32_t from_b, to_seg, to_b, to_cls;
-	uint64_t *slot, sl, meta, to_meta;
+	uint64_t *slot, sl, meta, to_meta, new_meta;
+	int step;      /* how far its publication got (relocate_batch) */
+	int published; /* the target's meta is new_meta (our CAS won) */
+	int free_old;  /* the old block is ours to free (the slot no longer names it) */
 };
 
-/*
- * Claim a free block of class tc outside segment skip (CAS its bit clear),
- * looking from segment *cursor on. Blocks whose free bit is set but whose
- * meta is not free (garbage, a hostile writer's bit) are left claimed and
- * unused, as a client's claim leaves them. NULL if the class has none.
- */
-static struct hkv_block_hdr *claim_free(struct hkv_store *s, uint32_t tc, uint32_t skip,
-					uint32_t *cursor, uint32_t *tseg, uint32_t *tb,
-					uint64_t *tmeta)
+/* Blocks of one class a move claimed a word at a time: the rest of the
+ * last word claimed (bits of segment seg's word w), and where to look on. */
+struct claims {
+	uint32_t cursor, wnext; /* the next word to look at: segment, word */
+	uint32_t seg, w;
+	uint64_t bits;
+};
+
+/* Claim every free bit of the next word of class tc (outside segment skip)
+ * that has any: one CAS. 0 if the class has none left. */
+static int claim_word(struct hkv_store *s, uint32_t tc, uint32_t skip, struct claims *c)
 {
 	const struct hkv_geometry *g = s->geom;
 	uint32_t nb = nblocks(s, tc);
 
-	for (; *cursor < g->nsegs; ++*cursor) {
-		uint32_t i = *cursor;
+	for (; c->cursor < g->nsegs; c->cursor++, c->wnext = 0) {
+		uint32_t i = c->cursor;
 		uint64_t e = load(&table(s)[i]), *bits = bitmap(s, i);
 
 		if (i == skip || hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) != tc)
 			continue;
-		for (uint32_t w = 0; w * 64 < nb; w++) {
-			uint64_t v = load(&bits[w]);
+		for (; c->wnext * 64 < nb; c->wnext++) {
+			uint32_t w = c->wnext;
+			uint64_t v = load(&bits[w]), was;
 
+			/* (stray bits past the last block stay as they are) */
 			while (v & word_mask(nb, w)) {
-				uint64_t bit = (v & word_mask(nb, w)) & -(v & word_mask(nb, w));
-				struct hkv_block_hdr *h;
-				enum hkv_block_state st;
-
-				if (!__atomic_compare_exchange_n(&bits[w], &v, v & ~bit, 0,
-								 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-					continue; /* (v reloaded) */
-				*tb = w * 64 + (uint32_t)__builtin_ctzll(bit);
-				h = block(s, i, tc, *tb);
-				*tmeta = load(&h->meta);
-				st = hkv_meta_state(*tmeta);
-				if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) &&
-				    hkv_meta_class(*tmeta) == tc && hkv_meta_gen(*tmeta) < UINT32_MAX - 2) {
-					*tseg = i;
-					return h;
+				was = hkv_satom_cas(&s->atom, &bits[w], v, v & ~word_mask(nb, w));
+				if (was == v) {
+					*c = (struct claims){i, w + 1, i, w, v & word_mask(nb, w)};
+					return 1;
 				}
-				hkv_warn("slab: free bit of a block that is not free (segment %u block "
-					 "%u, meta 0x%llx); not used", i, *tb,
-					 (unsigned long long)*tmeta);
-				v &= ~bit;
+				v = was; /* a client got in: again, on what it left */
 			}
 		}
 	}
-	return NULL;
+	return 0;
+}
+
+/*
+ * A free block of class tc outside segment skip, claimed (its bit clear)
+ * with claim_word. Blocks whose free bit was set but whose meta is not free
+ * (garbage, a hostile writer's bit) are left claimed and unused, as a
+ * client's claim leaves them. NULL if the class has none.
+ */
+static struct hkv_block_hdr *claim_free(struct hkv_store *s, uint32_t tc, uint32_t skip,
+					struct claims *c, uint32_t *tseg, uint32_t *tb,
+					uint64_t *tmeta)
+{
+	for (;;) {
+		while (c->bits) {
+			uint32_t b = c->w * 64 + (uint32_t)__builtin_ctzll(c->bits);
+			struct hkv_block_hdr *h = block(s, c->seg, tc, b);
+			enum hkv_block_state st;
+
+			c->bits &= c->bits - 1;
+			*tmeta = load(&h->meta);
+			st = hkv_meta_state(*tmeta);
+			if ((st == HKV_BLK_UNUSED || st == HKV_BLK_OBSOLETE) &&
+			    hkv_meta_class(*tmeta) == tc && hkv_meta_gen(*tmeta) < UINT32_MAX - 2) {
+				*tseg = c->seg;
+				*tb = b;
+				return h;
+			}
+			hkv_warn("slab: free bit of a block that is not free (segment %u block %u, "
+				 "meta 0x%llx); not used", c->seg, b, (unsigned long long)*tmeta);
+		}
+		if (!claim_word(s, tc, skip, c))
+			return NULL;
+	}
+}
+
+/* Give back what claim_word claimed and claim_free did not hand out. */
+static void claims_return(struct hkv_store *s, struct claims *c, uint32_t ncls)
+{
+	for (uint32_t i = 0; i < ncls; i++)
+		if (c[i].bits) {
+			hkv_satom_or1(&s->atom, &bitmap(s, c[i].seg)[c[i].w], c[i].bits);
+			c[i].bits = 0;
+		}
 }
 
 /* The smallest class that holds block h's item (its own class if garbage). */
@@ -517,72 +628,146 @@ static uint32_t item_class(const struct hkv_geometry *g, const struct hkv_block_
 	return c >= 0 && (uint32_t)c < cls ? (uint32_t)c : cls;
 }
 
-/* Withdraw an unpublished copy: OBSOLETE (aborted), its bit set again. */
-static void withdraw(struct hkv_store *s, const struct relocation *r)
-{
-	__atomic_store_n(&r->to->meta,
-			 hkv_meta_make(HKV_BLK_OBSOLETE, r->to_cls, hkv_meta_gen(r->to_meta) + 1) |
-				 HKV_META_ABORTED,
-			 __ATOMIC_RELEASE);
-	set_free(s, r->to_seg, r->to_b);
-}
-
 /*
- * Write r's copy and publish it as a client's update does: the copy (its
- * block's generation + 1, its own class and CRC) written whole, then the
- * old block's meta LIVE -> OBSOLETE, then the slot old -> copy, then the
- * old block's bit. A writer that retires the item first (its mark wins)
- * keeps it: the copy is withdrawn. 1 if the item moved.
+ * Prepare r: check the old block on one private copy (buf) and write the
+ * copy (its block's generation + 1, its own class and CRC) into the target,
+ * all but the meta (r->new_meta). 0 (publish it next), 1 (changed since we
+ * looked, or garbage: left where it is, the target withdrawn) or -1 (the
+ * target is not as we claimed it - a check against an atomic of another
+ * agent that did not see ours: let be).
  */
-static int relocate(struct hkv_store *s, uint32_t seg, uint32_t cls, struct relocation *r,
-		    uint8_t *buf)
+static int relocation_write(struct hkv_store *s, uint32_t cls, struct relocation *r, uint8_t *buf)
 {
 	const struct hkv_geometry *g = s->geom;
 	struct hkv_block_hdr nh, *oh = (struct hkv_block_hdr *)buf;
-	uint32_t gen = hkv_meta_gen(r->to_meta) + 1, ogen = hkv_meta_gen(r->meta);
-	uint64_t m = r->meta, sl = r->sl, item;
+	uint64_t item;
 	uint64_t *tbits = &bitmap(s, r->to_seg)[r->to_b / 64], tbit = 1ull << (r->to_b % 64);
 
-	/*
-	 * Everything is checked on one private copy of the old block, and the
-	 * new one is written from it: what a writer changes in shared memory
-	 * meanwhile (a kept block rewritten, garbage) cannot make us read or
-	 * write out of bounds.
-	 */
+	/* (what a writer changes in shared memory meanwhile - a kept block
+	 * rewritten, garbage - cannot make us read or write out of bounds) */
 	memcpy(buf, r->from, g->class_size[cls]);
 	item = (uint64_t)HKV_BLOCK_HDR + oh->klen + (uint64_t)oh->vlen;
 	if (oh->meta != r->meta || oh->klen == 0 || oh->klen > HKV_MAX_KEY ||
 	    item > g->class_size[cls] || item > g->class_size[r->to_cls] ||
-	    oh->sum != hkv_block_sum(oh, buf + HKV_BLOCK_HDR)) {
-		withdraw(s, r); /* changed since we looked, or garbage: left where it is */
-		return 0;
-	}
-	/* (still ours: our bit, no holder's stamp, the meta we claimed under -
-	 * a check against an atomic of another agent that did not see ours) */
+	    oh->sum != hkv_block_sum(oh, buf + HKV_BLOCK_HDR))
+		return 1;
 	if ((load(tbits) & tbit) || hkv_held_by_one(load(stamp_word(r->to))) ||
 	    load(&r->to->meta) != r->to_meta)
-		return 0;
+		return -1;
 	memcpy(&nh, oh, sizeof(nh));
-	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, gen);
+	nh.meta = hkv_meta_make(HKV_BLK_LIVE, r->to_cls, hkv_meta_gen(r->to_meta) + 1);
 	nh.owner = 0; /* the server's copy (the wid, the item's version, is kept) */
 	nh.sum = hkv_block_sum(&nh, buf + HKV_BLOCK_HDR);
 	memcpy(r->to + 1, buf + HKV_BLOCK_HDR, (size_t)item - HKV_BLOCK_HDR);
 	memcpy((uint8_t *)r->to + 8, (uint8_t *)&nh + 8, sizeof(nh) - 8);
-	__atomic_store_n(&r->to->meta, nh.meta, __ATOMIC_RELEASE);
-	if (!__atomic_compare_exchange_n(&r->from->meta, &m,
-					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, ogen), 0,
-					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-		withdraw(s, r); /* a writer retires it: theirs to free */
-		return 0;
+	r->new_meta = nh.meta;
+	return 0;
+}
+
+enum { R_PUBLISH, R_MARK, R_SWING, R_DONE, R_WITHDRAW, R_SKIP };
+
+/* The CAS of step st for r. */
+static struct hkv_satom_op relocation_op(const struct hkv_store *s, uint32_t cls,
+					 const struct relocation *r)
+{
+	switch (r->step) {
+	case R_PUBLISH:
+		return (struct hkv_satom_op){&r->to->meta, r->to_meta, r->new_meta, 0, HKV_WR_CAS};
+	case R_MARK:
+		return (struct hkv_satom_op){&r->from->meta, r->meta,
+					     hkv_meta_make(HKV_BLK_OBSOLETE, cls,
+							   hkv_meta_gen(r->meta)),
+					     0, HKV_WR_CAS};
+	case R_SWING:
+		return (struct hkv_satom_op){r->slot, r->sl,
+					     hkv_slot_make(hkv_slot_fp(r->sl), r->to_cls,
+							   hkv_meta_gen(r->new_meta),
+							   (uint64_t)((uint8_t *)r->to - base(s))),
+					     0, HKV_WR_CAS};
+	default: /* R_WITHDRAW: from the meta it has (published or as claimed) */
+		return (struct hkv_satom_op){&r->to->meta, r->published ? r->new_meta : r->to_meta,
+					     hkv_meta_make(HKV_BLK_OBSOLETE, r->to_cls,
+							   hkv_meta_gen(r->to_meta) + 1) |
+						     HKV_META_ABORTED,
+					     0, HKV_WR_CAS};
 	}
-	if (!__atomic_compare_exchange_n(r->slot, &sl,
-					 hkv_slot_make(hkv_slot_fp(r->sl), r->to_cls, gen,
-						       (uint64_t)((uint8_t *)r->to - base(s))),
-					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		withdraw(s, r); /* a writer's slot CAS (its mark lost to ours) won: the
-				 * old block is out of the index, and ours to free */
-	set_free(s, seg, r->from_b);
-	return sl == r->sl;
+}
+
+/*
+ * Move rv[0..n) (n <= HKV_SATOM_CHAIN; old blocks in segment seg, class
+ * cls) as a client's update publishes: each copy written whole, its meta
+ * published (a CAS on the meta we claimed it under), then the old block's
+ * meta LIVE -> OBSOLETE, then the slot old -> copy, then the old block's
+ * bit - one chain per step over the batch. A writer that retires an item
+ * first (its mark wins) keeps it; a writer whose slot CAS beat ours (its
+ * mark lost to ours) leaves the old block ours to free. Either way our copy
+ * is withdrawn: OBSOLETE, aborted, by a CAS on the meta it has, its bit set.
+ * A chain that fails leaves its blocks as they are (out of use: leaked,
+ * never doubled). How many items moved.
+ */
+static uint32_t relocate_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
+			       struct relocation *rv, int n, uint8_t *buf)
+{
+	struct hkv_satom_op op[HKV_SATOM_CHAIN];
+	struct relocation *at[HKV_SATOM_CHAIN];
+	uint64_t *w[2 * HKV_SATOM_CHAIN], m[2 * HKV_SATOM_CHAIN];
+	uint32_t moved = 0;
+	int nw = 0;
+
+	for (int i = 0; i < n; i++) {
+		int ret = relocation_write(s, cls, &rv[i], buf);
+
+		rv[i].published = rv[i].free_old = 0;
+		rv[i].step = ret < 0 ? R_SKIP : ret ? R_WITHDRAW : R_PUBLISH;
+	}
+	for (int step = R_PUBLISH; step <= R_WITHDRAW; step++) {
+		int k = 0;
+
+		if (step == R_DONE)
+			continue;
+		for (int i = 0; i < n; i++)
+			if (rv[i].step == step) {
+				at[k] = &rv[i];
+				op[k++] = relocation_op(s, cls, &rv[i]);
+			}
+		if (!k)
+			continue;
+		if (hkv_satom_run(&s->atom, op, k))
+			return moved; /* (not known done: left as they are) */
+		for (int i = 0; i < k; i++) {
+			struct relocation *r = at[i];
+			int won = op[i].old == op[i].cmp_add;
+
+			switch (step) {
+			case R_PUBLISH:
+				r->published = won;
+				r->step = won ? R_MARK : R_SKIP;
+				break;
+			case R_MARK:
+				r->step = won ? R_SWING : R_WITHDRAW;
+				break;
+			case R_SWING:
+				r->free_old = 1;
+				r->step = won ? R_DONE : R_WITHDRAW;
+				moved += (uint32_t)won;
+				break;
+			default: /* R_WITHDRAW */
+				if (won) {
+					w[nw] = &bitmap(s, r->to_seg)[r->to_b / 64];
+					m[nw++] = 1ull << (r->to_b % 64);
+				}
+				r->step = R_DONE;
+				break;
+			}
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (rv[i].free_old) {
+			w[nw] = &bitmap(s, seg)[rv[i].from_b / 64];
+			m[nw++] = 1ull << (rv[i].from_b % 64);
+		}
+	hkv_satom_or(&s->atom, w, m, nw);
+	return moved;
 }
 
 /*
@@ -612,7 +797,7 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 {
 	const struct hkv_geometry *g = s->geom;
 	uint32_t nb = nblocks(s, cls), n = 0, moved = 0;
-	uint32_t *cursor = hkv_calloc(g->nclasses, sizeof(*cursor));
+	struct claims *cursor = hkv_calloc(g->nclasses, sizeof(*cursor));
 	struct relocation *rv = hkv_calloc(nb, sizeof(*rv));
 	uint8_t *buf = hkv_malloc(g->class_size[cls]);
 	uint64_t *bits = bitmap(s, seg);
@@ -645,6 +830,7 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 		if (!r->to) { /* no room: give back what we claimed */
 			for (uint32_t i = 0; i < n; i++)
 				set_free(s, rv[i].to_seg, rv[i].to_b);
+			claims_return(s, cursor, g->nclasses);
 			hkv_free(cursor);
 			hkv_free(rv);
 			hkv_free(buf);
@@ -662,8 +848,10 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 		while (nanosleep(&ts, &ts) && errno == EINTR)
 			;
 	}
-	for (uint32_t i = 0; i < n; i++)
-		moved += (uint32_t)relocate(s, seg, cls, &rv[i], buf);
+	claims_return(s, cursor, g->nclasses);
+	for (uint32_t i = 0; i < n; i += HKV_SATOM_CHAIN)
+		moved += relocate_batch(s, seg, cls, rv + i,
+					(int)(n - i < HKV_SATOM_CHAIN ? n - i : HKV_SATOM_CHAIN), buf);
 	s->slab.relocated += moved;
 	s->slab.drain_items += moved;
 	hkv_free(cursor);
@@ -738,6 +926,8 @@ static int drain_step(struct hkv_store *s)
 		drain_abort(s, "found no room for its items"); /* (the others filled meanwhile) */
 		return HKV_EFULL;
 	}
+	if (cache)
+		evict_live(s, seg, cls);
 	for (w = 0; w * 64 < nb; w++) {
 		uint64_t clear = ~load(&bits[w]) & word_mask(nb, w);
 
@@ -748,9 +938,6 @@ static int drain_step(struct hkv_store *s)
 			uint64_t *slot = NULL;
 			int kind;
 
-			if (cache && hkv_meta_state(meta) == HKV_BLK_LIVE &&
-			    evict_block(s, seg, cls, b, h, meta))
-				continue;
 			all = 0;
 			if (!(kind = held_free(s, h, cls, &meta, &stamp)) &&
 			    !(kind = left_behind(s, h, cls, &meta, &stamp, &slot, &sl)))
@@ -781,11 +968,9 @@ static int drain_step(struct hkv_store *s)
 		/* (the word as it is: stray bits past the last block, garbage, go too) */
 		uint64_t v = load(&bits[w]);
 
-		if ((v & word_mask(nb, w)) != word_mask(nb, w) ||
-		    !__atomic_compare_exchange_n(&bits[w], &v, 0, 0, __ATOMIC_ACQ_REL,
-						 __ATOMIC_ACQUIRE)) {
-			while (w--) /* a claimer got in: its blocks come back; again later */
-				__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+		if ((v & word_mask(nb, w)) != word_mask(nb, w) || !cas(s, &bits[w], v, 0)) {
+			set_words(s, bits, w * 64); /* a claimer got in: the words we
+						     * cleared come back; again later */
 			if (now - s->slab.drain_start_ns > DRAIN_MAX_NS) {
 				drain_abort(s, "did not finish in 3 s");
 				return HKV_EFULL;
@@ -800,8 +985,7 @@ static int drain_step(struct hkv_store *s)
 			floor = gen;
 	}
 	if (floor >= UINT32_MAX - 2) { /* garbage: never wrap a generation */
-		for (w = 0; w * 64 < nb; w++)
-			__atomic_fetch_or(&bits[w], word_mask(nb, w), __ATOMIC_ACQ_REL);
+		set_words(s, bits, nb);
 		drain_abort(s, "found generations near their end (garbage)");
 		return HKV_EFULL;
 	}

@@ -193,16 +193,20 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	s->region.fd = -1;
 	s->slab.drain_seg = -1;
 	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
-	if (!s->clients)
+	if (!s->clients || hkv_satom_init(&s->atom, NULL)) {
+		hkv_free(s->clients);
 		return -ENOMEM;
+	}
 	s->max_clients = o->max_clients;
 	ret = hkv_region_create(&s->region, o->memory, o->memory_file, &existed);
 	if (ret) {
 		hkv_err("store: cannot create a %llu-byte region: %s",
 			(unsigned long long)o->memory, strerror(-ret));
+		hkv_satom_fini(&s->atom);
 		hkv_free(s->clients);
 		return ret;
 	}
+	s->atom.local = s->region.base;
 	s->geom = &s->geom_own;
 	ret = existed ? store_reopen(s, o) : store_format(s, o);
 	if (ret) {
@@ -222,6 +226,7 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 
 void hkv_store_fini(struct hkv_store *s)
 {
+	hkv_satom_fini(&s->atom);
 	hkv_slab_fini(s);
 	hkv_region_destroy(&s->region);
 	hkv_free(s->clients);
@@ -563,37 +568,78 @@ int hkv_store_walk(struct hkv_store *s, hkv_store_visit_fn fn, void *arg)
 	return 0;
 }
 
+/* An item to drop: its slot as seen, its block and meta. */
+struct purge_item {
+	uint64_t *slot, sl, meta, *word, bit;
+	struct hkv_block_hdr *h;
+};
+
 struct purge_arg {
 	struct hkv_store *s;
 	int (*keep)(void *arg, const void *key, size_t klen);
 	void *arg;
 	uint64_t dropped;
+	struct purge_item v[HKV_SATOM_CHAIN];
+	int n;
 };
+
+/* Drop pa's batch: every slot -> 0, then (for the slots we took) every meta
+ * -> OBSOLETE, then (for the metas we won) every bit set; a chain each. */
+static void purge_batch(struct purge_arg *pa)
+{
+	struct hkv_satom_op op[HKV_SATOM_CHAIN];
+	uint64_t *w[HKV_SATOM_CHAIN], m[HKV_SATOM_CHAIN];
+	int n = pa->n, k = 0;
+
+	pa->n = 0;
+	for (int i = 0; i < n; i++)
+		op[i] = (struct hkv_satom_op){pa->v[i].slot, pa->v[i].sl, 0, 0, HKV_WR_CAS};
+	if (hkv_satom_run(&pa->s->atom, op, n))
+		return;
+	for (int i = 0; i < n; i++) {
+		struct purge_item *it = &pa->v[i];
+		enum hkv_block_state st = hkv_meta_state(it->meta);
+
+		if (op[i].old != it->sl)
+			continue;
+		pa->v[k] = *it;
+		/* a PENDING one (its writer cut off by the fence) never committed */
+		op[k++] = (struct hkv_satom_op){&it->h->meta, it->meta,
+						hkv_meta_make(HKV_BLK_OBSOLETE, hkv_slot_class(it->sl),
+							      hkv_meta_gen(it->meta)) |
+							(st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
+						0, HKV_WR_CAS};
+	}
+	if (hkv_satom_run(&pa->s->atom, op, k))
+		return;
+	n = 0;
+	for (int i = 0; i < k; i++)
+		if (op[i].old == op[i].cmp_add) { /* (else someone else retired it: theirs) */
+			w[n] = pa->v[i].word;
+			m[n++] = pa->v[i].bit;
+		}
+	hkv_satom_or(&pa->s->atom, w, m, n);
+	pa->dropped += (uint64_t)n;
+}
 
 static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr *h,
 		     uint64_t meta)
 {
 	struct purge_arg *pa = arg;
 	const struct hkv_geometry *g = pa->s->geom;
-	enum hkv_block_state st = hkv_meta_state(meta);
 	uint32_t cls = hkv_slot_class(sl), len = g->class_size[cls], blk;
-	uint64_t rel = hkv_slot_off(sl) - g->data_off, *word;
+	uint64_t rel = hkv_slot_off(sl) - g->data_off;
 
 	if (pa->keep(pa->arg, h + 1, h->klen))
 		return 0;
-	if (!__atomic_compare_exchange_n(slot, &sl, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		return 0;
-	/* a PENDING one (its writer cut off by the fence) never committed */
-	if (!__atomic_compare_exchange_n(&h->meta, &meta,
-					 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) |
-						 (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
-					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		return 0; /* someone else retired it: theirs to free */
 	blk = (uint32_t)((rel % g->seg_size) / len);
-	word = (uint64_t *)((uint8_t *)pa->s->region.base + g->bitmap_off +
-			    (rel / g->seg_size) * g->bitmap_bytes + (uint64_t)(blk / 64) * 8);
-	__atomic_fetch_or(word, 1ull << (blk % 64), __ATOMIC_ACQ_REL);
-	pa->dropped++;
+	pa->v[pa->n++] = (struct purge_item){
+		slot, sl, meta,
+		(uint64_t *)((uint8_t *)pa->s->region.base + g->bitmap_off +
+			     (rel / g->seg_size) * g->bitmap_bytes + (uint64_t)(blk / 64) * 8),
+		1ull << (blk % 64), h};
+	if (pa->n == HKV_SATOM_CHAIN)
+		purge_batch(pa);
 	return 0;
 }
 
@@ -603,14 +649,18 @@ static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hd
  * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
  * so that any writer reuses it). Called while no client can
  * reach the keys it drops (fenced, or partitions no client routes here),
- * with the atomics a client's delete uses, so clients working on other
- * keys (and an shm client that has not noticed a fence yet) are safe.
+ * with the atomics a client's delete uses (through the NIC on verbs: the
+ * store's atomics), so clients working on other keys (and an shm client
+ * that has not noticed a fence yet) are safe. A batch of HKV_SATOM_CHAIN
+ * items at a time: three round trips of the loopback per batch.
  */
 uint64_t hkv_store_purge(struct hkv_store *s, int (*keep)(void *arg, const void *key, size_t klen),
 			 void *arg)
 {
-	struct purge_arg pa = {s, keep, arg, 0};
+	struct purge_arg pa = {.s = s, .keep = keep, .arg = arg};
 
 	hkv_store_walk(s, purge_one, &pa);
+	if (pa.n)
+		purge_batch(&pa);
 	return pa.dropped;
 }

@@ -17,6 +17,7 @@
 #include "common/layout.h"
 #include "common/region.h"
 #include "common/transport.h"
+#include "server/atomics.h"
 
 struct hkv_store_opts {
 	uint64_t memory;     /* region bytes */
@@ -135,6 +136,7 @@ struct hkv_store {
 	uint32_t max_clients;
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	struct hkv_slab slab;
+	struct hkv_satom atom; /* the server's atomics on client-reachable words */
 	int fenced; /* cluster: lease in doubt, serve nobody (server/cluster.h) */
 	struct hkv_store_stats stats;
 };

@@ -2354,6 +2354,201 @@ static void test_sigkill_writer(void)
 	CHECK(n_after >= n_fresh * 9 / 10);
 }
 
+/* ---- test_server_atomics -------------------------------------------------------------- */
+
+/*
+ * test_server_atomics (issue 27, item 3): the server's atomics on words
+ * clients CAS and FAA - the sweep's take-backs, a store move's claims,
+ * marks, slot swings and frees - go through the NIC on verbs (a loopback
+ * queue pair), never the CPU, while 4 clients claim and free in the same
+ * bitmap words. A writer process is SIGKILLed twice in a write loop (the
+ * sweep takes back what it held, 1.5 s later) while the 4 churn: sets of
+ * 40..600 B then 1000..4000 B values (the second half asks segments of the
+ * first's classes to move) and deletes, each keeping the last value it
+ * was acknowledged per key. Then: every acknowledged value reads back byte
+ * for byte; once all have left and everything is deleted, every block is
+ * free (no block with two owners, none lost beyond the killed writer's
+ * bounded slack); the server's own count says how its atomics went: on
+ * verbs all through the NIC, none on the CPU.
+ */
+#define SA_THREADS 4
+#define SA_KEYS    400
+#define SA_MS      6000
+
+struct sa_churn {
+	const struct hkvserver *s;
+	int t, errors, ops;
+	uint32_t ver[SA_KEYS]; /* last acknowledged version; 0: absent */
+	uint16_t len[SA_KEYS];
+	_Atomic int *stop;
+};
+
+static void sa_value(uint8_t *v, size_t len, int t, int k, uint32_t ver)
+{
+	for (size_t i = 0; i < len; i++)
+		v[i] = (uint8_t)(t * 131 + k * 7 + ver * 13 + i);
+}
+
+static void *sa_thread(void *arg)
+{
+	struct sa_churn *c = arg;
+	struct hkv_client *h = hkvserver_client(c->s);
+	uint64_t rs = 0x9e3779b97f4a7c15ull * (uint64_t)(c->t + 1), t0 = now_ms();
+	static uint8_t bufs[SA_THREADS][4096];
+	uint8_t *v = bufs[c->t];
+	char key[16];
+
+	while (!atomic_load(c->stop)) {
+		int k, ret, big = now_ms() - t0 > SA_MS / 2;
+		size_t len;
+
+		rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+		k = (int)((rs >> 33) % SA_KEYS);
+		snprintf(key, sizeof(key), "%c%d", 'a' + c->t, k);
+		if ((rs >> 20) % 5 == 0) {
+			ret = hkv_delete(h, key, strlen(key));
+			if (!ret || ret == HKV_ENOTFOUND)
+				c->ver[k] = 0;
+			else
+				c->errors++;
+		} else {
+			len = big ? 1000 + (rs >> 40) % 3000 : 40 + (rs >> 40) % 560;
+			sa_value(v, len, c->t, k, c->ver[k] + 1);
+			ret = hkv_set(h, key, strlen(key), v, len, NULL);
+			if (!ret) {
+				c->ver[k]++;
+				c->len[k] = (uint16_t)len;
+			} else if (ret != HKV_EFULL && ret != HKV_EAGAIN) {
+				c->errors++;
+				fprintf(stderr, "set(%s): %s\n", key, hkv_strerror(ret));
+			}
+		}
+		c->ops++;
+	}
+	hkv_close(h);
+	return NULL;
+}
+
+/* The server's closing count of its atomics: NIC and CPU; -1 if not logged. */
+static int sa_atomics_logged(const struct hkvserver *s, unsigned long long *nic,
+			     unsigned long long *cpu)
+{
+	char path[300], line[512];
+	FILE *f;
+	int found = -1;
+
+	snprintf(path, sizeof(path), "%s/server.log", s->dir);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "atomics: ");
+
+		if (p && sscanf(p, "atomics: %llu through the NIC in %*u round trips, %llu on the CPU",
+				nic, cpu) == 2)
+			found = 0;
+	}
+	fclose(f);
+	return found;
+}
+
+static void test_server_atomics(void)
+{
+	static struct sa_churn ch[SA_THREADS];
+	pthread_t th[SA_THREADS];
+	_Atomic int stop = 0;
+	struct hkvserver s;
+	struct hkv_client *c;
+	struct raw r = {0};
+	uint64_t t0, held = 0, other = 0, slack;
+	unsigned long long nic = 0, cpu = 0;
+	int killed = 0, bad = 0, errors = 0, ops = 0, checked = 0, moved, notfree, ret;
+	static uint8_t want[4096], got[4096];
+
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", NULL) == 0);
+	for (int t = 0; t < SA_THREADS; t++) {
+		ch[t] = (struct sa_churn){.s = &s, .t = t, .stop = &stop};
+		CHECK(pthread_create(&th[t], NULL, sa_thread, &ch[t]) == 0);
+	}
+	t0 = now_ms();
+	for (int i = 0; i < 2; i++) /* (each ~1.5 s of writing, then SIGKILL) */
+		killed += run_and_kill_writer(&s) == 0;
+	while (now_ms() - t0 < SA_MS)
+		sleep_ms(50);
+	atomic_store(&stop, 1);
+	for (int t = 0; t < SA_THREADS; t++) {
+		pthread_join(th[t], NULL);
+		errors += ch[t].errors;
+		ops += ch[t].ops;
+	}
+	/* every acknowledged value, byte for byte; then all deleted */
+	c = hkvserver_client(&s);
+	for (int t = 0; t < SA_THREADS; t++)
+		for (int k = 0; k < SA_KEYS; k++) {
+			char key[16];
+			size_t vlen = 0;
+
+			snprintf(key, sizeof(key), "%c%d", 'a' + t, k);
+			ret = hkv_get(c, key, strlen(key), got, sizeof(got), &vlen, NULL);
+			if (!ch[t].ver[k]) {
+				bad += ret != HKV_ENOTFOUND;
+				continue;
+			}
+			sa_value(want, ch[t].len[k], t, k, ch[t].ver[k]);
+			if (ret || vlen != ch[t].len[k] || memcmp(got, want, vlen)) {
+				if (bad++ < 5)
+					fprintf(stderr, "%s: %s, %zu B (want version %u, %u B)\n", key,
+						hkv_strerror(ret), vlen, ch[t].ver[k], ch[t].len[k]);
+				continue;
+			}
+			checked++;
+			CHECK_RC(hkv_delete(c, key, strlen(key)), 0);
+		}
+	hkv_close(c);
+	{
+		struct key_census kc;
+
+		census_and_clear(&s, &kc); /* (the killed writers' keys) */
+		CHECK(kc.bad == 0 && kc.other == 0 && kc.del_fail == 0);
+	}
+	/* every block free again once the sweep has taken back the killed
+	 * writers' holds, but their bounded slack (test_sigkill_writer) */
+	ret = raw_open(&r, s.uri, s.token_file);
+	slack = 2 * KILL_SLACK_PER_CLASS *
+		(uint64_t)(hkv_class_for(&r.g, HKV_BLOCK_HDR + 6 + VAL_MAX) -
+			   hkv_class_for(&r.g, HKV_BLOCK_HDR + 6 + 40) + 1);
+	t0 = now_ms();
+	while (!ret && !(ret = clear_blocks(&r, &held, &other)) && (held || other > slack) &&
+	       now_ms() - t0 < 6000)
+		sleep_ms(100);
+	if (r.conn)
+		raw_close(&r);
+	moved = hkvserver_log_count(&s, "moved from class");
+	/* (a block a move found with its bit set but not free is left out of
+	 * use, counted in `other` above; seen in 2 of ~14 shm runs, never in
+	 * the guest: what issue 27's residual of a holder stalled > 1 s past
+	 * its hold check - a give-back or write landing after the sweep's
+	 * take-back - leaves behind; printed, not asserted) */
+	notfree = hkvserver_log_count(&s, "not free");
+	hkvserver_stop(&s);
+	CHECK(sa_atomics_logged(&s, &nic, &cpu) == 0 || !use_verbs);
+	printf("# %d churn operations by %d clients beside %d killed writers, %d errors; %d "
+	       "values read back whole, %d wrong; %d segment moves, %d blocks found bit-set but not "
+	       "free; afterwards %llu held and %llu other blocks out (slack %llu); server atomics: "
+	       "%llu through the NIC, %llu on the CPU\n",
+	       ops, SA_THREADS, killed, errors, checked, bad, moved, notfree, (unsigned long long)held,
+	       (unsigned long long)other, (unsigned long long)slack, nic, cpu);
+	CHECK(killed == 2);
+	CHECK(errors == 0);
+	CHECK(bad == 0);
+	CHECK(checked > 0);
+	CHECK_RC(ret, 0);
+	CHECK(held == 0 && other <= slack);
+	if (use_verbs) {
+		CHECK(cpu == 0);
+		CHECK(nic > 0);
+	}
+}
+
 /*
  * test_holder_killed: a client stopped (SIGSTOP) while it holds claimed
  * blocks, then SIGKILLed. It stored one item in every class of up to 8 KiB,
@@ -5728,6 +5923,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_grant_stall);
 	RUN_TEST(test_unpublished_reclaimed);
 	RUN_TEST(test_move_takes_leftovers);
+	RUN_TEST(test_server_atomics);
 	RUN_TEST(test_move_spares_live_writer);
 	RUN_TEST(test_vanished_client);
 	if (!use_verbs)
