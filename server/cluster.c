@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -19,6 +20,7 @@
 #include "hatchkv_err.h"
 #include "server/cluster.h"
 #include "server/cluster_int.h"
+#include "server/filler.h"
 
 #define REJOIN_READING (-1) /* registered again; the map not read yet */
 
@@ -252,6 +254,7 @@ static int do_register(struct hkv_cluster *cl)
 		cl->fill_in_map = NULL;
 	}
 	cl->reg_gen++;
+	cl->registrations++;
 	cl->ngone = 0;   /* (measures of an earlier term are void) */
 	cl->job_out = 0; /* (an answer from before is void: see reg_gen) */
 	cl->settle_issued = 0;
@@ -282,6 +285,7 @@ static void *keepalive_thread(void *arg)
 				hkv_warn("cluster: lease of %s is gone: fenced until registered again",
 					 cl->id);
 				atomic_store(&cl->lease_gone, 1);
+				atomic_fetch_add(&cl->leases_lost, 1);
 				pthread_mutex_lock(&cl->lock);
 				pthread_cond_broadcast(&cl->wake);
 				pthread_mutex_unlock(&cl->lock);
@@ -323,6 +327,258 @@ static void map_after_rejoin(struct hkv_cluster *cl, const struct snap *sn)
 }
 
 /*
+ * The figures the metrics page shows (cluster.h hkv_cluster_status), worked
+ * out by the coordination thread after each round from that round's read.
+ * The map, a move's and a repair's are parsed again only when their etcd
+ * revision changes, and who gives up partitions or copies them only then:
+ * a round with nothing new costs a pass over the map's lists (partitions x
+ * replicas, a byte looked up each) and a look-up of each server it names
+ * and of each loser's ack. Everything here is the coordination thread's;
+ * the result goes to cl->shown under the lock.
+ */
+struct kept_map {
+	struct hkv_cmap m;
+	int64_t rev;  /* the etcd key's mod_revision; 0: absent */
+	int64_t base; /* PREFIX/next, PREFIX/fill: the map revision it was made on */
+	int ok;       /* parsed */
+};
+
+struct cl_watch {
+	struct kept_map map, next, fill;
+	uint8_t *live;       /* map.names[i] is a member (this round) */
+	uint8_t *loser;      /* map.names[i] gives partitions up in next */
+	uint8_t *source;     /* map.names[i] copies partitions in fill */
+	int64_t losers_of[2], sources_of[2]; /* {map rev, next/fill rev} loser/source are for */
+	uint32_t move_partitions, repair_partitions;
+	uint64_t next_ns, fill_ns; /* when next, fill were first seen */
+};
+
+/* Keep k parsed from kv (wrapped: PREFIX/next's and PREFIX/fill's
+ * {"base":...,"map":...}); 1 if it changed. */
+static int keep_map(struct kept_map *k, const struct hkv_etcd_kv *kv, int wrapped)
+{
+	if ((kv ? kv->mod_rev : 0) == k->rev)
+		return 0;
+	hkv_cmap_free(&k->m);
+	memset(k, 0, sizeof(*k));
+	if (!kv)
+		return 1;
+	k->rev = kv->mod_rev;
+	k->ok = !(wrapped ? hkv_cl_next_parse(kv, &k->m, &k->base)
+			  : hkv_cmap_parse(kv->value, kv->vlen, &k->m));
+	if (!k->ok) {
+		hkv_cmap_free(&k->m);
+		memset(&k->m, 0, sizeof(k->m));
+	}
+	return 1;
+}
+
+static void watch_free(struct cl_watch *w)
+{
+	if (!w)
+		return;
+	keep_map(&w->map, NULL, 0);
+	keep_map(&w->next, NULL, 1);
+	keep_map(&w->fill, NULL, 1);
+	hkv_free(w->live);
+	hkv_free(w->loser);
+	hkv_free(w->source);
+	hkv_free(w);
+}
+
+static int lists_differ(const struct hkv_cmap *a, const struct hkv_cmap *b, uint32_t p)
+{
+	if (hkv_cmap_len(a, p) != hkv_cmap_len(b, p))
+		return 1;
+	for (uint32_t r = 0; r < hkv_cmap_len(a, p); r++)
+		if (strcmp(hkv_cmap_server(a, p, r), hkv_cmap_server(b, p, r)))
+			return 1;
+	return 0;
+}
+
+/* The map's figures, with w->live (who of its names is a member) set. */
+static void count_map(struct hkv_cluster *cl, const struct snap *sn, struct cl_watch *w,
+		      struct hkv_cluster_status *st)
+{
+	const struct hkv_cmap *m = &w->map.m;
+	uint32_t self = m->nnames;
+
+	st->map_rev = w->map.rev;
+	st->partitions = m->partitions;
+	st->replicas = m->replicas;
+	st->map_servers = m->nnames;
+	for (uint32_t i = 0; i < m->nnames; i++) {
+		w->live[i] = hkv_cl_is_member(cl, sn, m->names[i]);
+		st->map_servers_down += !w->live[i];
+		if (!strcmp(m->names[i], cl->id))
+			self = i;
+	}
+	for (uint32_t p = 0; p < m->partitions; p++) {
+		const uint16_t *list = &m->repl[(size_t)p * m->replicas];
+		uint32_t len = hkv_cmap_len(m, p), alive = 0;
+
+		for (uint32_t r = 0; r < len; r++) {
+			alive += w->live[list[r]];
+			if (list[r] == self && r == 0)
+				st->primary++;
+			else if (list[r] == self)
+				st->backup++;
+		}
+		st->under_replicated += len < m->replicas;
+		st->unavailable += !alive;
+	}
+}
+
+/* A move under way on the map we read: which lists change, who gives
+ * partitions up (once per move), and who of them acked it (each round). */
+static void count_move(struct hkv_cluster *cl, const struct snap *sn, struct cl_watch *w,
+		       struct hkv_cluster_status *st)
+{
+	const struct hkv_cmap *m = &w->map.m, *n = &w->next.m;
+
+	if (w->losers_of[0] != w->map.rev || w->losers_of[1] != w->next.rev) {
+		w->move_partitions = 0;
+		for (uint32_t p = 0; p < m->partitions && p < n->partitions; p++)
+			w->move_partitions += lists_differ(m, n, p);
+		for (uint32_t i = 0; i < m->nnames; i++)
+			w->loser[i] = (uint8_t)hkv_cl_loses(m, n, m->names[i]);
+		w->losers_of[0] = w->map.rev;
+		w->losers_of[1] = w->next.rev;
+	}
+	st->move_partitions = w->move_partitions;
+	for (uint32_t i = 0; i < m->nnames; i++) {
+		const struct hkv_etcd_kv *ak;
+
+		if (!w->loser[i])
+			continue;
+		st->move_servers++;
+		ak = hkv_cl_snap_get(cl, sn, "ack", m->names[i]);
+		st->move_acked += ak && strtoll(ak->value, NULL, 10) == w->next.rev;
+	}
+}
+
+/* A repair under way on the map we read: which lists grow, which primaries
+ * copy (once per repair), and which of them said their passes converged. */
+static void count_repair(struct hkv_cluster *cl, const struct snap *sn, struct cl_watch *w,
+			 struct hkv_cluster_status *st)
+{
+	const struct hkv_cmap *m = &w->map.m, *f = &w->fill.m;
+
+	if (w->sources_of[0] != w->map.rev || w->sources_of[1] != w->fill.rev) {
+		w->repair_partitions = 0;
+		for (uint32_t p = 0; p < m->partitions && p < f->partitions; p++)
+			w->repair_partitions += hkv_cmap_grows(m, f, p);
+		for (uint32_t i = 0; i < m->nnames; i++)
+			w->source[i] = (uint8_t)hkv_fill_source(m, f, m->names[i]);
+		w->sources_of[0] = w->map.rev;
+		w->sources_of[1] = w->fill.rev;
+	}
+	st->repair_partitions = w->repair_partitions;
+	for (uint32_t i = 0; i < m->nnames; i++) {
+		const struct hkv_etcd_kv *dk;
+
+		if (!w->source[i])
+			continue;
+		st->repair_servers++;
+		dk = hkv_cl_snap_get(cl, sn, "filled", m->names[i]);
+		st->repair_filled += dk && strtoll(dk->value, NULL, 10) == w->fill.rev &&
+				     !strstr(dk->value, "failed");
+	}
+}
+
+/* (Re)size the per-name arrays after the map changed; 0 or -ENOMEM. */
+static int watch_names(struct cl_watch *w)
+{
+	size_t n = (size_t)w->map.m.nnames + 1;
+
+	hkv_free(w->live);
+	hkv_free(w->loser);
+	hkv_free(w->source);
+	w->live = hkv_calloc(n, 1);
+	w->loser = hkv_calloc(n, 1);
+	w->source = hkv_calloc(n, 1);
+	w->losers_of[0] = w->losers_of[1] = w->sources_of[0] = w->sources_of[1] = -1;
+	return w->live && w->loser && w->source ? 0 : -ENOMEM;
+}
+
+/* After a round that read PREFIX/: work out and publish its figures. */
+static void watch_round(struct hkv_cluster *cl, const struct snap *sn)
+{
+	struct hkv_cluster_status st = {0};
+	const struct hkv_etcd_kv *ck = hkv_cl_snap_get(cl, sn, "coordinator", NULL);
+	struct cl_watch *w = cl->watch;
+	uint64_t now = hkv_cl_boot_ns();
+	char dir[300];
+	size_t dl;
+
+	if (!w && !(w = cl->watch = hkv_calloc(1, sizeof(*w))))
+		return;
+	if (keep_map(&w->map, hkv_cl_snap_get(cl, sn, "map", NULL), 0) && watch_names(w)) {
+		keep_map(&w->map, NULL, 0); /* (no memory: read it again next round) */
+		return;
+	}
+	if (keep_map(&w->next, hkv_cl_snap_get(cl, sn, "next", NULL), 1))
+		w->next_ns = now;
+	if (keep_map(&w->fill, hkv_cl_snap_get(cl, sn, "fill", NULL), 1))
+		w->fill_ns = now;
+	st.coordinator = cl->leader;
+	st.term = ck ? ck->create_rev : 0;
+	hkv_cl_key_of(cl, dir, sizeof(dir), "servers", "");
+	dl = strlen(dir);
+	for (int i = 0; i < sn->n; i++)
+		st.members += !strncmp(sn->kvs[i].key, dir, dl);
+	if (w->map.ok)
+		count_map(cl, sn, w, &st);
+	st.move = w->next.rev != 0;
+	if (st.move && w->map.ok && w->next.ok && w->next.base == w->map.rev)
+		count_move(cl, sn, w, &st);
+	st.repair = w->fill.rev != 0;
+	if (st.repair && w->map.ok && w->fill.ok && w->fill.base == w->map.rev)
+		count_repair(cl, sn, w, &st);
+	st.moves_committed = cl->moves_committed;
+	st.moves_dropped = cl->moves_dropped;
+	st.repairs_filled = cl->repairs_filled;
+	st.repairs_dropped = cl->repairs_dropped;
+	memcpy(st.jobs, cl->jobs, sizeof(st.jobs));
+	st.registrations = cl->registrations;
+	pthread_mutex_lock(&cl->lock);
+	cl->shown = st;
+	cl->shown_view_ns = now;
+	cl->shown_move_ns = w->next_ns;
+	cl->shown_fill_ns = w->fill_ns;
+	pthread_mutex_unlock(&cl->lock);
+}
+
+/* Seconds, to the millisecond (what a page shows). */
+static double ms_of(uint64_t ns)
+{
+	return (double)(ns / 1000000) / 1e3;
+}
+
+void hkv_cluster_status(struct hkv_cluster *cl, struct hkv_cluster_status *st)
+{
+	uint64_t view_ns, move_ns, fill_ns, now, since;
+	uint64_t ttl_ns = (uint64_t)cl->ttl_s * 1000000000ull;
+
+	pthread_mutex_lock(&cl->lock);
+	*st = cl->shown;
+	view_ns = cl->shown_view_ns;
+	move_ns = cl->shown_move_ns;
+	fill_ns = cl->shown_fill_ns;
+	pthread_mutex_unlock(&cl->lock);
+	now = hkv_cl_boot_ns();
+	st->view_age_s = view_ns ? ms_of(now - view_ns) : -1;
+	st->move_s = st->move ? ms_of(now - move_ns) : 0;
+	st->repair_s = st->repair ? ms_of(now - fill_ns) : 0;
+	since = now - atomic_load(&cl->ok_sent_ns);
+	st->lease_ttl_s = cl->ttl_s;
+	st->lease_left_s = atomic_load(&cl->lease_gone) || since >= ttl_ns ? 0 : ms_of(ttl_ns - since);
+	st->leases_lost = atomic_load(&cl->leases_lost);
+	if (atomic_load(&cl->lease_gone))
+		st->coordinator = 0; /* (its key went with the lease; no round says so yet) */
+}
+
+/*
  * Each round: registration if the lease is gone, then one read of PREFIX/
  * that every decision of the round works from. Between rounds it waits on
  * an etcd watch of PREFIX/ (a member joining or leaving, an ack, a map), so
@@ -357,10 +613,12 @@ static void *cluster_thread(void *arg)
 		}
 		if (!atomic_load(&cl->lease_gone)) {
 			struct snap sn = {0};
+			int read_ok;
 
 			ret = snap_read(cl, &sn, &rev);
 			if (!ret)
 				map_after_rejoin(cl, &sn);
+			read_ok = !ret;
 			if (ret) {
 				etcd_trouble(&cl->log_ns, "reading the cluster", ret);
 				rev = 0;
@@ -372,6 +630,8 @@ static void *cluster_thread(void *arg)
 			} else if ((ret = hkv_cl_coordinate(cl, &sn))) {
 				etcd_trouble(&cl->log_ns, "coordination", ret);
 			}
+			if (read_ok)
+				watch_round(cl, &sn);
 			snap_free(&sn);
 		}
 		if (cl->job_out || atomic_load(&cl->settle) ||
@@ -495,6 +755,7 @@ void hkv_cluster_stop(struct hkv_cluster *cl)
 	pthread_cond_destroy(&cl->wake);
 	pthread_mutex_destroy(&cl->lock);
 	hkv_cluster_job_free(cl->job);
+	watch_free(cl->watch);
 	hkv_free(cl->copy_crs);
 	hkv_free(cl->gone);
 	hkv_free(cl->member_json);

@@ -150,4 +150,47 @@ struct hkv_cluster_job *hkv_cluster_take_job(struct hkv_cluster *cl);
 void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *job, int ret);
 void hkv_cluster_job_free(struct hkv_cluster_job *job);
 
+/*
+ * What the metrics page shows of the cluster (docs/metrics.md, "Cluster").
+ * The cluster thread works the figures out after each round from that
+ * round's one read of PREFIX/ and publishes them under its lock, so a copy
+ * holds one round's figures together; the lease's are read from the
+ * keepalive thread's atomics at the call. The map and the members are as
+ * this member last read them: view_age_s says how long ago.
+ */
+enum hkv_cluster_job_result { HKV_JOB_OK, HKV_JOB_FAILED };
+
+struct hkv_cluster_status {
+	double lease_left_s;      /* its lease's time left as the keepalive thread knows it
+				   * (TTL from the sending of the last answered keepalive);
+				   * 0 once etcd said it is gone */
+	int lease_ttl_s;
+	double view_age_s;        /* since the last read of PREFIX/ (-1: none yet) */
+	int coordinator;          /* this member holds PREFIX/coordinator */
+	int64_t term;             /* PREFIX/coordinator's create_revision (0: none) */
+	int64_t map_rev;          /* PREFIX/map's mod_revision: the map's epoch (0: none) */
+	uint32_t partitions, replicas; /* the map's */
+	uint32_t primary, backup; /* partitions this member is first on, on further down */
+	uint32_t under_replicated; /* lists shorter than replicas */
+	uint32_t unavailable;     /* lists with no member on them */
+	uint32_t members;         /* PREFIX/servers/ records */
+	uint32_t map_servers, map_servers_down; /* named by the map; of them, no member */
+	/* a move (PREFIX/next) and a repair (PREFIX/fill) under way, if any */
+	int move, repair;
+	double move_s, repair_s;  /* since this member first saw it */
+	uint32_t move_partitions;  /* lists the move changes */
+	uint32_t move_servers, move_acked; /* servers that give partitions up (or are on a
+					    * list that grows); of them, acked */
+	uint32_t repair_partitions; /* lists the repair grows */
+	uint32_t repair_servers, repair_filled; /* primaries that copy; of them, converged */
+	/* counters since the start */
+	uint64_t moves_committed, moves_dropped;     /* as coordinator */
+	uint64_t repairs_filled, repairs_dropped;    /* as coordinator */
+	uint64_t jobs[HKV_JOB_FILL + 1][2];          /* [kind][hkv_cluster_job_result] */
+	uint64_t leases_lost, registrations;
+};
+
+/* Fill *st (thread-safe; a copy under the cluster's lock). */
+void hkv_cluster_status(struct hkv_cluster *cl, struct hkv_cluster_status *st);
+
 #endif /* HKV_SERVER_CLUSTER_H */

@@ -3,7 +3,8 @@
  * public side). Not installed.
  *
  *   cluster.c      membership: lease, keepalive thread, registering, fencing,
- *                  the rejoin check, the round loop, start/stop, public API
+ *                  the rejoin check, the round loop, start/stop, public API,
+ *                  each round's figures for the metrics page (hkv_cluster_status)
  *   coordinator.c  terms, gone-since times, identity, the map, plans, commits
  *   moves.c        PREFIX/next and PREFIX/fill: driving and following moves
  *                  and repairs, the loop's jobs, acks, settling
@@ -89,6 +90,16 @@ struct hkv_cluster {
 	char fill_failed[HKV_CLUSTER_ID_MAX]; /* the new replica of the last failed fill */
 	/* the keepalive thread's */
 	uint64_t klog_ns;
+	_Atomic uint64_t leases_lost;
+	/* what the metrics page shows (cluster.h hkv_cluster_status): `shown` and
+	 * the *_ns stamps (CLOCK_BOOTTIME) under lock, written once a round by
+	 * the coordination thread from its own `watch` */
+	struct hkv_cluster_status shown;
+	uint64_t shown_view_ns, shown_move_ns, shown_fill_ns;
+	struct cl_watch *watch;
+	/* the coordination thread's counters, copied into `shown` */
+	uint64_t moves_committed, moves_dropped, repairs_filled, repairs_dropped;
+	uint64_t jobs[HKV_JOB_FILL + 1][2], registrations;
 };
 
 /*

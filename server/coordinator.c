@@ -158,11 +158,12 @@ int hkv_cl_commit_map(struct hkv_cluster *cl, const struct snap *sn, const struc
 	hkv_cl_key_of(cl, keys[nl + 2], sizeof(keys[nl + 2]), "next", NULL);
 	ret = hkv_etcd_txn_put(cl->e, cmps, (int)k, keys[0], json, strlen(json), 0,
 			       del_next ? keys[nl + 2] : NULL, &new_rev);
-	if (!ret)
+	if (!ret) {
 		hkv_info("cluster: map epoch %lld: %u partitions on %u servers, %u moved",
 			 (long long)new_rev, want->partitions, want->nnames,
 			 cur ? hkv_cmap_moved(cur, want) : want->partitions);
-	else if (ret == -ECANCELED)
+		cl->moves_committed += del_next != 0;
+	} else if (ret == -ECANCELED)
 		ret = 0; /* the view is out of date: the next round decides again */
 out:
 	hkv_free(cmps);

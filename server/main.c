@@ -999,6 +999,7 @@ int main(int argc, char **argv)
 				rc = EXIT_CONFIG;
 			goto out;
 		}
+		sm.cl = sv.cluster; /* (its figures on the metrics page) */
 		ev_cluster = event_new(sv.base, -1, EV_PERSIST, on_cluster, &sv);
 		event_add(ev_cluster, &cluster_poll);
 	}

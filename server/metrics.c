@@ -8,6 +8,7 @@
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "hatchkv.h"
+#include "server/cluster.h"
 
 static const char *const refusal_names[HKV_REFUSED_NKINDS] = {
 	[HKV_REFUSED_TOKEN] = "wrong_token",     [HKV_REFUSED_MAX_CLIENTS] = "max_clients",
@@ -18,6 +19,120 @@ static const char *const refusal_names[HKV_REFUSED_NKINDS] = {
 
 static const char *const seg_names[3] = {
 	[HKV_SEG_FREE] = "free", [HKV_SEG_SHARED] = "shared", [HKV_SEG_DRAINING] = "draining"};
+
+static const char *const job_names[HKV_JOB_FILL + 1] = {
+	[HKV_JOB_PURGE] = "purge", [HKV_JOB_COPY] = "copy", [HKV_JOB_INTAKE] = "intake",
+	[HKV_JOB_FILL] = "repair_pass"};
+
+/* A family of two samples: name{label="a"} va, name{label="bn"} vb. */
+static void pair(struct evbuffer *b, const char *name, const char *type, const char *help,
+		 const char *label, const char *a, uint64_t va, const char *bn, uint64_t vb)
+{
+	char lab[64];
+
+	hkv_metrics_family(b, name, type, help);
+	snprintf(lab, sizeof(lab), "%s=\"%s\"", label, a);
+	hkv_metrics_sample(b, name, lab, va);
+	snprintf(lab, sizeof(lab), "%s=\"%s\"", label, bn);
+	hkv_metrics_sample(b, name, lab, vb);
+}
+
+/* The member: its lease, its view of etcd, its coordination. */
+static void page_membership(struct evbuffer *b, const struct hkv_cluster_status *c)
+{
+	hkv_metrics_gauge(b, "hatchkv_cluster_lease_seconds_left",
+			  "Seconds the member's etcd lease has left as its keepalive thread knows "
+			  "it (the TTL from the sending of the last answered keepalive); 0 once "
+			  "lost. It fences at 1 s.", c->lease_left_s);
+	hkv_metrics_gauge(b, "hatchkv_cluster_lease_ttl_seconds", "The lease's TTL (--lease-ttl).",
+			  c->lease_ttl_s);
+	hkv_metrics_counter(b, "hatchkv_cluster_leases_lost_total",
+			    "Times etcd said the member's lease was gone.", c->leases_lost);
+	hkv_metrics_counter(b, "hatchkv_cluster_registrations_total",
+			    "Registrations (a new lease and member key): 1 at start, 1 more after "
+			    "each lost lease.", c->registrations);
+	hkv_metrics_gauge(b, "hatchkv_cluster_view_age_seconds",
+			  "Seconds since the member last read the cluster from etcd (the cluster "
+			  "figures are that old); -1 before the first read.", c->view_age_s);
+	hkv_metrics_gauge(b, "hatchkv_cluster_coordinator",
+			  "1 while this member coordinates (holds PREFIX/coordinator).",
+			  c->coordinator);
+	hkv_metrics_gauge(b, "hatchkv_cluster_coordinator_term",
+			  "etcd create revision of PREFIX/coordinator: changes when a coordinator's "
+			  "term begins; 0 when none.", (double)c->term);
+	hkv_metrics_gauge(b, "hatchkv_cluster_members", "Members registered in etcd.",
+			  c->members);
+}
+
+/* The map the member serves, as it read it last. */
+static void page_map(struct evbuffer *b, const struct hkv_cluster_status *c)
+{
+	hkv_metrics_gauge(b, "hatchkv_cluster_map_revision",
+			  "etcd mod revision of PREFIX/map, the map's epoch; 0 when none.",
+			  (double)c->map_rev);
+	hkv_metrics_gauge(b, "hatchkv_cluster_map_partitions", "Partitions of the map.",
+			  c->partitions);
+	hkv_metrics_gauge(b, "hatchkv_cluster_map_replicas",
+			  "Servers each partition's list should have.", c->replicas);
+	pair(b, "hatchkv_cluster_partitions", "gauge",
+	     "Partitions this member holds in the map, by role: primary (first on the list) or "
+	     "replica (further down).", "role", "primary", c->primary, "replica", c->backup);
+	hkv_metrics_gauge(b, "hatchkv_cluster_partitions_under_replicated",
+			  "Partitions whose list is shorter than the map's replicas.",
+			  c->under_replicated);
+	hkv_metrics_gauge(b, "hatchkv_cluster_partitions_unavailable",
+			  "Partitions no member on whose list is registered: their keys fail.",
+			  c->unavailable);
+	hkv_metrics_gauge(b, "hatchkv_cluster_map_servers", "Servers the map names.",
+			  c->map_servers);
+	hkv_metrics_gauge(b, "hatchkv_cluster_map_servers_down",
+			  "Servers the map names that are no member (their lease ended).",
+			  c->map_servers_down);
+}
+
+/* Moves (PREFIX/next) and repairs (PREFIX/fill), under way and done. */
+static void page_moves(struct evbuffer *b, const struct hkv_cluster_status *c)
+{
+	char lab[64];
+
+	hkv_metrics_gauge(b, "hatchkv_cluster_moves_in_progress",
+			  "1 while a move is under way (PREFIX/next).", c->move);
+	hkv_metrics_gauge(b, "hatchkv_cluster_move_seconds",
+			  "Seconds since this member first saw the move under way; 0 when none.",
+			  c->move_s);
+	hkv_metrics_gauge(b, "hatchkv_cluster_move_partitions",
+			  "Partitions whose list the move under way changes.", c->move_partitions);
+	pair(b, "hatchkv_cluster_move_servers", "gauge",
+	     "Servers that give partitions up in the move under way (or are on a list a repair "
+	     "grows), by state: acked, or waiting (fencing, purging, copying; or gone, until the "
+	     "coordinator stops waiting for them).", "state", "acked", c->move_acked, "waiting",
+	     c->move_servers - c->move_acked);
+	hkv_metrics_gauge(b, "hatchkv_cluster_repairs_in_progress",
+			  "1 while a repair fills new replicas (PREFIX/fill).", c->repair);
+	hkv_metrics_gauge(b, "hatchkv_cluster_repair_seconds",
+			  "Seconds since this member first saw the repair under way; 0 when none.",
+			  c->repair_s);
+	hkv_metrics_gauge(b, "hatchkv_cluster_repair_partitions",
+			  "Partitions whose list the repair under way grows.", c->repair_partitions);
+	pair(b, "hatchkv_cluster_repair_servers", "gauge",
+	     "Primaries that copy in the repair under way, by state: filled (their passes "
+	     "converged) or copying.", "state", "filled", c->repair_filled, "copying",
+	     c->repair_servers - c->repair_filled);
+	pair(b, "hatchkv_cluster_moves_total", "counter",
+	     "Moves this member, as coordinator, committed or dropped.", "result", "committed",
+	     c->moves_committed, "dropped", c->moves_dropped);
+	pair(b, "hatchkv_cluster_repairs_total", "counter",
+	     "Repairs this member, as coordinator, turned into their final move (filled) or "
+	     "dropped.", "result", "filled", c->repairs_filled, "dropped", c->repairs_dropped);
+	hkv_metrics_family(b, "hatchkv_cluster_jobs_total", "counter",
+			   "Work the cluster asked of this member's region (jobs), by kind and result.");
+	for (int k = HKV_JOB_PURGE; k <= HKV_JOB_FILL; k++)
+		for (int r = HKV_JOB_OK; r <= HKV_JOB_FAILED; r++) {
+			snprintf(lab, sizeof(lab), "kind=\"%s\",result=\"%s\"", job_names[k],
+				 r == HKV_JOB_OK ? "done" : "failed");
+			hkv_metrics_sample(b, "hatchkv_cluster_jobs_total", lab, c->jobs[k][r]);
+		}
+}
 
 static void page_clients(struct evbuffer *b, const struct hkv_store *s)
 {
@@ -146,6 +261,14 @@ void hkv_server_metrics_page(struct evbuffer *b, void *arg)
 			  "or lease in doubt).", s->fenced);
 	hkv_metrics_gauge(b, "hatchkv_cache_mode", "1 in cache mode (--cache).",
 			  !!(s->geom->flags & HKV_GEOM_F_CACHE));
+	if (m->cl) {
+		struct hkv_cluster_status c;
+
+		hkv_cluster_status(m->cl, &c);
+		page_membership(b, &c);
+		page_map(b, &c);
+		page_moves(b, &c);
+	}
 	page_clients(b, s);
 	page_region(b, s);
 }

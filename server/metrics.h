@@ -11,7 +11,10 @@
  * state: 8 bytes a segment (nsegs is region/segment size: 1024 for 1 GiB
  * at the default 1 MiB, 16384 at 64 KiB; a million segments, 64 GiB at
  * 64 KiB, is an 8 MB read, about a millisecond) - the walk every CARVE does
- * too. Nothing reads the index or the bitmaps.
+ * too. Nothing reads the index or the bitmaps. A cluster member's figures
+ * are a copy, under the cluster's lock, of what its coordination thread
+ * worked out from its last read of etcd (hkv_cluster_status): a scrape
+ * asks etcd nothing.
  */
 #ifndef HKV_SERVER_METRICS_H
 #define HKV_SERVER_METRICS_H
@@ -19,11 +22,13 @@
 #include "server/store.h"
 
 struct evbuffer;
+struct hkv_cluster;
 
 struct hkv_server_metrics {
 	const struct hkv_store *store; /* its data listener: none while fenced */
 	const char *transport;         /* "shm" or "verbs" */
 	int cluster;                   /* a cluster member (--cluster) */
+	struct hkv_cluster *cl;        /* its membership once started, else NULL */
 	double started;                /* Unix time the server started */
 };
 

@@ -146,12 +146,14 @@ int hkv_cl_drive_move(struct hkv_cluster *cl, const struct snap *sn, const struc
 	hkv_cl_key_of(cl, key, sizeof(key), "next", NULL);
 	if (hkv_cl_next_parse(nk, &next, &base) || base != cur_rev) {
 		hkv_cmap_free(&next);
-		hkv_etcd_delete_if(cl->e, key, nk->mod_rev); /* stale or garbage: start over */
+		if (!hkv_etcd_delete_if(cl->e, key, nk->mod_rev)) /* stale or garbage: start over */
+			cl->moves_dropped++;
 		return 0;
 	}
 	if (cl->store_mode && !store_move_sound(cl, sn, cur, &next, nk->mod_rev)) {
 		hkv_cmap_free(&next);
-		hkv_etcd_delete_if(cl->e, key, nk->mod_rev); /* its losers serve on */
+		if (!hkv_etcd_delete_if(cl->e, key, nk->mod_rev)) /* its losers serve on */
+			cl->moves_dropped++;
 		return 0;
 	}
 	for (uint32_t i = 0; i < cur->nnames; i++) {
@@ -197,7 +199,8 @@ int hkv_cl_drive_fill(struct hkv_cluster *cl, const struct snap *sn, const struc
 	if (hkv_cl_next_parse(fk, &target, &base) || base != cur_rev ||
 	    target.partitions != cur->partitions) {
 		hkv_cmap_free(&target);
-		hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev); /* stale or garbage: plan again */
+		if (!hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev)) /* stale or garbage: plan again */
+			cl->repairs_dropped++;
 		return 0;
 	}
 	for (uint32_t i = 0; i < target.nnames; i++) {
@@ -244,14 +247,17 @@ int hkv_cl_drive_fill(struct hkv_cluster *cl, const struct snap *sn, const struc
 
 		ret = hkv_etcd_txn_put(cl->e, cmps, 4, nkey, json, strlen(json), 0, fkey, NULL);
 	}
-	if (!ret)
+	if (!ret) {
 		hkv_info("cluster: repair filled: the final pass fences the lists (map %lld -> next)",
 			 (long long)cur_rev);
+		cl->repairs_filled++;
+	}
 	if (ret == -ECANCELED)
 		ret = 0;
 	goto out;
 drop:
-	hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev);
+	if (!hkv_etcd_delete_if(cl->e, fkey, fk->mod_rev))
+		cl->repairs_dropped++;
 out:
 	hkv_free(json);
 	hkv_cmap_free(&target);
@@ -309,8 +315,13 @@ static void collect_done(struct hkv_cluster *cl)
 	gen = cl->done_gen;
 	cl->done = 0;
 	pthread_mutex_unlock(&cl->lock);
-	if (!done || gen != cl->reg_gen)
-		return; /* nothing, or for a registration of ours that is over */
+	if (!done)
+		return;
+	if (kind > 0 && kind <= HKV_JOB_FILL) /* (a repair pass answers 1 or 0) */
+		cl->jobs[kind][ret < 0 || (ret && kind != HKV_JOB_FILL) ? HKV_JOB_FAILED
+									: HKV_JOB_OK]++;
+	if (gen != cl->reg_gen)
+		return; /* for a registration of ours that is over */
 	cl->job_out = 0;
 	if (kind == HKV_JOB_FILL) {
 		if (rev != cl->fill_rev)

@@ -18,3 +18,25 @@ add_test(NAME metrics_pages_tsan
                  $<TARGET_FILE:hatchkv-memcached> $<TARGET_FILE:hatchkv-server>)
 set_tests_properties(metrics_pages_tsan PROPERTIES LABELS tsan TIMEOUT 600
                      ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1 exitcode=66")
+
+# A cluster member's page (issue 30, item 4): a replicated store of two
+# members on a private etcd, each figure checked against etcd, through a
+# SIGKILL, a repair and a lease lost (tests/metrics/test_cluster_metrics.py).
+add_test(NAME metrics_cluster
+         COMMAND ${HKV_METRICS_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_cluster_metrics.py
+                 $<TARGET_FILE:hatchkv-server> $<TARGET_FILE:hatchkv-admin>)
+set_tests_properties(metrics_cluster PROPERTIES LABELS unit TIMEOUT 180 SKIP_RETURN_CODE 77)
+# ThreadSanitizer tier: scrapes on the event loop while the coordination and
+# keepalive threads publish (a report makes the server exit 66: the test fails).
+add_test(NAME metrics_cluster_tsan
+         COMMAND ${HKV_METRICS_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_cluster_metrics.py
+                 $<TARGET_FILE:hatchkv-server> $<TARGET_FILE:hatchkv-admin>)
+set_tests_properties(metrics_cluster_tsan PROPERTIES LABELS tsan TIMEOUT 600 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1 exitcode=66")
+
+# docs/alerts.yml: promtool check rules, the metrics it names documented,
+# and promtool test rules with tests/metrics/alerts_test.yml (skipped without
+# promtool: Debian's prometheus package).
+add_test(NAME metrics_alerts
+         COMMAND ${HKV_METRICS_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_alerts.py)
+set_tests_properties(metrics_alerts PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
