@@ -1,8 +1,9 @@
 #!/bin/sh
 # test_units.sh BUILD SRC - the systemd units of packaging/systemd, offline
 # (no running systemd): `systemd-analyze verify` in a scratch root laid out
-# as the .deb installs them (units in /lib/systemd/system, the programs in
-# /usr/bin, systemd's own units for the targets they name), where any message
+# as the hatchkv .deb installs them (units in /lib/systemd/system, the
+# programs in /usr/bin, the man pages their Documentation= names, systemd's
+# own units for the targets they name), where any message
 # about a hatchkv unit fails, not only a fatal one (verify exits 0 on a
 # misspelt key or a bad value it ignores); a unit spoiled on purpose must
 # fail it. Then what the units promise (User=hatchkv, LimitMEMLOCK=infinity,
@@ -37,12 +38,21 @@ for p in hatchkv-server hatchkv-memcached; do
 	cp "$B/bin/$p" "$R/usr/bin/"
 done
 cp "$D"/* "$R/etc/default/"
+# the man pages the units' Documentation= names, as the package installs
+# them (verify runs man on each: MANPATH is this root's alone; without
+# man-db, --man=no)
+man=--man=yes
+command -v man >/dev/null || man=--man=no
+mkdir -p "$R/usr/share/man/man1"
+for m in "$S"/docs/man/*.1; do
+	gzip -9n -c "$m" >"$R/usr/share/man/man1/${m##*/}.gz"
+done
 
 # verify NAME... : the unit files in $R/lib/systemd/system, in root $R;
 # fails on any message naming a hatchkv unit
 verify() {
 	rc=0
-	out=$(systemd-analyze verify --root="$R" "$@" 2>&1) || rc=$?
+	out=$(MANPATH="$R/usr/share/man" systemd-analyze verify "$man" --root="$R" "$@" 2>&1) || rc=$?
 	bad=$(echo "$out" | grep -i hatchkv || true)
 	if [ $rc -ne 0 ] || [ -n "$bad" ]; then
 		echo "$out"

@@ -5,8 +5,10 @@
 #   packaging_install: cmake --install into a temporary prefix; a client
 #                      built with pkg-config alone does a set/get on a shm
 #                      server started from that prefix
-#   packaging_deb:     cpack -G DEB: contents, dependencies, control files,
-#                      maintainer scripts (sh -n; run against a copy of /etc)
+#   packaging_deb:     cpack -G DEB: the three packages' contents,
+#                      dependencies, control files, lintian; as root, dpkg
+#                      installs, upgrades, removes and purges them in a
+#                      throwaway overlay root
 #   packaging_units:   systemd-analyze verify of the units in a scratch root,
 #                      their options against --help, the env files
 foreach(t install deb units)
@@ -15,3 +17,5 @@ foreach(t install deb units)
   set_tests_properties(packaging_${t} PROPERTIES LABELS unit TIMEOUT 120
                        ENVIRONMENT "HKV_SANITIZE=${HKV_SANITIZE};HKV_JEMALLOC=${HKV_JEMALLOC}")
 endforeach()
+# (cpack twice, lintian, dpkg five times: ~1 min on 2 cores)
+set_tests_properties(packaging_deb PROPERTIES TIMEOUT 300)
