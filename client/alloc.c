@@ -15,14 +15,17 @@
  * carve) rests HKV_QUARANTINE_NS after the claim completed, hence after its
  * free executed (the ABA horizon, docs/design.md).
  *
- * Holding is bounded in time: we hand a held block out only within
- * HOLD_USE_NS of posting its claim, and post the first chain that writes it
- * only within HKV_HOLD_MS (hkv_alloc_write_ok); blocks held longer are
- * given back: within HOLD_GIVE_NS by clearing the stamp and an FAA of the
- * bit, up to LATE_GIVE_NS only by a CAS that finds our stamp still there
- * (give_late), abandoned after. The server reclaims a block whose bit stays
- * clear under one unchanged HELD stamp for HKV_HOLD_RECLAIM_MS, clearing
- * the stamp by CAS too: a dead or stopped client strands nothing for long.
+ * A held block is ours until we write it or give it back, at any age: the
+ * server takes back a held block only from a holder it has fenced (queue
+ * pair destroyed, or our shm gate shut: hkv_listener_fence) - a move that
+ * needs it fences us first - so no stop of ours between a check and a
+ * doorbell can land a write on a block someone else got (issue 27); we
+ * notice the fence at our next operation and connect again (hkv_revive). We hand a held
+ * block out only within HOLD_USE_NS of posting its claim (fresh blocks,
+ * small holds) and give back what waited longer: the freed stamp over our
+ * HELD one, then the bit's FAA, one unsignaled chain. A stopped but
+ * connected client keeps what it holds - at most HOLD_BYTES of a class,
+ * 16 KiB per claim - until it runs again or goes.
  *
  * Freeing is as before: the writer that retired a block (its mark CAS took
  * it LIVE -> OBSOLETE) sets its bit with an unsignaled FAA.
@@ -36,13 +39,9 @@
 #include "common/log.h"
 #include "common/transport_int.h"
 
-/* Held blocks are handed out only this soon after their claim, given back
- * up to HOLD_GIVE_NS at once, up to LATE_GIVE_NS by CAS (give_late), and
- * abandoned after (the server reclaims them, no sooner than
- * HKV_HOLD_RECLAIM_MS after the claim). */
+/* Held blocks are handed out only this soon after their claim; older ones
+ * go back (at any age: see the top). */
 #define HOLD_USE_NS  (250ull * 1000000ull)
-#define HOLD_GIVE_NS (400ull * 1000000ull)
-#define LATE_GIVE_NS (1000ull * 1000000ull)
 /* Bytes of one class a claim takes at once (at least one block, at most 16). */
 #define CLAIM_BYTES 16384
 #define CLAIM_MAX   16
@@ -50,7 +49,6 @@
 #define CLAIM_START 4
 #define HOLD_BYTES  65536
 #define MAX_HINTS   64
-#define LATE_CHAIN  16 /* give_late's CASes per chain: their results in atom[32..48) */
 #define TABLE_MAX_AGE_NS (100ull * 1000000ull)
 #define SURVEY_EVERY_NS  (1000ull * 1000000ull)
 
@@ -70,7 +68,6 @@ int hkv_alloc_init(struct hkv_client *c)
 	c->table = hkv_calloc(c->g.nsegs, sizeof(*c->table));
 	c->table_ns = 0;
 	c->table_free = UINT32_MAX;
-	c->nlate = 0;
 	memset(&c->cur, 0, sizeof(c->cur));
 	return c->classes && c->table ? 0 : -ENOMEM;
 }
@@ -357,61 +354,6 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 }
 
 /*
- * The late ones (held past HOLD_GIVE_NS): one chain of CASes, each clearing
- * our stamp only if it is still there, then an unsignaled FAA of the bit for
- * every CAS won. The sweep clears a stamp by CAS before it sets the bit, so
- * where the server's CPU atomics and the NIC's are atomic together (shm,
- * IBV_ATOMIC_GLOB) each block is freed once by whichever wins. Elsewhere
- * (rxe, most NICs) they are not, so the CASes are posted only within
- * LATE_GIVE_NS of the claim, 500 ms before the sweep may take the block:
- * the time bound the early give-back and hkv_alloc_write_ok rest on too.
- * From allocation only (a write's claims are round trips already; a GET's
- * end never waits on this). Without it a writer that paused (a long carve,
- * a descheduled thread) left its holds to the sweep, and a full store
- * refused while they waited.
- */
-static void give_late(struct hkv_client *c)
-{
-	struct hkv_wr wrs[LATE_CHAIN];
-	uint64_t *was = &c->atom[32];
-
-	for (uint32_t at = 0; at < c->nlate;) {
-		uint64_t now = hkv_now_ns();
-		struct hkv_late l[LATE_CHAIN];
-		uint32_t n = 0, won = 0;
-
-		for (; at < c->nlate && n < LATE_CHAIN; at++) /* (the bound: see above) */
-			if (now - c->late[at].claim_ns < LATE_GIVE_NS)
-				l[n++] = c->late[at];
-			else
-				c->stats.blocks_abandoned++;
-		if (!n)
-			continue;
-		for (uint32_t i = 0; i < n; i++)
-			wrs[i] = hkv_wr_cas(c, &was[i], l[i].off + 16, l[i].stamp,
-					    hkv_freed_stamp());
-		if (hkv_exec(c, wrs, (int)n)) {
-			/* the connection failed: a CAS that ran leaves its block with
-			 * no stamp and its bit clear until a warm restart (Known gaps) */
-			c->stats.blocks_abandoned += n + (c->nlate - at);
-			break;
-		}
-		for (uint32_t i = 0; i < n; i++) {
-			if (was[i] != l[i].stamp) { /* the sweep's now */
-				c->stats.blocks_abandoned++;
-				continue;
-			}
-			wrs[won++] = free_bit(c, l[i].off, l[i].cls);
-		}
-		if (won && !hkv_conn_post(c->conn, wrs, (int)won))
-			c->stats.blocks_given_back += won;
-		else if (won)
-			c->stats.blocks_abandoned += won;
-	}
-	c->nlate = 0;
-}
-
-/*
  * One claim from the class's last hint. 1: blocks are held now; 0: the
  * hint was stale (try again); <0: error.
  */
@@ -516,21 +458,13 @@ static int claim(struct hkv_client *c, uint32_t cls)
 }
 
 /*
- * A held block that waited HOLD_USE_NS goes back: a claimed (stamped) one
- * within HOLD_GIVE_NS of its claim at once, one within LATE_GIVE_NS by
- * give_late, an older one (or one more than its list holds) is abandoned
- * to the server's sweep; a kept one at any age (the sweep never takes a
- * connected client's kept blocks, so nothing can have set its bit
- * meanwhile).
+ * A held block that waited HOLD_USE_NS goes back, claimed (stamped) or kept,
+ * at any age: the sweep never takes a connected client's blocks, so nothing
+ * can have set its bit meanwhile.
  */
-static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h, uint64_t now)
+static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h)
 {
-	if (!h->stamp || now - h->claim_ns < HOLD_GIVE_NS)
-		give_back(c, cls, h);
-	else if (now - h->claim_ns < LATE_GIVE_NS && c->nlate < HKV_LATE_MAX)
-		c->late[c->nlate++] = (struct hkv_late){h->off, h->stamp, h->claim_ns, cls};
-	else
-		c->stats.blocks_abandoned++;
+	give_back(c, cls, h);
 }
 
 /* The held blocks of class cls that waited HOLD_USE_NS go (drop_held), or
@@ -540,7 +474,7 @@ static void drop_class(struct hkv_client *c, uint32_t cls, uint64_t now, int all
 	struct hkv_class_alloc *ca = &c->classes[cls];
 
 	while (ca->head < ca->n && (all || now - ca->held[ca->head].claim_ns >= HOLD_USE_NS))
-		drop_held(c, cls, &ca->held[ca->head++], now);
+		drop_held(c, cls, &ca->held[ca->head++]);
 	if (ca->head == ca->n)
 		ca->head = ca->n = 0;
 }
@@ -583,7 +517,6 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 
 		tidy(c, now);
 		drop_class(c, cls, now, 0); /* expired holds first */
-		give_late(c);
 		/* the first held block that has rested; if none has, and we hold
 		 * less than hold_cap, claim more (a never-used block needs no
 		 * rest) rather than wait; else wait for the first (<= 200 us) */
@@ -651,13 +584,7 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off)
 {
 	if (c->cur.off != off || c->cur.written)
 		return 0;
-	if (hkv_now_ns() - c->cur.claim_ns >= (uint64_t)HKV_HOLD_MS * 1000000ull) {
-		/* the server may take it back any time from now: never write it */
-		c->stats.blocks_abandoned++;
-		c->cur.off = 0;
-		return -1;
-	}
-	c->cur.written = 1;
+	c->cur.written = 1; /* (ours at any age: the server takes back only a fenced holder's) */
 	return 0;
 }
 
@@ -754,7 +681,6 @@ void hkv_alloc_release(struct hkv_client *c)
 
 	for (uint32_t cls = 0; cls < c->g.nclasses; cls++)
 		drop_class(c, cls, now, 1);
-	give_late(c);
 	wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8); /* drain: one signaled wait */
 	hkv_exec(c, &wr, 1);
 }
@@ -777,7 +703,6 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 	for (uint32_t k = 0; k < c->g.nclasses; k++)
 		if (k != cls)
 			drop_class(c, k, now, 1);
-	give_late(c);
 	ret = hkv_ctl_carve(c, cls, c->protect_off, move ? HKV_CARVE_F_MOVE : 0, &seg);
 	c->stats.carves++;
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)

@@ -108,9 +108,6 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
 /* ---- allocator (alloc.c) ------------------------------------------------------ */
 
-/* Held blocks past the give-back bound that the next allocation gives back
- * (alloc.c, give_late); more at once are abandoned to the server's sweep. */
-#define HKV_LATE_MAX 64
 
 /* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
 struct hkv_held {
@@ -189,11 +186,6 @@ struct hkv_client {
 	uint64_t *table;    /* the segment table as last read */
 	uint64_t table_ns;  /* when (0: never) */
 	uint32_t table_free; /* FREE segments in it (UINT32_MAX: not read yet) */
-	struct hkv_late {    /* held past the give-back bound: back by CAS (alloc.c) */
-		uint64_t off, stamp, claim_ns;
-		uint32_t cls;
-	} late[HKV_LATE_MAX];
-	uint32_t nlate;
 	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
 	uint64_t tidy_ns;   /* last pass over every class's held blocks */
 	uint64_t tidy_coarse_ns; /* ... by the coarse clock (hkv_alloc_tidy) */
@@ -353,9 +345,10 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
  * class has no segment) one it empties. 0 (the class has new memory),
  * HKV_EFULL (also without asking, for 100 ms after a refusal), <0. */
 int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move);
-/* Before posting the first chain that writes the block just allocated: 0
- * if our hold on it is young enough (docs/design.md, "Held blocks"), -1
- * if not (the block is abandoned: build a new one). */
+/* Before posting the first chain that writes the block just allocated:
+ * marks it written; 0. (It returned -1 for a hold past 500 ms, when the
+ * sweep took back a connected holder's blocks by time; a held block is ours
+ * at any age now: docs/design.md, "Memory that flows".) */
 int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off);
 /* The block at off (class cls) is no longer referenced: set its bitmap bit
  * (one unsignaled FAA, posted now, no round trip). */
@@ -396,6 +389,7 @@ enum hkv_test_point {
 	HKV_TP_REPL_STEP,          /* ... and holds on one more replica, not yet the primary */
 	HKV_TP_CLAIM_STAMP,        /* a claim CAS won, its HELD stamps not yet posted */
 	HKV_TP_INSERT_COMMIT,      /* an insert's slot taken (PENDING), not yet committed */
+	HKV_TP_HOLD_WRITE,         /* a held block's hold checked, its first WRITE not posted */
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a

@@ -579,7 +579,10 @@ int hkv_revive(struct hkv_client *c)
 	uint64_t now = hkv_now_ns();
 	int ret;
 
-	if (!c->conn->error)
+	/* (a connection the server fenced - it took back blocks we held unused
+	 * too long: an idle handle's - or dropped is noticed here, before we
+	 * post: it connects again at once) */
+	if (!hkv_conn_alive(c->conn))
 		return hkv_clock_keep(c);
 	if (!c->origin || (c->revive_ns && now - c->revive_ns < HKV_REVIVE_INTERVAL_MS * 1000000ull))
 		return HKV_EDISCONNECTED;

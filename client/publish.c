@@ -29,6 +29,8 @@ int hkv_append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, uint
 {
 	if (hkv_alloc_write_ok(c, hkv_slot_off(slot)))
 		return -1;
+	if (hkv_test_hook)
+		hkv_test_hook(c, HKV_TP_HOLD_WRITE);
 	wrs[n++] = hkv_wr_write(c, c->wblk, hkv_slot_off(slot), blen);
 	return n;
 }

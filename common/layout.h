@@ -288,14 +288,17 @@ static inline uint32_t hkv_seg_epoch(uint64_t e)
 /*
  * Held blocks. A writer claims free blocks by CAS on their bitmap word and
  * stamps each one it holds: bytes 16..23 (flags | klen | rsv) become
- * seq | 0xFFFF | holder id, a klen no written block has. It posts a chain
- * that writes a held block only within HKV_HOLD_MS of posting the claim,
- * and gives one back (stamp cleared, then bit set) only within 1 s of it
- * (client/alloc.c). After that a held block is abandoned: the server
- * reclaims a free block whose bit has stayed clear under one unchanged
- * stamp for HKV_HOLD_RECLAIM_MS (a disconnected client's holds likewise).
+ * seq | 0xFFFF | holder id, a klen no written block has. A held block is
+ * its holder's until the holder writes it or gives it back (freed stamp,
+ * then bit set), at any age (client/alloc.c): the server takes one back
+ * only from a holder that is fenced - disconnected, its queue pair gone or
+ * its shm gate shut (hkv_listener_fence), so nothing it posts can land any
+ * more - once the block has stayed clear under one unchanged stamp for
+ * HKV_HOLD_RECLAIM_MS (server/slab.c). The sweep takes back what
+ * disconnected holders held; a move that needs a connected holder's block
+ * fences that holder first (it connects again at its next operation). A
+ * stopped but connected holder costs what it holds, nobody's data.
  */
-#define HKV_HOLD_MS         500
 #define HKV_HOLD_RECLAIM_MS 1500
 /* A freed block rests this long between its free and its next write, by
  * whoever claims it, a client or the server moving an item (the ABA

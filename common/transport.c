@@ -283,6 +283,19 @@ int hkv_conn_check(struct hkv_conn *c)
 	return ret ? (c->error = ret) : 0;
 }
 
+int hkv_conn_alive(struct hkv_conn *c)
+{
+	uint64_t now;
+
+	if (c->error)
+		return c->error;
+	now = hkv_coarse_ns();
+	if (now < c->next_alive_ns)
+		return 0;
+	c->next_alive_ns = now + 1000000ull;
+	return hkv_conn_check(c);
+}
+
 _Thread_local struct hkv_conn_idle hkv_conn_idle;
 
 int hkv_conn_wait(struct hkv_conn *c, struct hkv_wc *wc, int want)
@@ -402,6 +415,11 @@ int hkv_listener_tick(struct hkv_listener *l)
 int hkv_listener_nwindows(const struct hkv_listener *l)
 {
 	return l->ops->nwindows ? l->ops->nwindows(l) : 0;
+}
+
+int hkv_listener_fence(struct hkv_listener *l, uint64_t cookie)
+{
+	return l->ops->fence ? l->ops->fence(l, cookie) : -EOPNOTSUPP;
 }
 
 struct hkv_conn *hkv_listener_loopback(struct hkv_listener *l, int timeout_ms)

@@ -148,6 +148,7 @@ struct hkv_conn {
 	struct hkv_region_desc region;
 	int timeout_ms;
 	int error; /* sticky: first failure, after which everything is flushed */
+	uint64_t next_alive_ns; /* hkv_conn_alive: the next backend check */
 	/*
 	 * Send-queue room, counted here alike for every backend, by the rules of
 	 * an RC queue pair: a WR holds its place until a signaled WR posted at or
@@ -237,6 +238,10 @@ extern _Thread_local struct hkv_conn_idle hkv_conn_idle;
  * socket, verbs reads its connection manager's events) without posting.
  * 0, or the error the connection is now in. */
 int hkv_conn_check(struct hkv_conn *c);
+/* The same at most once per coarse clock tick (1-4 ms), for the start of
+ * an operation: a connection the listener fenced or dropped (see
+ * hkv_listener_fence) is noticed before anything is posted on it. */
+int hkv_conn_alive(struct hkv_conn *c);
 
 /* Post a chain and wait for it: one round trip. Only the last WR is signaled. */
 int hkv_conn_exec(struct hkv_conn *c, struct hkv_wr *wrs, int n);
@@ -316,6 +321,17 @@ int hkv_listener_grant(struct hkv_listener *l, uint64_t cookie, uint64_t off, ui
 /* Invalidate that connection's window starting at off: a later access with
  * its rkey fails at the NIC. 0, -ENOENT, or -EOPNOTSUPP. */
 int hkv_listener_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off);
+/*
+ * Fence the connection accepted with `cookie`: once this returns 0 nothing
+ * that peer posts can land in the region any more, and the connection is
+ * closed (on_disconnect runs). verbs: its queue pair is destroyed. shm,
+ * where the peer's process executes its own requests on its mapping: its
+ * gate (a word each chain checks, between raising and lowering a busy
+ * count: client/transport_shm.c) is shut, and 0 comes once no chain of the
+ * slot is in flight; -EINPROGRESS meanwhile (a peer stopped inside a
+ * chain: ask again). 0 also for a connection already gone.
+ */
+int hkv_listener_fence(struct hkv_listener *l, uint64_t cookie);
 /*
  * Liveness of accepted connections; call it about once a second. A peer that
  * vanishes without a word (host down, network cut: no disconnect request

@@ -58,6 +58,7 @@ struct hkv_listener_ops {
 	int (*nwindows)(const struct hkv_listener *l);
 	int (*tick)(struct hkv_listener *l); /* NULL: nothing to probe */
 	struct hkv_conn *(*loopback)(struct hkv_listener *l, int timeout_ms); /* NULL: shm */
+	int (*fence)(struct hkv_listener *l, uint64_t cookie);
 };
 
 struct hkv_listener {

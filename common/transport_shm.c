@@ -12,6 +12,19 @@
  * state. The socket stays open as the liveness signal: when the server goes
  * away (or drops the client) the next checks see the hangup and the
  * connection fails with HKV_EDISCONNECTED.
+ *
+ * Fencing (hkv_listener_fence): a client process keeps its mapping however
+ * the socket ends, so a closed socket alone does not stop a client stopped
+ * between a check and its next chain. So the listener also hands every
+ * connection a gate: a slot of a shared table (a second memfd) holding a
+ * generation and a busy count. A chain is executed only between raising
+ * the count and lowering it, and only if the slot's generation is still
+ * the one the connection was given; the listener fences by bumping the
+ * generation, then reading the count (both sequentially consistent, so
+ * either the chain sees the bump or the listener sees the count): 0 means
+ * no chain of that slot is in flight and none will run again. A peer
+ * stopped inside a chain keeps the fence waiting: the cost of its stop is
+ * the memory the server cannot take back meanwhile.
  */
 #include "common/transport_int.h"
 
@@ -33,6 +46,18 @@
 #define SHM_CHECK_INTERVAL_NS 1000000ull /* liveness check once per coarse tick (1-4 ms) */
 #define SHM_MAX_CLIENTS       4096
 #define SHM_HELLO_NS          (2000ull * 1000000ull) /* a connection's hello must come by then */
+#define SHM_GATE_MAGIC        0x47544b48u /* "HKTG": the accept carries a gate */
+
+/* One connection's gate (a slot per listener fd, reused with a new generation). */
+struct shm_gate {
+	uint32_t gen;  /* the generation allowed to execute; bumped to fence */
+	uint32_t busy; /* chains in flight on the slot */
+};
+
+/* After the accept message, in the same datagram, with the gate table's fd. */
+struct shm_gate_info {
+	uint32_t magic, slot, gen;
+};
 
 /* ---- client ---------------------------------------------------------------- */
 
@@ -44,6 +69,9 @@ struct shm_conn {
 	struct hkv_wc *cq;
 	unsigned cq_mask, cq_head, cq_tail;
 	uint64_t next_check_ns;
+	struct shm_gate *gates; /* the table's mapping (NULL: a server without gates) */
+	struct shm_gate *gate;  /* ours */
+	uint32_t gen;
 };
 
 /*
@@ -121,11 +149,19 @@ static int shm_execute(struct shm_conn *s, const struct hkv_wr *wr)
 	return 0;
 }
 
+/* Has the listener shut our gate (fenced us)? */
+static int shm_gate_shut(const struct shm_conn *s)
+{
+	return s->gate && __atomic_load_n(&s->gate->gen, __ATOMIC_SEQ_CST) != s->gen;
+}
+
 static int shm_check(struct hkv_conn *c)
 {
 	struct shm_conn *s = container_of(c, struct shm_conn, base);
 	struct pollfd pfd = {.fd = s->sock, .events = POLLIN | POLLRDHUP};
 
+	if (shm_gate_shut(s))
+		return HKV_EDISCONNECTED;
 	if (poll(&pfd, 1, 0) < 0)
 		return errno == EINTR ? 0 : HKV_EDISCONNECTED;
 	/* The server never sends after the accept: any event means it hung up. */
@@ -155,6 +191,13 @@ static int shm_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 		if ((err = shm_check(c)))
 			return c->error = err;
 	}
+	if (s->gate) { /* (the gate: see the top) */
+		__atomic_fetch_add(&s->gate->busy, 1, __ATOMIC_SEQ_CST);
+		if (shm_gate_shut(s)) {
+			__atomic_fetch_sub(&s->gate->busy, 1, __ATOMIC_SEQ_CST);
+			return c->error = HKV_EDISCONNECTED;
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		int status = err ? HKV_EFLUSHED : shm_execute(s, &wrs[i]);
 
@@ -164,6 +207,8 @@ static int shm_post(struct hkv_conn *c, struct hkv_wr *wrs, int n)
 		    (i == n - 1 && !(wrs[i].flags & HKV_WR_F_NO_COMPLETION)))
 			shm_complete(s, &wrs[i], status);
 	}
+	if (s->gate)
+		__atomic_fetch_sub(&s->gate->busy, 1, __ATOMIC_SEQ_CST);
 	return 0;
 }
 
@@ -201,6 +246,8 @@ static void shm_close(struct hkv_conn *c)
 
 	if (s->map)
 		munmap(s->map, s->map_len);
+	if (s->gates)
+		munmap(s->gates, SHM_MAX_CLIENTS * sizeof(*s->gates));
 	close(s->sock);
 	hkv_free(s->cq);
 	hkv_free(s);
@@ -216,18 +263,25 @@ static const struct hkv_conn_ops shm_conn_ops = {
 	.close = shm_close,
 };
 
-/* Receive the accept message and, when accepted, the region fd. */
-static int shm_recv_accept(int sock, int timeout_ms, struct hkv_accept_msg *acc, int *fd)
+/* Receive the accept message and, when accepted, the region fd and (a
+ * server with gates) the gate table's fd (else -1) and our slot. */
+static int shm_recv_accept(int sock, int timeout_ms, struct hkv_accept_msg *acc, int *fd,
+			   int *gfd, struct shm_gate_info *gi)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {.iov_base = acc, .iov_len = sizeof(*acc)};
+	char cbuf[CMSG_SPACE(2 * sizeof(int))];
+	uint8_t buf[sizeof(*acc) + sizeof(*gi)];
+	struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
 	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
 			     .msg_controllen = sizeof(cbuf)};
 	struct pollfd pfd = {.fd = sock, .events = POLLIN};
 	struct cmsghdr *cm;
+	size_t alen;
 	ssize_t n;
+	int fds[2] = {-1, -1};
 
-	*fd = -1;
+	*fd = *gfd = -1;
+	memset(gi, 0, sizeof(*gi));
+	memset(acc, 0, sizeof(*acc));
 	if (poll(&pfd, 1, timeout_ms) <= 0)
 		return HKV_ETIMEDOUT;
 	n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
@@ -235,16 +289,27 @@ static int shm_recv_accept(int sock, int timeout_ms, struct hkv_accept_msg *acc,
 		return n < 0 ? -errno : HKV_EDISCONNECTED;
 	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-			memcpy(fd, CMSG_DATA(cm), sizeof(int));
-	if ((size_t)n >= HKV_REFUSAL_LEN && acc->magic == HKV_CONN_MAGIC && acc->status < 0) {
-		memset((char *)acc + n, 0, sizeof(*acc) - (size_t)n);
+			memcpy(fds, CMSG_DATA(cm),
+			       cm->cmsg_len >= CMSG_LEN(2 * sizeof(int)) ? 2 * sizeof(int)
+									  : sizeof(int));
+	*fd = fds[0];
+	*gfd = fds[1];
+	memcpy(acc, buf, (size_t)n < sizeof(*acc) ? (size_t)n : sizeof(*acc));
+	if ((size_t)n >= HKV_REFUSAL_LEN && acc->magic == HKV_CONN_MAGIC && acc->status < 0)
 		return acc->status; /* refused: nothing else came */
-	}
 	if ((size_t)n < offsetof(struct hkv_accept_msg, data) || acc->magic != HKV_CONN_MAGIC ||
 	    acc->len > HKV_REPLY_MAX || (size_t)n < offsetof(struct hkv_accept_msg, data) + acc->len)
 		return HKV_EPROTO;
+	alen = offsetof(struct hkv_accept_msg, data) + acc->len;
+	if ((size_t)n >= alen + sizeof(*gi))
+		memcpy(gi, buf + alen, sizeof(*gi));
 	if (acc->status)
 		return HKV_EPROTO;
+	if (gi->magic != SHM_GATE_MAGIC || gi->slot >= SHM_MAX_CLIENTS) {
+		if (*gfd >= 0)
+			close(*gfd);
+		*gfd = -1; /* (a server from before gates) */
+	}
 	return *fd < 0 ? HKV_EPROTO : 0;
 }
 
@@ -267,8 +332,9 @@ struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_ac
 	struct sockaddr_un sun = {.sun_family = AF_UNIX};
 	struct hkv_hello_msg hello;
 	struct shm_conn *s;
+	struct shm_gate_info gi;
 	unsigned cq_size = 1;
-	int fd = -1, ret;
+	int fd = -1, gfd = -1, ret;
 
 	if (!cfg->path || strlen(cfg->path) >= sizeof(sun.sun_path)) {
 		errno = EINVAL;
@@ -303,19 +369,35 @@ struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_ac
 	hkv_hello_fill(&hello, cfg);
 	if (send(s->sock, &hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
 		goto close_sock;
-	ret = shm_recv_accept(s->sock, cfg->timeout_ms, acc, &fd);
+	ret = shm_recv_accept(s->sock, cfg->timeout_ms, acc, &fd, &gfd, &gi);
 	if (ret)
 		goto close_fd;
 	s->base.region = acc->region;
 	ret = shm_map(s, fd);
 	if (ret)
 		goto close_fd;
+	if (gfd >= 0) {
+		void *g = mmap(NULL, SHM_MAX_CLIENTS * sizeof(*s->gates), PROT_READ | PROT_WRITE,
+			       MAP_SHARED, gfd, 0);
+
+		if (g == MAP_FAILED) {
+			ret = -errno;
+			munmap(s->map, s->map_len);
+			goto close_fd;
+		}
+		s->gates = g;
+		s->gate = &s->gates[gi.slot];
+		s->gen = gi.gen;
+		close(gfd);
+	}
 	close(fd);
 	return &s->base;
 
 close_fd:
 	if (fd >= 0)
 		close(fd);
+	if (gfd >= 0)
+		close(gfd);
 	close(s->sock);
 	hkv_free(s->cq);
 	hkv_free(s);
@@ -338,6 +420,7 @@ err_errno:
 struct shm_client {
 	int fd;
 	int accepted;
+	int fencing; /* its gate shut by hkv_listener_fence, the drop waiting */
 	uint64_t cookie;
 	uint64_t since_ns; /* accepted at: a hello must come within SHM_HELLO_NS */
 };
@@ -345,6 +428,8 @@ struct shm_client {
 struct shm_listener {
 	struct hkv_listener base;
 	int sock, epfd, region_fd;
+	int gate_fd;             /* the gate table (a memfd), one slot per fd */
+	struct shm_gate *gates;  /* its mapping */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct shm_client *clients; /* indexed by fd */
 	int nclients, nconns, max_fd;
@@ -363,6 +448,10 @@ static int shm_l_nconns(const struct hkv_listener *l)
 
 static void shm_drop_client(struct shm_listener *sl, int fd)
 {
+	/* its gate shuts: a live process that still maps the region runs no
+	 * chain from here on (one in flight finishes: hkv_listener_fence waits
+	 * for those) */
+	__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
 	if (sl->clients[fd].accepted) {
 		sl->nconns--;
 		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
@@ -431,6 +520,7 @@ static void shm_accept_one(struct shm_listener *sl)
 	}
 	sl->clients[fd].fd = fd;
 	sl->clients[fd].accepted = 0;
+	sl->clients[fd].fencing = 0;
 	sl->clients[fd].since_ns = hkv_now_ns();
 	sl->nclients++;
 }
@@ -464,14 +554,18 @@ static int shm_fd_for(struct shm_listener *sl, uint32_t access)
 	return open(path, O_RDONLY | O_CLOEXEC);
 }
 
-static int shm_send_accept(int fd, const struct hkv_accept_msg *acc, int region_fd)
+static int shm_send_accept(int fd, const struct hkv_accept_msg *acc, int region_fd,
+			   int gate_fd, const struct shm_gate_info *gi)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
-	struct iovec iov = {.iov_base = (void *)acc,
-			    .iov_len = acc->status ? HKV_REFUSAL_LEN
-						   : offsetof(struct hkv_accept_msg, data) + acc->len};
-	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+	char cbuf[CMSG_SPACE(2 * sizeof(int))] = {0};
+	struct iovec iov[2] = {{.iov_base = (void *)acc,
+				.iov_len = acc->status ? HKV_REFUSAL_LEN
+						       : offsetof(struct hkv_accept_msg, data) +
+								 acc->len},
+			       {.iov_base = (void *)gi, .iov_len = sizeof(*gi)}};
+	struct msghdr msg = {.msg_iov = iov, .msg_iovlen = region_fd >= 0 ? 2 : 1};
 	struct cmsghdr *cm;
+	int fds[2] = {region_fd, gate_fd};
 
 	if (region_fd >= 0) {
 		msg.msg_control = cbuf;
@@ -479,8 +573,8 @@ static int shm_send_accept(int fd, const struct hkv_accept_msg *acc, int region_
 		cm = CMSG_FIRSTHDR(&msg);
 		cm->cmsg_level = SOL_SOCKET;
 		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &region_fd, sizeof(int));
+		cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, sizeof(fds));
 	}
 	return sendmsg(fd, &msg, MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
@@ -489,6 +583,7 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 {
 	struct hkv_hello_msg hello;
 	struct hkv_accept_msg acc;
+	struct shm_gate_info gi = {SHM_GATE_MAGIC, (uint32_t)fd, 0};
 	uint32_t access;
 	int rfd = -1, admitted;
 	ssize_t n;
@@ -504,7 +599,9 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 	admitted = !acc.status;
 	if (!acc.status && (rfd = shm_fd_for(sl, access)) < 0)
 		acc.status = -errno;
-	if (shm_send_accept(fd, &acc, acc.status ? -1 : rfd) || acc.status) {
+	/* (a fresh generation for the slot: whoever had this fd before stays shut) */
+	gi.gen = __atomic_add_fetch(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
+	if (shm_send_accept(fd, &acc, acc.status ? -1 : rfd, sl->gate_fd, &gi) || acc.status) {
 		if (acc.status)
 			hkv_warn("shm: refused a client: %s", hkv_strerror(acc.status));
 		if (admitted) /* counted by on_connect, never connected: its place back */
@@ -537,6 +634,27 @@ static int shm_l_dispatch(struct hkv_listener *l)
 	return n < 0 && errno != EINTR ? -errno : 0;
 }
 
+static int shm_l_fence(struct hkv_listener *l, uint64_t cookie)
+{
+	struct shm_listener *sl = container_of(l, struct shm_listener, base);
+
+	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++) {
+		struct shm_client *c = &sl->clients[fd];
+
+		if (c->fd < 0 || !c->accepted || c->cookie != cookie)
+			continue;
+		if (!c->fencing) {
+			c->fencing = 1;
+			__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
+		}
+		if (__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST))
+			return -EINPROGRESS; /* a chain in flight (a peer stopped in it?) */
+		shm_drop_client(sl, fd);
+		return 0;
+	}
+	return 0;
+}
+
 static void shm_l_destroy(struct hkv_listener *l)
 {
 	struct shm_listener *sl = container_of(l, struct shm_listener, base);
@@ -544,6 +662,10 @@ static void shm_l_destroy(struct hkv_listener *l)
 	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
 		if (sl->clients[fd].fd >= 0)
 			shm_drop_client(sl, fd);
+	if (sl->gates)
+		munmap(sl->gates, SHM_MAX_CLIENTS * sizeof(*sl->gates));
+	if (sl->gate_fd >= 0)
+		close(sl->gate_fd);
 	close(sl->epfd);
 	close(sl->sock);
 	unlink(sl->path);
@@ -557,6 +679,7 @@ static const struct hkv_listener_ops shm_listener_ops = {
 	.nconns = shm_l_nconns,
 	.destroy = shm_l_destroy,
 	.tick = shm_l_tick,
+	.fence = shm_l_fence,
 };
 
 struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
@@ -573,6 +696,7 @@ struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
 	sl = hkv_calloc(1, sizeof(*sl));
 	if (!sl)
 		return NULL;
+	sl->gate_fd = -1;
 	sl->clients = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->clients));
 	if (!sl->clients)
 		goto free_listener;
@@ -588,6 +712,13 @@ struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
 	if (getrandom(&sl->base.region.rkey, sizeof(uint32_t), 0) != sizeof(uint32_t))
 		goto free_clients;
 	sl->region_fd = cfg->region_fd;
+	sl->gate_fd = memfd_create("hatchkv-gates", MFD_CLOEXEC);
+	if (sl->gate_fd < 0 || ftruncate(sl->gate_fd, SHM_MAX_CLIENTS * sizeof(*sl->gates)) < 0 ||
+	    (sl->gates = mmap(NULL, SHM_MAX_CLIENTS * sizeof(*sl->gates), PROT_READ | PROT_WRITE,
+			      MAP_SHARED, sl->gate_fd, 0)) == MAP_FAILED) {
+		sl->gates = NULL;
+		goto free_clients;
+	}
 	strcpy(sl->path, cfg->path);
 	strcpy(sun.sun_path, cfg->path);
 	sl->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -615,6 +746,12 @@ close_sock:
 	close(sl->sock);
 	errno = err;
 free_clients:
+	err = errno;
+	if (sl->gates)
+		munmap(sl->gates, SHM_MAX_CLIENTS * sizeof(*sl->gates));
+	if (sl->gate_fd >= 0)
+		close(sl->gate_fd);
+	errno = err;
 	hkv_free(sl->clients);
 free_listener:
 	hkv_free(sl);

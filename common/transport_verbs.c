@@ -921,6 +921,18 @@ static int verbs_l_revoke(struct hkv_listener *l, uint64_t cookie, uint64_t off)
 	return -ENOENT;
 }
 
+static int verbs_l_fence(struct hkv_listener *l, uint64_t cookie)
+{
+	struct verbs_listener *vl = container_of(l, struct verbs_listener, base);
+	struct verbs_child *ch = verbs_child_by_cookie(vl, cookie);
+
+	if (ch) {
+		rdma_disconnect(ch->id);
+		verbs_child_forget(vl, ch->id); /* (its QP destroyed: nothing of it lands) */
+	}
+	return 0;
+}
+
 static int verbs_l_nwindows(const struct hkv_listener *l)
 {
 	return container_of(l, struct verbs_listener, base)->nwindows;
@@ -1199,6 +1211,7 @@ static const struct hkv_listener_ops verbs_listener_ops = {
 	.nwindows = verbs_l_nwindows,
 	.tick = verbs_l_tick,
 	.loopback = verbs_l_loopback,
+	.fence = verbs_l_fence,
 };
 
 static int verbs_l_bind(struct verbs_listener *vl, const struct hkv_listener_cfg *cfg)

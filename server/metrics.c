@@ -234,8 +234,17 @@ static void page_region(struct evbuffer *b, const struct hkv_store *s)
 			    "Live items the server moved out of a segment being moved (store mode).",
 			    sl->relocated);
 	hkv_metrics_counter(b, "hatchkv_held_blocks_reclaimed_total",
-			    "Blocks held past their time, or left by gone clients, taken back.",
+			    "Blocks that disconnected or fenced clients held or left, taken back.",
 			    sl->held_reclaimed);
+	hkv_metrics_counter(b, "hatchkv_clients_fenced_total",
+			    "Clients fenced (queue pair destroyed, or shm gate shut) because a "
+			    "segment move needed blocks they held unchanged for 1.5 s; each "
+			    "connects again at its next operation.", s->fences);
+	pair(b, "hatchkv_server_atomics_total", "counter",
+	     "The server's CAS/FAA on words clients reach with atomics, on verbs: through "
+	     "the NIC (its loopback queue pair), or with the CPU while no loopback is up "
+	     "(which the NIC may not see as atomic: should stay 0). Both 0 on shm.",
+	     "path", "nic", s->atom.nic, "cpu", s->atom.cpu);
 }
 
 void hkv_server_metrics_page(struct evbuffer *b, void *arg)

@@ -175,8 +175,16 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
  * taken.
  */
 static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
-			uint64_t stamp, uint64_t meta, int kind)
+			uint64_t stamp, uint64_t meta, int kind, int may_fence)
 {
+	uint32_t holder = hkv_held_holder(stamp);
+
+	/* A connected holder may still write the block it holds, however long
+	 * ago it claimed it (stopped between its hold check and its post): its
+	 * block comes back only once it is fenced - when a move needs it. */
+	if (kind == 1 && holder <= HKV_MAX_CLIENTS && s->clients[holder].connected &&
+	    (!may_fence || hkv_store_fence(s, holder)))
+		return 0;
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
 		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp()))
 		return 0;
@@ -348,7 +356,7 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 				continue;
 			if (now - sighting(&s->slab.cur, &s->slab.prev, off, stamp, meta, now,
 					   UINT64_MAX) >= RECLAIM_NS)
-				reclaim_held(s, seg, b, h, stamp, meta, kind);
+				reclaim_held(s, seg, b, h, stamp, meta, kind, 0);
 		}
 	}
 }
@@ -951,7 +959,7 @@ static int drain_step(struct hkv_store *s)
 					   since) < RECLAIM_NS)
 				continue;
 			if (kind <= 2)
-				reclaim_held(s, seg, b, h, stamp, meta, kind);
+				reclaim_held(s, seg, b, h, stamp, meta, kind, 1);
 			else
 				reclaim_left(s, seg, b, h, cls, meta, kind, slot, sl);
 		}

@@ -516,6 +516,23 @@ void hkv_store_clock(struct hkv_store *s)
 	}
 }
 
+int hkv_store_fence(struct hkv_store *s, uint32_t id)
+{
+	int ret;
+
+	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected || !s->data)
+		return 0;
+	ret = hkv_listener_fence(s->data, id);
+	if (ret == -EOPNOTSUPP)
+		ret = 0; /* (no such transport: none reaches the region but by its socket) */
+	if (!ret) {
+		s->fences++;
+		hkv_info("store: client %u fenced (a move needs blocks it has held unchanged past "
+			 "the take-back time); it connects again at its next operation", id);
+	}
+	return ret;
+}
+
 void hkv_store_tick(struct hkv_store *s)
 {
 	uint64_t now = hkv_now_ns();

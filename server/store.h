@@ -137,6 +137,7 @@ struct hkv_store {
 	struct hkv_listener *data; /* set once the data plane is up: grants bind on it */
 	struct hkv_slab slab;
 	struct hkv_satom atom; /* the server's atomics on client-reachable words */
+	uint64_t fences;       /* clients fenced to take back their holds */
 	int fenced; /* cluster: lease in doubt, serve nobody (server/cluster.h) */
 	struct hkv_store_stats stats;
 };
@@ -179,6 +180,15 @@ int hkv_store_grant(struct hkv_store *s, const struct hkv_ctl_grant *g,
  * segment is being moved: ask again), HKV_EAUTH, -EPERM, -EINVAL. */
 int hkv_store_carve(struct hkv_store *s, const struct hkv_ctl_carve *req,
 		    struct hkv_ctl_carved *out, const char **why);
+
+/*
+ * Fence client id (server/slab.c, before it takes back a block the client
+ * holds): once this returns 0 nothing the client posts can land any more
+ * (hkv_listener_fence) and it is disconnected; it connects again at its
+ * next operation, without the blocks it held. 0, or -EINPROGRESS (shm: a
+ * chain of it is in flight, maybe stopped there: ask again later).
+ */
+int hkv_store_fence(struct hkv_store *s, uint32_t id);
 
 /* Expire tickets not redeemed in time; called from a 1 s timer. */
 void hkv_store_tick(struct hkv_store *s);
