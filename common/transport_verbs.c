@@ -940,14 +940,15 @@ static int verbs_l_nwindows(const struct hkv_listener *l)
 
 static void loop_free(struct verbs_loop *lp)
 {
+	if (lp->mw) /* (first: a window bound to the QP holds it; rxe then takes ~50 s
+		     * to destroy the QP) */
+		ibv_dealloc_mw(lp->mw);
 	if (lp->child) {
 		rdma_disconnect(lp->child);
 		if (lp->child->qp)
 			rdma_destroy_qp(lp->child);
 		rdma_destroy_id(lp->child);
 	}
-	if (lp->mw)
-		ibv_dealloc_mw(lp->mw);
 	if (lp->cq)
 		ibv_destroy_cq(lp->cq);
 	if (lp->lid)
@@ -1062,7 +1063,7 @@ static struct hkv_conn *verbs_l_loopback(struct hkv_listener *l, int timeout_ms)
 	struct ibv_device_attr dattr;
 	struct ibv_mr *mr = NULL;
 	uint32_t rkey = 0;
-	uint8_t resources = 0;
+	uint8_t resources = 0, tmo = VERBS_ACK_TIMEOUT;
 	int ret = -ENOMEM, depth = 64;
 
 	if (!lp || !v)
@@ -1096,6 +1097,8 @@ static struct hkv_conn *verbs_l_loopback(struct hkv_listener *l, int timeout_ms)
 	ret = HKV_ENODEV;
 	if (v->id->verbs != vl->ctx)
 		goto fail; /* (the address is another device's) */
+	/* (a client's ack timeout: its teardown does not wait out the default's) */
+	rdma_set_option(v->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo));
 	ret = -errno;
 	if (!(v->pd = ibv_alloc_pd(v->id->verbs)) ||
 	    !(v->cq = ibv_create_cq(v->id->verbs, depth, NULL, NULL, 0)) ||
@@ -1131,6 +1134,7 @@ static struct hkv_conn *verbs_l_loopback(struct hkv_listener *l, int timeout_ms)
 	param.private_data = &acc;
 	param.private_data_len = (uint8_t)offsetof(struct hkv_accept_msg, data);
 	param.responder_resources = resources < vl->max_rd_atom ? resources : vl->max_rd_atom;
+	rdma_set_option(lp->child, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo));
 	ret = rdma_accept(lp->child, &param) ? -errno : 0;
 	if (!ret)
 		ret = cm_expect(v->ec, timeout_ms, RDMA_CM_EVENT_ESTABLISHED, &got);

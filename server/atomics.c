@@ -71,8 +71,11 @@ void hkv_satom_detach(struct hkv_satom *a)
 {
 	pthread_mutex_lock(&a->lock);
 	if (a->conn) {
+		uint64_t t0 = hkv_now_ns();
+
 		hkv_conn_dereg(a->conn, a->mr);
 		hkv_conn_close(a->conn);
+		hkv_debug("atomics: loopback closed in %.0f ms", (double)(hkv_now_ns() - t0) / 1e6);
 	}
 	a->conn = NULL;
 	a->mr = NULL;
