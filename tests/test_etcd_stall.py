@@ -52,7 +52,6 @@ with the test, PR_SET_PDEATHSIG); stopped ones are continued first. The temp
 dir is removed. Exit 0: passed, 1: failed, 77: no etcd binary (skipped).
 """
 import base64
-import ctypes
 import json
 import os
 import random
@@ -67,7 +66,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import Mc, find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, die_with_parent, find_etcd, free_port  # noqa: E402
+from mc_harness import wait_for as harness_wait_for  # noqa: E402
 
 LEASE_TTL = 3
 KEYS = 2000
@@ -89,20 +89,7 @@ def check(cond, what):
 
 
 def wait_for(pred, timeout, what, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise Failed("timed out (%g s) waiting for %s" % (timeout, what))
-
-
-def die_with_parent():
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    return harness_wait_for(pred, timeout, what, step, Failed)
 
 
 class Client:

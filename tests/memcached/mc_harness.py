@@ -8,6 +8,7 @@ Ports are never fixed: hatchkv-memcached listens on port 0 and logs the port it
 got; Debian's memcached gets a port found free just before it starts. Every
 process started here is killed on close(), also when the test fails.
 """
+import ctypes
 import os
 import hashlib
 import hmac
@@ -159,13 +160,25 @@ class Mc:
         self.s.close()
 
 
-def wait_for(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise RuntimeError("timed out waiting for " + what)
+def wait_for(pred, timeout, what, step=0.05, error=RuntimeError):
+    """pred() every step s until it is true (its value is returned), for at
+    most timeout s; then error("timed out ...")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    raise error("timed out (%g s) waiting for %s" % (timeout, what))
+
+
+def die_with_parent():
+    """In a child (Popen's preexec_fn): SIGKILL when the test dies (a ctest
+    timeout, a ^C)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 class Daemons:

@@ -37,7 +37,6 @@ the end, also on failure (and dies with the test: PR_SET_PDEATHSIG); the temp
 dir is removed. Exit 0: passed, 1: failed.
 """
 import base64
-import ctypes
 import json
 import os
 import random
@@ -56,7 +55,8 @@ import urllib.request
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from mc_harness import find_etcd, free_port, stop
+from mc_harness import die_with_parent, find_etcd, free_port, stop
+from mc_harness import wait_for as harness_wait_for
 
 LEASE_TTL = 3
 IDS = ("ra", "rb", "rc")
@@ -82,20 +82,7 @@ def check(cond, what):
 
 
 def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise Failed("timed out (%g s) waiting for %s" % (timeout, what))
-
-
-def die_with_parent():
-    """In the child: SIGKILL when the test dies (a ctest timeout, a ^C)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    harness_wait_for(pred, timeout, what, 0.05, Failed)
 
 
 class Cluster:

@@ -35,7 +35,6 @@ started here dies with the test (PR_SET_PDEATHSIG). Exit 0: passed, 1:
 failed, 77: no etcd binary.
 """
 import base64
-import ctypes
 import json
 import os
 import random
@@ -51,7 +50,8 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "memcached"))
 sys.path.insert(0, HERE)
-from mc_harness import find_etcd, free_port  # noqa: E402
+from mc_harness import die_with_parent, find_etcd, free_port  # noqa: E402
+from mc_harness import wait_for as harness_wait_for  # noqa: E402
 from test_metrics import check, metrics_url, scrape, val  # noqa: E402
 
 TTL = 3
@@ -60,20 +60,7 @@ R = 2
 
 
 def wait_for(pred, timeout, what, step=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError("timed out (%g s) waiting for %s" % (timeout, what))
-
-
-def die_with_parent():
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    return harness_wait_for(pred, timeout, what, step, AssertionError)
 
 
 class Env:
