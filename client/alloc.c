@@ -458,23 +458,17 @@ static int claim(struct hkv_client *c, uint32_t cls)
 }
 
 /*
- * A held block that waited HOLD_USE_NS goes back, claimed (stamped) or kept,
- * at any age: the sweep never takes a connected client's blocks, so nothing
- * can have set its bit meanwhile.
+ * The held blocks of class cls that waited HOLD_USE_NS go back (give_back),
+ * or with `all` every one of them: claimed (stamped) or kept, at any age -
+ * the server takes back only a fenced holder's blocks, so nothing can have
+ * set their bits meanwhile.
  */
-static void drop_held(struct hkv_client *c, uint32_t cls, const struct hkv_held *h)
-{
-	give_back(c, cls, h);
-}
-
-/* The held blocks of class cls that waited HOLD_USE_NS go (drop_held), or
- * with `all` every one of them. */
 static void drop_class(struct hkv_client *c, uint32_t cls, uint64_t now, int all)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
 
 	while (ca->head < ca->n && (all || now - ca->held[ca->head].claim_ns >= HOLD_USE_NS))
-		drop_held(c, cls, &ca->held[ca->head++]);
+		give_back(c, cls, &ca->held[ca->head++]);
 	if (ca->head == ca->n)
 		ca->head = ca->n = 0;
 }

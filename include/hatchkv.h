@@ -283,8 +283,9 @@ struct hkv_client_stats {
 	uint64_t cache_hits, cache_misses; /* location cache */
 	/* shared pools (docs/design.md, "Memory that flows"): claim chains won
 	 * and lost, blocks they took, blocks freed, bitmap surveys, CARVE
-	 * requests to the server, held blocks given back or abandoned (left for
-	 * the server to reclaim) */
+	 * requests to the server, held blocks given back; blocks_abandoned stays
+	 * 0 (held blocks go back at any age since the server fences a holder
+	 * before it takes any back; the field stays for the ABI) */
 	uint64_t claims, claims_lost, blocks_claimed, blocks_freed;
 	uint64_t surveys, carves, blocks_given_back, blocks_abandoned;
 	uint64_t blocks_kept; /* of the freed: kept for our own next write, no claim */

@@ -674,7 +674,7 @@ static int relocation_write(struct hkv_store *s, uint32_t cls, struct relocation
 
 enum { R_PUBLISH, R_MARK, R_SWING, R_DONE, R_WITHDRAW, R_SKIP };
 
-/* The CAS of step st for r. */
+/* The CAS of r's next step (r->step). */
 static struct hkv_satom_op relocation_op(const struct hkv_store *s, uint32_t cls,
 					 const struct relocation *r)
 {

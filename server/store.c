@@ -523,8 +523,6 @@ int hkv_store_fence(struct hkv_store *s, uint32_t id)
 	if (id == 0 || id > HKV_MAX_CLIENTS || !s->clients[id].connected || !s->data)
 		return 0;
 	ret = hkv_listener_fence(s->data, id);
-	if (ret == -EOPNOTSUPP)
-		ret = 0; /* (no such transport: none reaches the region but by its socket) */
 	if (!ret) {
 		s->fences++;
 		hkv_info("store: client %u fenced (a move needs blocks it has held unchanged past "

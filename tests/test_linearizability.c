@@ -1089,8 +1089,8 @@ static int run_crew(const char *mode, int round, int nops, int (*init)(struct hk
 	if (w.victim > 0) {
 		close(w.go_fd); /* start them */
 		w.go_fd = -1;
-		/* the victim claims blocks all the time, and holds some for up
-		 * to HKV_HOLD_MS after each claim */
+		/* the victim claims blocks all the time, and holds some
+		 * between its claims and its writes */
 		ret = kill_victim(mode, w.victim, w.victim_hist);
 		w.victim = 0;
 		ret |= load_blocks(w.victim_hist, 1);
