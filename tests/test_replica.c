@@ -636,7 +636,9 @@ static void test_reads_primary(void)
 static void test_expiry(void)
 {
 	const int r = 3;
-	struct hkv_write_opts past = {.exptime = -1}, soon = {.exptime = 1};
+	/* (2 s: exptimes are whole seconds, so a 1 s one may end within ms of
+	 * the set, before the check that it is held everywhere) */
+	struct hkv_write_opts past = {.exptime = -1}, soon = {.exptime = 2};
 	struct hkv_client *c;
 	struct hkv_item_info i1;
 	char buf[64];
@@ -654,7 +656,7 @@ static void test_expiry(void)
 	CHECK_RC(hkv_set(c, "exp-c", 5, "1", 1, &soon), 0);
 	CHECK(held_str(c, direct, r, "exp-a", "1", &i1) == 0);
 	CHECK(i1.exptime != 0);
-	sleep_ms(2100);
+	sleep_ms(3100);
 	/* through the handle only */
 	CHECK_RC(read_str(c, "exp-a", buf, sizeof(buf), NULL), HKV_ENOTFOUND);
 	CHECK_RC(hkv_add(c, "exp-a", 5, "2", 1, NULL), 0);
@@ -689,7 +691,7 @@ static void test_expiry(void)
 static void test_expired_read_directly(void)
 {
 	const int r = 2;
-	struct hkv_write_opts soon = {.exptime = 1};
+	struct hkv_write_opts soon = {.exptime = 2}; /* (as in test_expiry) */
 	static const char *const keys[] = {"expd-dec", "expd-pri", "expd-dec1", "expd-pri1"};
 	struct hkv_client *c;
 	char buf[64];
@@ -702,7 +704,7 @@ static void test_expired_read_directly(void)
 		CHECK_RC(hkv_set(c, keys[i], strlen(keys[i]), "1", 1, &soon), 0);
 		CHECK(held_str(c, direct, r, keys[i], "1", NULL) == 0);
 	}
-	sleep_ms(2100);
+	sleep_ms(3100);
 	for (int i = 0; i < 4; i++) {
 		int on = i % 2 == 0 ? r - 1 : 0; /* the decider, or the primary */
 		int64_t t0 = now_ms();
