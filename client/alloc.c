@@ -349,6 +349,8 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 	struct hkv_wr wr[2];
 
 	freed_stamp(c, h->off, cls, wr);
+	if (hkv_test_hook)
+		hkv_test_hook(c, HKV_TP_GIVE_BACK);
 	(void)hkv_conn_post(c->conn, wr, 2);
 	c->stats.blocks_given_back++;
 }
@@ -624,6 +626,8 @@ void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 		return; /* not a block we could have validated: never touch it */
 	block_pos(c, off, cls, &seg, &blk);
 	freed_stamp(c, off, cls, wr);
+	if (hkv_test_hook)
+		hkv_test_hook(c, HKV_TP_FREE);
 	/* the transport keeps room for it (signaling now and then); if the
 	 * connection failed, the free is lost with it (docs/design.md, Known gaps) */
 	(void)hkv_conn_post(c->conn, wr, 2);

@@ -144,8 +144,10 @@ uint64_t hkv_test_view_max_ns;
 int hkv_view_fresh(struct hkv_client *c, uint64_t seen_ns)
 {
 	if (hkv_now_ns() - seen_ns <= (hkv_test_view_max_ns ? hkv_test_view_max_ns
-							    : HKV_VIEW_MAX_NS))
+							    : HKV_VIEW_MAX_NS)) {
+		hkv_test_at(c, HKV_TP_VIEW_POST);
 		return 1;
+	}
 	c->stats.stale_views++;
 	return 0;
 }

@@ -390,6 +390,15 @@ enum hkv_test_point {
 	HKV_TP_CLAIM_STAMP,        /* a claim CAS won, its HELD stamps not yet posted */
 	HKV_TP_INSERT_COMMIT,      /* an insert's slot taken (PENDING), not yet committed */
 	HKV_TP_HOLD_WRITE,         /* a held block's hold checked, its first WRITE not posted */
+	HKV_TP_VIEW_POST,          /* a view found fresh, the CASes that act on it not posted
+				    * (an update's or delete's retire, a slot taken over) */
+	HKV_TP_INSERT_SLOT,        /* an insert's block written, its slot CAS (0 -> ours) not posted */
+	HKV_TP_FREE,               /* a block we retired: its free (stamp, FAA) not posted */
+	HKV_TP_GIVE_BACK,          /* a held block's give-back not posted */
+	HKV_TP_ATIME_CAS,          /* a GET's block read and found fresh, its atime CAS not posted */
+	HKV_TP_EVICT_MARK,         /* eviction: victims' headers and buckets read as one fresh
+				    * view, their mark CASes not posted */
+	HKV_TP_COUNT
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);
 /* Tests only: the view age bound instead of HKV_VIEW_MAX_NS when not 0 (a

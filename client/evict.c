@@ -47,6 +47,7 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, exptime), was,
 			now_word);
 	wr.flags = HKV_WR_F_NO_COMPLETION;
+	hkv_test_at(c, HKV_TP_ATIME_CAS);
 	(void)hkv_conn_post(c->conn, &wr, 1); /* the transport keeps room for it */
 }
 
@@ -111,6 +112,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 	}
 	if (!n || !hkv_view_fresh(c, v[0].seen_ns)) /* headers and buckets: one view */
 		return 0;
+	hkv_test_at(c, HKV_TP_EVICT_MARK);
 	if ((ret = hkv_exec(c, wrs, 2 * n)))
 		return ret;
 	for (int i = 0; i < n; i++) { /* replaced or removed meanwhile: not an eviction */

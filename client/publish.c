@@ -470,6 +470,8 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 	else
 		wrs[n++] = hkv_wr_cas(c, &c->atom[1], soff, 0, new_slot);
 	n = hkv_append_bucket_reads(c, wrs, n, k, re);
+	if (!victim)
+		hkv_test_at(c, HKV_TP_INSERT_SLOT);
 	c->pub_ns = re_seen = hkv_coarse_ns();
 	if ((ret = hkv_exec(c, wrs, n)))
 		return ret;

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "common/hkv_alloc.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "common/transport_int.h"
 #include "server/store.h"
@@ -185,6 +186,7 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	if (kind == 1 && holder <= HKV_MAX_CLIENTS && s->clients[holder].connected &&
 	    (!may_fence || hkv_store_fence(s, holder)))
 		return 0;
+	hkv_failpoint("take-back");
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
 		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp()))
 		return 0;
@@ -265,8 +267,10 @@ static int reclaim_left(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 {
 	int32_t age_ms = (int32_t)(now_ms32() - __atomic_load_n(&h->atime, __ATOMIC_RELAXED));
 
-	if ((kind == 4 && age_ms <= HKV_PENDING_LEASE_MS) || !whole(s, h, cls, meta) ||
-	    !cas(s, &h->meta, meta,
+	if ((kind == 4 && age_ms <= HKV_PENDING_LEASE_MS) || !whole(s, h, cls, meta))
+		return 0;
+	hkv_failpoint("take-left");
+	if (!cas(s, &h->meta, meta,
 		 hkv_meta_make(HKV_BLK_OBSOLETE, cls, hkv_meta_gen(meta)) | HKV_META_ABORTED))
 		return 0;
 	if (kind == 4 && hkv_satom_run(&s->atom, &(struct hkv_satom_op){slot, sl, 0, 0, HKV_WR_CAS},
@@ -470,6 +474,7 @@ static uint32_t evict_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
 	uint64_t *w[HKV_SATOM_CHAIN], m[HKV_SATOM_CHAIN];
 	int k = 0;
 
+	hkv_failpoint("move-evict");
 	for (int i = 0; i < n; i++)
 		op[i] = (struct hkv_satom_op){&ev[i].h->meta, ev[i].meta,
 					      hkv_meta_make(HKV_BLK_OBSOLETE, cls,
@@ -734,12 +739,16 @@ static uint32_t relocate_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
 		if (step == R_DONE)
 			continue;
 		for (int i = 0; i < n; i++)
-			if (rv[i].step == step) {
-				at[k] = &rv[i];
-				op[k++] = relocation_op(s, cls, &rv[i]);
-			}
+			if (rv[i].step == step)
+				at[k++] = &rv[i];
 		if (!k)
 			continue;
+		if (step == R_PUBLISH)
+			hkv_failpoint("move-publish"); /* (the copies written) */
+		else if (step == R_SWING)
+			hkv_failpoint("move-swing"); /* (the old blocks marked) */
+		for (int i = 0; i < k; i++)
+			op[i] = relocation_op(s, cls, at[i]);
 		if (hkv_satom_run(&s->atom, op, k))
 			return moved; /* (not known done: left as they are) */
 		for (int i = 0; i < k; i++) {
@@ -857,6 +866,8 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 			;
 	}
 	claims_return(s, cursor, g->nclasses);
+	if (n)
+		hkv_failpoint("move-claimed"); /* (targets claimed, nothing written) */
 	for (uint32_t i = 0; i < n; i += HKV_SATOM_CHAIN)
 		moved += relocate_batch(s, seg, cls, rv + i,
 					(int)(n - i < HKV_SATOM_CHAIN ? n - i : HKV_SATOM_CHAIN), buf);
@@ -999,6 +1010,7 @@ static int drain_step(struct hkv_store *s)
 	}
 	/* (a block written at gen floor anywhere in the segment: the new blocks
 	 * start above it, so no address sees a generation twice) */
+	hkv_failpoint("move-carve"); /* (every bit ours, cleared) */
 	carve(s, seg, s->slab.drain_to, floor + 1, s->slab.drain_entry);
 	s->slab.moved++;
 	if (s->slab.drain_items)

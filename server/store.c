@@ -12,6 +12,7 @@
 #include <sodium.h>
 
 #include "common/ctl_auth.h"
+#include "common/failpoint.h"
 #include "common/hkv_alloc.h"
 #include "common/log.h"
 #include "common/transport_int.h"
@@ -192,6 +193,8 @@ int hkv_store_init(struct hkv_store *s, const struct hkv_store_opts *o)
 	memset(s, 0, sizeof(*s));
 	s->region.fd = -1;
 	s->slab.drain_seg = -1;
+	if (hkv_failpoints_init()) /* (HKV_STALL: tests' stall points) */
+		return -EINVAL;
 	s->clients = hkv_calloc(HKV_MAX_CLIENTS + 1, sizeof(*s->clients));
 	if (!s->clients || hkv_satom_init(&s->atom, NULL)) {
 		hkv_free(s->clients);
@@ -607,6 +610,7 @@ static void purge_batch(struct purge_arg *pa)
 	int n = pa->n, k = 0;
 
 	pa->n = 0;
+	hkv_failpoint("purge"); /* (the items read, their slots not yet swung) */
 	for (int i = 0; i < n; i++)
 		op[i] = (struct hkv_satom_op){pa->v[i].slot, pa->v[i].sl, 0, 0, HKV_WR_CAS};
 	if (hkv_satom_run(&pa->s->atom, op, n))
