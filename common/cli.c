@@ -10,6 +10,7 @@
 
 #include "common/ctl_proto.h"
 #include "common/layout.h"
+#include "common/log.h"
 
 #ifndef HKV_VERSION_STRING
 #define HKV_VERSION_STRING "unknown"
@@ -174,25 +175,85 @@ static int push(char ***v, int *n, int *cap, const char *word)
 	return 0;
 }
 
-int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const char *prog)
+/* Free a vector push() made. */
+static void vec_free(char **v)
 {
-	static char **keep; /* the new vector: options point into it */
+	for (int i = 0; v && v[i]; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* One line of FILE (trimmed, not a comment) as "--name" [value] on v;
+ * 0, 1 after a line on stderr saying what is wrong, -1 on ENOMEM. */
+static int config_line(char *line, const char *path, int lineno, const struct option *opts,
+		       const char *prog, char ***v, int *n, int *cap)
+{
+	char *name = line, *value = NULL, *p, opt[256];
+	const struct option *o;
+
+	if (!strncmp(name, "--", 2))
+		name += 2;
+	p = name + strcspn(name, " \t=");
+	if (*p) {
+		*p++ = 0;
+		value = trim(p);
+		if (*value == '=')
+			value = trim(value + 1);
+		if (*value == '"') {
+			size_t len = strlen(value);
+
+			if (len < 2 || value[len - 1] != '"') {
+				fprintf(stderr, "%s:%d: '%s': unterminated quote\n", path, lineno,
+					name);
+				return 1;
+			}
+			value[len - 1] = 0;
+			value++;
+		} else if (!*value) {
+			value = NULL;
+		}
+	}
+	for (o = opts; o->name && strcmp(o->name, name); o++)
+		;
+	if (!o->name || !strcmp(name, "config") || !strcmp(name, "help") ||
+	    !strcmp(name, "version")) {
+		fprintf(stderr, "%s:%d: '%s' is no option of %s (%s --help lists them)\n", path,
+			lineno, name, prog, prog);
+		return 1;
+	}
+	if (o->has_arg == required_argument && !value) {
+		fprintf(stderr, "%s:%d: '%s' needs a value (%s = VALUE)\n", path, lineno, name,
+			name);
+		return 1;
+	}
+	if (o->has_arg == no_argument && value) {
+		fprintf(stderr, "%s:%d: '%s' is a switch: it takes no value\n", path, lineno, name);
+		return 1;
+	}
+	snprintf(opt, sizeof(opt), "--%s", name);
+	return push(v, n, cap, opt) || (value && push(v, n, cap, value)) ? -1 : 0;
+}
+
+/*
+ * The options of path followed by argv's without its --config (at at, words
+ * long): a new vector in *out (vec_free), its length in *outc. 0, or -1
+ * after a line on stderr.
+ */
+static int config_vector(int argc, char **argv, const char *path, int at, int words,
+			 const struct option *opts, const char *prog, int *outc, char ***out)
+{
 	char line[4096], **v = NULL;
-	int at = 0, words = 0, n = 0, cap = 0, lineno = 0, bad = 0;
-	const char *path = config_arg(*argc, *argv, &at, &words);
+	int n = 0, cap = 0, lineno = 0, bad = 0;
 	FILE *f;
 
-	if (!path)
-		return 0;
 	if (!(f = fopen(path, "re"))) {
 		fprintf(stderr, "%s: --config %s: %s\n", prog, path, strerror(errno));
 		return -1;
 	}
-	if (push(&v, &n, &cap, (*argv)[0]))
+	if (push(&v, &n, &cap, argv[0]))
 		goto nomem;
 	while (!bad && fgets(line, sizeof(line), f)) {
-		char *name, *value = NULL, *p, opt[256];
-		const struct option *o;
+		char *name;
 
 		lineno++;
 		if (!strchr(line, '\n') && !feof(f)) {
@@ -203,64 +264,195 @@ int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const cha
 		name = trim(line);
 		if (!*name || *name == '#')
 			continue;
-		if (!strncmp(name, "--", 2))
-			name += 2;
-		p = name + strcspn(name, " \t=");
-		if (*p) {
-			*p++ = 0;
-			value = trim(p);
-			if (*value == '=')
-				value = trim(value + 1);
-			if (*value == '"') {
-				size_t len = strlen(value);
-
-				if (len < 2 || value[len - 1] != '"') {
-					fprintf(stderr, "%s:%d: '%s': unterminated quote\n", path,
-						lineno, name);
-					bad = 1;
-					break;
-				}
-				value[len - 1] = 0;
-				value++;
-			} else if (!*value) {
-				value = NULL;
-			}
-		}
-		for (o = opts; o->name && strcmp(o->name, name); o++)
-			;
-		if (!o->name || !strcmp(name, "config") || !strcmp(name, "help") ||
-		    !strcmp(name, "version")) {
-			fprintf(stderr, "%s:%d: '%s' is no option of %s (%s --help lists them)\n",
-				path, lineno, name, prog, prog);
-			bad = 1;
-		} else if (o->has_arg == required_argument && !value) {
-			fprintf(stderr, "%s:%d: '%s' needs a value (%s = VALUE)\n", path, lineno,
-				name, name);
-			bad = 1;
-		} else if (o->has_arg == no_argument && value) {
-			fprintf(stderr, "%s:%d: '%s' is a switch: it takes no value\n", path, lineno,
-				name);
-			bad = 1;
-		} else {
-			snprintf(opt, sizeof(opt), "--%s", name);
-			if (push(&v, &n, &cap, opt) || (value && push(&v, &n, &cap, value)))
-				goto nomem;
-		}
+		bad = config_line(name, path, lineno, opts, prog, &v, &n, &cap);
+		if (bad < 0)
+			goto nomem;
 	}
 	fclose(f);
-	if (bad)
+	if (bad) {
+		vec_free(v);
 		return -1;
-	for (int i = 1; i < *argc; i++)
-		if ((i < at || i >= at + words) && push(&v, &n, &cap, (*argv)[i]))
+	}
+	for (int i = 1; i < argc; i++)
+		if ((i < at || i >= at + words) && push(&v, &n, &cap, argv[i]))
 			goto nomem_closed;
-	keep = v;
-	*argc = n;
-	*argv = keep;
+	*outc = n;
+	*out = v;
 	return 0;
 
 nomem:
 	fclose(f);
 nomem_closed:
+	vec_free(v);
 	fprintf(stderr, "%s: --config %s: out of memory\n", prog, path);
 	return -1;
+}
+
+/* What hkv_cli_config was given, for hkv_cli_values (SIGHUP). */
+static struct {
+	int argc;
+	char **argv; /* main()'s: lives as long as the process */
+	const struct option *opts;
+	const char *prog, *path;
+} cli_src;
+
+int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const char *prog)
+{
+	/* the new vector: options point into it (volatile: a store never read
+	 * back is dropped by the optimizer, and LeakSanitizer then calls the
+	 * vector leaked) */
+	static char **volatile keep;
+	int at = 0, words = 0, n;
+	const char *path = config_arg(*argc, *argv, &at, &words);
+	char **v;
+
+	cli_src.argc = *argc;
+	cli_src.argv = *argv;
+	cli_src.opts = opts;
+	cli_src.prog = prog;
+	cli_src.path = path;
+	if (!path)
+		return 0;
+	if (config_vector(*argc, *argv, path, at, words, opts, prog, &n, &v))
+		return -1;
+	keep = v;
+	*argc = n;
+	*argv = keep;
+	return 0;
+}
+
+/* ---- SIGHUP: the options again ---- */
+
+const char *hkv_cli_config_file(void)
+{
+	return cli_src.path;
+}
+
+static int nopts(const struct option *opts)
+{
+	int n = 0;
+
+	while (opts && opts[n].name)
+		n++;
+	return n;
+}
+
+/* getopt's short options for opts: each val that is a letter or digit. */
+static void short_opts(const struct option *opts, char *buf, size_t cap)
+{
+	size_t k = 0;
+
+	buf[k++] = ':'; /* (a missing value: ':', never a line of getopt's own) */
+	for (int i = 0; opts[i].name && k + 3 < cap; i++)
+		if (opts[i].val > 0 && opts[i].val < 128 && isalnum(opts[i].val) && !opts[i].flag) {
+			buf[k++] = (char)opts[i].val;
+			if (opts[i].has_arg == required_argument)
+				buf[k++] = ':';
+		}
+	buf[k] = 0;
+}
+
+char **hkv_cli_values(void)
+{
+	int n = nopts(cli_src.opts), argc = 0, at = 0, words = 0, saved_opterr = opterr, c, li;
+	char **v, **args = NULL, shortopts[200];
+
+	if (!cli_src.opts || !(v = calloc((size_t)n + 1, sizeof(*v))))
+		return NULL;
+	if (cli_src.path) {
+		config_arg(cli_src.argc, cli_src.argv, &at, &words);
+		if (config_vector(cli_src.argc, cli_src.argv, cli_src.path, at, words, cli_src.opts,
+				  cli_src.prog, &argc, &args))
+			goto free_values;
+	} else {
+		/* (getopt permutes what it parses: a copy, never main()'s) */
+		int cap = 0;
+
+		for (int i = 0; i < cli_src.argc; i++)
+			if (push(&args, &argc, &cap, cli_src.argv[i]))
+				goto free_args;
+	}
+	short_opts(cli_src.opts, shortopts, sizeof(shortopts));
+	opterr = 0; /* (the start said what was wrong with the command line) */
+	optind = 0; /* (glibc: start over) */
+	for (;;) {
+		li = -1;
+		if ((c = getopt_long(argc, args, shortopts, cli_src.opts, &li)) == -1)
+			break;
+		if (c == '?' || c == ':')
+			continue;
+		for (int i = 0; li < 0 && i < n; i++)
+			if (cli_src.opts[i].val == c && !cli_src.opts[i].flag)
+				li = i;
+		if (li < 0)
+			continue;
+		free(v[li]);
+		if (!(v[li] = strdup(optarg ? optarg : "")))
+			goto free_args;
+	}
+	opterr = saved_opterr;
+	vec_free(args);
+	return v;
+
+free_args:
+	opterr = saved_opterr;
+	vec_free(args);
+free_values:
+	hkv_cli_values_free(v);
+	return NULL;
+}
+
+void hkv_cli_values_free(char **v)
+{
+	int n = nopts(cli_src.opts);
+
+	for (int i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+const char *hkv_cli_value(char *const *v, const char *name)
+{
+	for (int i = 0; v && cli_src.opts[i].name; i++)
+		if (!strcmp(cli_src.opts[i].name, name))
+			return v[i];
+	return NULL;
+}
+
+static int same(const char *a, const char *b)
+{
+	return a == b || (a && b && !strcmp(a, b));
+}
+
+static const char *shown(const struct option *o, const char *val)
+{
+	if (o->has_arg == no_argument)
+		return val ? "on" : "off";
+	return val ? val : "(unset)";
+}
+
+int hkv_cli_values_diff(char *const *was, char **now, int (*live)(const char *name),
+			const char *who)
+{
+	const struct option *opts = cli_src.opts;
+	int changed = 0;
+
+	for (int i = 0; was && opts && opts[i].name; i++) {
+		char *keep = NULL;
+
+		if (same(was[i], now[i]))
+			continue;
+		if (live(opts[i].name)) {
+			changed++;
+			continue;
+		}
+		hkv_warn("%s: SIGHUP: --%s changed in %s (%s -> %s): needs a restart; keeping %s",
+			 who, opts[i].name, cli_src.path, shown(&opts[i], was[i]),
+			 shown(&opts[i], now[i]), shown(&opts[i], was[i]));
+		if (was[i] && !(keep = strdup(was[i])))
+			continue; /* (then the next SIGHUP says it again) */
+		free(now[i]);
+		now[i] = was[i] ? keep : NULL;
+	}
+	return changed;
 }

@@ -35,6 +35,33 @@ uint64_t hkv_memory_available(const char **from);
  */
 struct option;
 int hkv_cli_config(int *argc, char ***argv, const struct option *opts, const char *prog);
+
+/*
+ * SIGHUP (issue 30): the options again, from what hkv_cli_config was given
+ * (main()'s argv, which must stay as it was: only the --config file is read
+ * again; the command line still wins). v[i] is the last value given to the
+ * i-th entry of hkv_cli_config's opts (by its long or short name), "" for a
+ * switch given, NULL for an option not given. NULL after a line on stderr
+ * saying what is wrong with the file: apply nothing then. Main thread only
+ * (getopt's state). Free with hkv_cli_values_free().
+ */
+char **hkv_cli_values(void);
+void hkv_cli_values_free(char **v);
+/* v's value of the long option name (NULL: not given, or no such option). */
+const char *hkv_cli_value(char *const *v, const char *name);
+/* The --config FILE given, or NULL. */
+const char *hkv_cli_config_file(void);
+/*
+ * Compare two hkv_cli_values(): each option whose value differs is either
+ * one live(name) says the program applies now, or one that needs a
+ * restart; for each of those one warning line ("WHO: SIGHUP: --memory
+ * changed in FILE (1G -> 2G): needs a restart; keeping 1G") and now's value
+ * is set back to was's, so that now describes what runs (and the next
+ * SIGHUP says it again). Returns how many live options changed.
+ */
+int hkv_cli_values_diff(char *const *was, char **now, int (*live)(const char *name),
+			const char *who);
+
 #define HKV_CONFIG_USAGE                                                                   \
 	"  --config FILE            options from FILE, one per line: name = value, or\n"    \
 	"                           a bare name for a switch; the command line wins\n"

@@ -72,6 +72,8 @@ struct etcd_ep {
 	char host_hdr[ETCD_HOST_MAX + 16]; /* "host:port", IPv6 in brackets */
 };
 
+struct etcd_creds; /* (credentials that change live: below) */
+
 /*
  * Several endpoints (etcd://H1:P1,H2:P2/PREFIX, issue 29): calls go to the
  * current one; a refused connection (nothing was sent) tries the next at
@@ -85,8 +87,10 @@ struct hkv_etcd {
 	struct etcd_ep ep[HKV_ETCD_MAX_ENDPOINTS];
 	int nep, cur;
 	char prefix[ETCD_PREFIX_MAX];
-	SSL_CTX *tls;            /* NULL: plain HTTP */
-	char *user, *password;   /* NULL: no etcd authentication */
+	SSL_CTX *tls;            /* NULL: plain HTTP (a reference to creds->tls) */
+	char *user, *password;   /* NULL: no etcd authentication (creds' copies) */
+	struct etcd_creds *creds; /* NULL: opened without TLS and user */
+	unsigned creds_gen;      /* the creds->gen tls, user and password are from */
 	char token[1024];        /* etcd's auth token ("": none yet) */
 	int token_ep;            /* the endpoint that issued it; -1: none */
 	int answered;            /* some call has had an answer (for call_log's hints) */
@@ -384,6 +388,252 @@ free_ctx:
 	return NULL;
 }
 
+/* ---- credentials that change live ---- */
+
+/*
+ * Issue 30 (SIGHUP re-reads credentials and certificates): the handles
+ * opened with the same files and user share one entry, which holds the TLS
+ * context built from the files and the password read from its file, as
+ * last loaded. The first open loads them; later opens take the entry's;
+ * hkv_etcd_reload() loads them again and bumps gen, and each handle takes
+ * the new context and password at the start of its next call
+ * (creds_refresh; a handle is used by one thread at a time, so only that
+ * thread touches its copies). OpenSSL counts an SSL_CTX's references: the
+ * entry holds one, each handle one, each connection (SSL_new) one, so the
+ * old context goes with the last connection that uses it. Entries live as
+ * long as the process (one per set of files: a handful).
+ */
+struct etcd_creds {
+	struct etcd_creds *next;
+	struct hkv_etcd_sec opened; /* the files and user handles were opened with */
+	SSL_CTX *tls;               /* (creds_lock) NULL: plain HTTP */
+	char *user, *password;      /* (creds_lock) NULL: no etcd authentication */
+	unsigned char tls_sum[32];  /* the TLS files' bytes as loaded: a change? */
+	atomic_uint gen;            /* bumped by a reload that changed something */
+};
+static struct etcd_creds *creds_list;
+static pthread_mutex_t creds_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int same_str(const char *a, const char *b)
+{
+	return a == b || (a && b && !strcmp(a, b));
+}
+
+static int same_files(const struct hkv_etcd_sec *a, const struct hkv_etcd_sec *b)
+{
+	return same_str(a->cacert, b->cacert) && same_str(a->cert, b->cert) &&
+	       same_str(a->key, b->key) && same_str(a->user, b->user) &&
+	       same_str(a->password_file, b->password_file);
+}
+
+/* A hash of the bytes of the CA, certificate and key files s names. */
+static void tls_files_sum(const struct hkv_etcd_sec *s, unsigned char out[32])
+{
+	const char *files[3] = {s->cacert, s->cert, s->key ? s->key : s->cert};
+	crypto_generichash_state st;
+	unsigned char buf[4096];
+	size_t n;
+
+	crypto_generichash_init(&st, NULL, 0, 32);
+	for (int i = 0; i < 3; i++) {
+		FILE *f = files[i] ? fopen(files[i], "re") : NULL;
+
+		while (f && (n = fread(buf, 1, sizeof(buf), f)) > 0)
+			crypto_generichash_update(&st, buf, n);
+		if (f)
+			fclose(f);
+		crypto_generichash_update(&st, (const unsigned char *)"", 1); /* (a boundary) */
+	}
+	crypto_generichash_final(&st, out, 32);
+	sodium_memzero(buf, sizeof(buf)); /* (a private key went through it) */
+}
+
+static void password_free(char **p)
+{
+	if (*p) {
+		sodium_memzero(*p, strlen(*p));
+		hkv_free(*p);
+		*p = NULL;
+	}
+}
+
+static void creds_free(struct etcd_creds *c)
+{
+	if (c->tls)
+		SSL_CTX_free(c->tls);
+	password_free(&c->password);
+	hkv_free(c->user);
+	hkv_etcd_sec_free(&c->opened);
+	hkv_free(c);
+}
+
+/* The entry for s's files (creds_lock held), loaded now if there is none;
+ * NULL and *rc with a line naming the file that failed. */
+static struct etcd_creds *creds_get(const struct hkv_etcd_sec *s, int *rc)
+{
+	struct etcd_creds *c;
+
+	for (c = creds_list; c; c = c->next)
+		if (same_files(&c->opened, s))
+			return c;
+	*rc = -ENOMEM;
+	if (!(c = hkv_calloc(1, sizeof(*c))) || hkv_etcd_sec_copy(&c->opened, s))
+		goto free_creds;
+	if (s->cacert) {
+		if (!(c->tls = tls_ctx(s, rc)))
+			goto free_creds;
+		tls_files_sum(s, c->tls_sum);
+	}
+	if (s->user && ((*rc = -ENOMEM, !(c->user = hkv_strdup(s->user))) ||
+			(*rc = read_password(s->password_file, &c->password))))
+		goto free_creds;
+	c->next = creds_list;
+	creds_list = c;
+	return c;
+
+free_creds:
+	if (c)
+		creds_free(c);
+	return NULL;
+}
+
+/* e takes c's context, user and password (creds_lock held). 0 or -ENOMEM
+ * (then e keeps what it had and tries again at its next call). */
+static int creds_take(struct hkv_etcd *e, struct etcd_creds *c)
+{
+	char *user = NULL, *password = NULL;
+
+	if (c->user && (!(user = hkv_strdup(c->user)) || !(password = hkv_strdup(c->password)))) {
+		hkv_free(user);
+		return -ENOMEM;
+	}
+	if (e->tls != c->tls) {
+		SSL_CTX_up_ref(c->tls);
+		if (e->tls)
+			SSL_CTX_free(e->tls); /* (its connections hold their own reference) */
+		e->tls = c->tls;
+	}
+	hkv_free(e->user);
+	password_free(&e->password);
+	e->user = user;
+	e->password = password;
+	e->creds_gen = atomic_load(&c->gen);
+	return 0;
+}
+
+/* At the start of each call: what a reload changed since e's last call. */
+static void creds_refresh(struct hkv_etcd *e)
+{
+	if (!e->creds || atomic_load(&e->creds->gen) == e->creds_gen)
+		return;
+	pthread_mutex_lock(&creds_lock);
+	creds_take(e, e->creds);
+	pthread_mutex_unlock(&creds_lock);
+}
+
+/* The TLS part of a reload (creds_lock held): 1 changed, 0 not, <0 kept
+ * the context in use (a line says why). */
+static int reload_tls(struct etcd_creds *c, const struct hkv_etcd_sec *now)
+{
+	unsigned char sum[32];
+	SSL_CTX *ctx;
+	int rc;
+
+	if (!c->opened.cacert != !now->cacert) {
+		hkv_warn("etcd: SIGHUP: turning TLS to etcd %s needs a restart; keeping it %s",
+			 now->cacert ? "on" : "off", now->cacert ? "off" : "on");
+		return -EINVAL;
+	}
+	if (!c->tls)
+		return 0;
+	if (!(ctx = tls_ctx(now, &rc))) {
+		hkv_err("etcd: SIGHUP: the TLS files did not load (the line before says which "
+			"and why): new connections keep the TLS context in use");
+		return rc;
+	}
+	tls_files_sum(now, sum);
+	if (!sodium_memcmp(sum, c->tls_sum, sizeof(sum))) {
+		SSL_CTX_free(ctx);
+		return 0;
+	}
+	SSL_CTX_free(c->tls); /* (the handles' and connections' references stay) */
+	c->tls = ctx;
+	memcpy(c->tls_sum, sum, sizeof(sum));
+	return 1;
+}
+
+/* The user and password part (creds_lock held): as reload_tls. */
+static int reload_password(struct etcd_creds *c, const struct hkv_etcd_sec *now)
+{
+	char *password = NULL, *user;
+	int rc;
+
+	if (!c->opened.user != !now->user) {
+		hkv_warn("etcd: SIGHUP: %s an etcd user needs a restart; keeping %s",
+			 now->user ? "adding" : "dropping", c->user ? c->user : "none");
+		return -EINVAL;
+	}
+	if (!c->user)
+		return 0;
+	if (!now->password_file) {
+		hkv_err("etcd: SIGHUP: --etcd-user %s without --etcd-password-file; keeping the "
+			"password in use", now->user);
+		return -EINVAL;
+	}
+	if ((rc = read_password(now->password_file, &password))) {
+		hkv_err("etcd: SIGHUP: keeping the password in use for %s", c->user);
+		return rc;
+	}
+	if (!strcmp(c->user, now->user) && !strcmp(c->password, password)) {
+		password_free(&password);
+		return 0;
+	}
+	if (!(user = hkv_strdup(now->user))) {
+		password_free(&password);
+		return -ENOMEM;
+	}
+	hkv_free(c->user);
+	password_free(&c->password);
+	c->user = user;
+	c->password = password;
+	return 1;
+}
+
+static const char *reload_said(int r)
+{
+	return r > 0 ? "changed" : !r ? "unchanged" : "kept (see above)";
+}
+
+int hkv_etcd_reload(const struct hkv_etcd_sec *opened, const struct hkv_etcd_sec *now,
+		    char *what, size_t cap)
+{
+	struct etcd_creds *c;
+	int tls = 0, pw = 0;
+
+	if (!opened->cacert && !opened->user) {
+		snprintf(what, cap, "etcd: no TLS, no user");
+		return 0;
+	}
+	pthread_mutex_lock(&creds_lock);
+	for (c = creds_list; c && !same_files(&c->opened, opened); c = c->next)
+		;
+	if (c) {
+		tls = reload_tls(c, now);
+		pw = reload_password(c, now);
+		if (tls > 0 || pw > 0)
+			atomic_fetch_add(&c->gen, 1);
+	}
+	pthread_mutex_unlock(&creds_lock);
+	if (!c) {
+		snprintf(what, cap, "etcd: not connected yet");
+		return 0;
+	}
+	snprintf(what, cap, "etcd TLS files %s, etcd password %s",
+		 opened->cacert ? reload_said(tls) : "(none)",
+		 opened->user ? reload_said(pw) : "(none)");
+	return tls < 0 ? tls : pw < 0 ? pw : 0;
+}
+
 struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s, int timeout_ms)
 {
 	static atomic_int warned;
@@ -416,12 +666,14 @@ struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s
 	if (parse_endpoints(uri, e))
 		goto free_handle;
 	e->timeout_ms = timeout_ms;
-	if (s && s->cacert && !(e->tls = tls_ctx(s, &rc)))
-		goto free_handle;
-	if (s && s->user &&
-	    ((rc = -ENOMEM, !(e->user = hkv_strdup(s->user))) ||
-	     (rc = read_password(s->password_file, &e->password))))
-		goto free_handle;
+	if (s && (s->cacert || s->user)) {
+		pthread_mutex_lock(&creds_lock);
+		if ((e->creds = creds_get(s, &rc)))
+			rc = creds_take(e, e->creds);
+		pthread_mutex_unlock(&creds_lock);
+		if (!e->creds || rc)
+			goto free_handle;
+	}
 	if (s && s->insecure && (!s->cacert || !s->user) && !atomic_exchange(&warned, 1))
 		hkv_warn("etcd: talking to %s without %s (--etcd-insecure): whoever reaches etcd "
 			 "can read and rewrite the cluster", uri,
@@ -450,10 +702,7 @@ void hkv_etcd_close(struct hkv_etcd *e)
 		event_base_free(e->base);
 	if (e->tls)
 		SSL_CTX_free(e->tls);
-	if (e->password) {
-		sodium_memzero(e->password, strlen(e->password));
-		hkv_free(e->password);
-	}
+	password_free(&e->password);
 	hkv_free(e->user);
 	sodium_memzero(e->token, sizeof(e->token));
 	hkv_free(e);
@@ -1228,6 +1477,7 @@ static int call_auth(struct hkv_etcd *e, const char *path, const char *body, siz
 {
 	int rc;
 
+	creds_refresh(e); /* (a SIGHUP's new TLS files and password) */
 	for (int again = 0;; again++) {
 		if (e->user && e->token_ep != e->cur && !token_cached(e) &&
 		    (rc = authenticate(e, timeout_ms)))

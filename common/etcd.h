@@ -17,6 +17,7 @@
  * hkv_etcd_prefix()).
  *
  * Threads: a handle is used by one thread at a time; open one per thread.
+ * Handles share their TLS context and password (hkv_etcd_reload below).
  * Every call blocks for at most the handle's timeout (hkv_etcd_watch_wait:
  * for its own timeout_ms). Each call is one HTTP connection of its own.
  *
@@ -112,6 +113,26 @@ int hkv_etcd_sec_opt(struct hkv_etcd_sec *s, int opt, const char *arg);
 struct hkv_etcd *hkv_etcd_open(const char *uri, int timeout_ms);
 struct hkv_etcd *hkv_etcd_open_sec(const char *uri, const struct hkv_etcd_sec *s, int timeout_ms);
 void hkv_etcd_close(struct hkv_etcd *e);
+
+/*
+ * Credentials that change live (issue 30: a daemon's SIGHUP). The handles
+ * opened with the same files and user (compared by name) share what was
+ * loaded from them: the first open loads the CA, certificate, key and
+ * password files, later opens take what is loaded. hkv_etcd_reload()
+ * loads what now names (the files may have new names, or new contents under
+ * the old ones) for every handle opened with opened's files, open or opened
+ * later: a new TLS context for connections made from then on (those in
+ * flight finish on the old one, freed with the last of them), and the
+ * password for the next authentication (a token in use stays until it
+ * lapses, so: the new password in its file, SIGHUP, then change it in
+ * etcd). A file that fails to load keeps what is in use, with a line
+ * naming it and saying why; turning TLS or the user on or off needs a
+ * restart (a line says so). *what (cap bytes) gets a summary for the
+ * caller's line ("etcd TLS files changed, etcd password unchanged").
+ * 0, or the first failure's -errno. Thread-safe; never blocks on etcd.
+ */
+int hkv_etcd_reload(const struct hkv_etcd_sec *opened, const struct hkv_etcd_sec *now,
+		    char *what, size_t cap);
 /* The PREFIX part of the URI ("" if none); valid while the handle is open. */
 const char *hkv_etcd_prefix(const struct hkv_etcd *e);
 

@@ -31,6 +31,26 @@ void hkv_log_set_level(enum hkv_log_level lvl)
 	__atomic_store_n(&log_level, (int)lvl, __ATOMIC_RELAXED);
 }
 
+enum hkv_log_level hkv_log_env_level(void)
+{
+	return (enum hkv_log_level)level_from_env();
+}
+
+enum hkv_log_level hkv_log_get_level(void)
+{
+	for (int l = HKV_LOG_DEBUG; l > HKV_LOG_ERROR; l--)
+		if (hkv_log_enabled((enum hkv_log_level)l))
+			return (enum hkv_log_level)l;
+	return HKV_LOG_ERROR;
+}
+
+const char *hkv_log_level_name(enum hkv_log_level lvl)
+{
+	static const char *const lower[] = {"error", "warn", "info", "debug"};
+
+	return lvl >= HKV_LOG_ERROR && lvl <= HKV_LOG_DEBUG ? lower[lvl] : "?";
+}
+
 void hkv_log_set_prog(const char *prog)
 {
 	log_prog = prog;

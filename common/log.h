@@ -1,7 +1,9 @@
 /*
  * log.h - one-line logs to stderr: "<time> <prog>[pid] <LEVEL> message".
  * Thread-safe (one fprintf per line). Level from HKV_LOG (error, warn, info,
- * debug; default info) or hkv_log_set_level().
+ * debug; default info) or hkv_log_set_level(), which any thread may call at
+ * any time (a daemon's SIGHUP does: docs/operating.md). There is no log
+ * file: stderr is the journal's stream under systemd, nothing to reopen.
  */
 #ifndef HKV_LOG_H
 #define HKV_LOG_H
@@ -11,6 +13,12 @@
 enum hkv_log_level { HKV_LOG_ERROR, HKV_LOG_WARN, HKV_LOG_INFO, HKV_LOG_DEBUG };
 
 void hkv_log_set_level(enum hkv_log_level lvl);
+/* The level in force, and the one HKV_LOG names (info if unset or unknown;
+ * the environment as the process has it: set at start). */
+enum hkv_log_level hkv_log_get_level(void);
+enum hkv_log_level hkv_log_env_level(void);
+/* "error", "warn", "info" or "debug" (static). */
+const char *hkv_log_level_name(enum hkv_log_level lvl);
 void hkv_log_set_prog(const char *prog);
 int hkv_log_enabled(enum hkv_log_level lvl);
 void hkv_log(enum hkv_log_level lvl, const char *fmt, ...)

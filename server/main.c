@@ -43,6 +43,7 @@ struct server_opts {
 	struct hkv_store_opts store;
 	int no_windows;
 	int force; /* --force: a region larger than the memory available */
+	int verbose;
 	int keepalive_ms;
 	char data_port[16], data_path[128];
 	struct hkv_cluster_opts cluster; /* cluster.uri NULL: standalone */
@@ -242,7 +243,7 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 			o->metrics = optarg;
 			break;
 		case 257: o->force = 1; break;
-		case 'v': hkv_log_set_level(HKV_LOG_DEBUG); break;
+		case 'v': o->verbose = 1; break;
 		case 'V': hkv_print_version(stdout, "hatchkv-server"); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default:
@@ -256,6 +257,8 @@ static int parse_args(int argc, char **argv, struct server_opts *o)
 	}
 	if (optind != argc)
 		return usage(stderr), -1;
+	if (o->verbose)
+		hkv_log_set_level(HKV_LOG_DEBUG);
 	if (!o->force) {
 		const char *from;
 		uint64_t avail = hkv_memory_available(&from);
@@ -294,6 +297,7 @@ struct server {
 	struct hkv_cmap *repurge; /* shm: purge again before serving after a move */
 	const char *token;
 	char *tok_buf, *ro_buf;   /* the tokens the control plane uses (SIGHUP rewrites) */
+	char **opt_values;        /* the options as last read (hkv_cli_values; SIGHUP) */
 	size_t tok_len, ro_len;
 	uint64_t fenced_ns;       /* when the data plane last stopped */
 	int rc;
@@ -342,39 +346,121 @@ static int reload_token(const char *path, char *buf, size_t cap)
 	return n;
 }
 
+/* What SIGHUP applies (docs/operating.md, "Stop, restart, what survives"):
+ * the log level and etcd's credentials and certificates. Every other option
+ * changed in the --config file needs a restart (a line each says so). */
+static int live_option(const char *name)
+{
+	return !strcmp(name, "verbose") ||
+	       (!strncmp(name, "etcd-", 5) && strcmp(name, "etcd-insecure"));
+}
+
+/* The log level v asks for: debug with verbose, else HKV_LOG's (the
+ * environment is the start's). "info" or "info -> debug" in buf. */
+static void reload_level(char *const *v, char *buf, size_t cap)
+{
+	enum hkv_log_level was = hkv_log_get_level();
+	enum hkv_log_level now = hkv_cli_value(v, "verbose") ? HKV_LOG_DEBUG : hkv_log_env_level();
+
+	hkv_log_set_level(now);
+	if (now == was)
+		snprintf(buf, cap, "log level %s", hkv_log_level_name(now));
+	else
+		snprintf(buf, cap, "log level %s -> %s", hkv_log_level_name(was),
+			 hkv_log_level_name(now));
+}
+
+/* The token files again (standalone): "token file changed" etc. in buf. */
+static void reload_tokens(struct server *sv, char *buf, size_t cap)
+{
+	char old[HKV_TOKEN_MAX + 1];
+	int n, ro = 0, changed;
+
+	memcpy(old, sv->tok_buf, sizeof(old));
+	n = reload_token(sv->o->token_file, sv->tok_buf, HKV_TOKEN_MAX + 1);
+	if (n < 0) {
+		snprintf(buf, cap, "token file kept (see above)");
+		goto zero;
+	}
+	changed = (size_t)n != sv->tok_len || sodium_memcmp(old, sv->tok_buf, (size_t)n);
+	sv->tok_len = (size_t)n;
+	if (sv->o->ro_token_file) {
+		memcpy(old, sv->ro_buf, sizeof(old));
+		if ((ro = reload_token(sv->o->ro_token_file, sv->ro_buf, HKV_TOKEN_MAX + 1)) > 0) {
+			changed |= (size_t)ro != sv->ro_len ||
+				   sodium_memcmp(old, sv->ro_buf, (size_t)ro);
+			sv->ro_len = (size_t)ro;
+		}
+	}
+	hkv_ctl_set_tokens(sv->ctl, sv->tok_buf, sv->tok_len, sv->ro_len ? sv->ro_buf : NULL,
+			   sv->ro_len);
+	snprintf(buf, cap, "token file%s read again: %s%s (new clients authenticate with %s, "
+		 "connected ones stay)", sv->o->ro_token_file ? "s" : "",
+		 changed ? "changed" : "unchanged",
+		 ro < 0 ? ", read-only token kept (see above)" : "",
+		 sv->o->ro_token_file ? "them" : "it");
+zero:
+	sodium_memzero(old, sizeof(old));
+}
+
+/* etcd's credentials and certificates as v names them now. */
+static void reload_etcd(struct server *sv, char *const *v, char *buf, size_t cap)
+{
+	static const char *const names[] = {"cacert", "cert", "key", "user", "password-file"};
+	struct hkv_etcd_sec now = {0};
+	char opt[32];
+
+	for (int i = 0; i < 5; i++) {
+		snprintf(opt, sizeof(opt), "etcd-%s", names[i]);
+		if (hkv_cli_value(v, opt) && hkv_etcd_sec_set(&now, names[i], hkv_cli_value(v, opt))) {
+			snprintf(buf, cap, "etcd: out of memory, nothing reloaded");
+			goto free_sec;
+		}
+	}
+	hkv_etcd_reload(&sv->o->etcd, &now, buf, cap);
+free_sec:
+	hkv_etcd_sec_free(&now);
+}
+
 /*
- * SIGHUP: the token files are read again (issue 30: credentials change
- * live): authentications from now on use them; connected clients keep
- * their connections. A cluster member's token is the cluster's and changes
- * with it (docs/operating.md): nothing is reloaded there. SIGUSR1 and
- * SIGUSR2 are logged and ignored (before, either killed the server).
+ * SIGHUP (issue 30): the --config file read again, and what can change
+ * live applied - the log level; a standalone server's token files
+ * (authentications from now on use them, connected clients keep their
+ * connections); a member's etcd credentials and certificates (its token is
+ * the cluster's and changes with it: docs/operating.md). One line says what
+ * was read and what changed; one more per option that needs a restart.
+ * SIGUSR1 and SIGUSR2 are logged and ignored (before, either killed the
+ * server).
  */
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
 	struct server *sv = arg;
-	int n, ro = 0;
+	char level[64], tokens[200], etcd[200], **now;
+	const char *file = hkv_cli_config_file();
 
 	if (sig != SIGHUP) {
 		hkv_info("server: %s ignored", strsignal((int)sig));
 		return;
 	}
-	if (sv->o->cluster.uri) {
-		hkv_warn("server: SIGHUP: a cluster member's token changes with the cluster's "
-			 "(docs/operating.md, \"One token for a cluster\"); nothing reloaded");
+	if (!(now = hkv_cli_values())) {
+		hkv_err("server: SIGHUP: %s has errors (the lines before say which): nothing "
+			"changed", file ? file : "the command line");
 		return;
 	}
-	n = reload_token(sv->o->token_file, sv->tok_buf, HKV_TOKEN_MAX + 1);
-	if (n < 0)
-		return;
-	sv->tok_len = (size_t)n;
-	if (sv->o->ro_token_file &&
-	    (ro = reload_token(sv->o->ro_token_file, sv->ro_buf, HKV_TOKEN_MAX + 1)) > 0)
-		sv->ro_len = (size_t)ro;
-	hkv_ctl_set_tokens(sv->ctl, sv->tok_buf, sv->tok_len, sv->ro_len ? sv->ro_buf : NULL,
-			   sv->ro_len);
-	hkv_info("server: SIGHUP: token file%s read again; new clients authenticate with %s, "
-		 "connected ones stay", sv->o->ro_token_file ? "s" : "",
-		 sv->o->ro_token_file ? "them" : "it");
+	hkv_cli_values_diff(sv->opt_values, now, live_option, "server");
+	reload_level(now, level, sizeof(level));
+	if (sv->o->cluster.uri)
+		snprintf(tokens, sizeof(tokens), "token: the cluster's, unchanged");
+	else
+		reload_tokens(sv, tokens, sizeof(tokens));
+	if (sv->o->cluster.uri)
+		reload_etcd(sv, now, etcd, sizeof(etcd));
+	else
+		etcd[0] = 0;
+	hkv_info("server: SIGHUP: re-read %s%s; %s; %s%s%s", file ? file : "no --config file",
+		 file ? "" : " (options as started)", level, tokens, etcd[0] ? "; " : "", etcd);
+	hkv_cli_values_free(sv->opt_values);
+	sv->opt_values = now;
 }
 
 static int start_data_plane(struct server *sv, struct server_opts *o);
@@ -1012,6 +1098,7 @@ int main(int argc, char **argv)
 	sv.tok_len = (size_t)tlen;
 	sv.ro_buf = ro_token;
 	sv.ro_len = ro_len > 0 ? (size_t)ro_len : 0;
+	sv.opt_values = hkv_cli_values(); /* (what a SIGHUP compares with; NULL: all new) */
 	event_add(ev_hup, NULL);
 	event_add(ev_usr1, NULL);
 	event_add(ev_usr2, NULL);
@@ -1056,6 +1143,7 @@ out:
 	if (sv.base)
 		event_base_free(sv.base);
 	hkv_store_fini(&sv.store);
+	hkv_cli_values_free(sv.opt_values);
 	hkv_etcd_sec_free(&o.etcd);
 	return rc;
 }

@@ -285,7 +285,7 @@ def main(bindir):
               "SIGHUP with the token file gone keeps the token in use")
         with open(os.path.join(tmp, "a.log")) as f:
             text = f.read()
-        check("SIGHUP: token file read again" in text and "User defined signal 1 ignored" in text
+        check("; token file read again" in text and "User defined signal 1 ignored" in text
               and "keeping the token in use" in text, "each signal logged")
         write_token(tok, new)
         mlog = open(os.path.join(tmp, "mc.log"), "w")

@@ -26,6 +26,7 @@
 
 #include "client/memcached/mc_metrics.h"
 #include "client/memcached/mc_proto.h"
+#include "common/cli.h"
 #include "common/fdlimit.h"
 #include "common/layout.h"
 #include "common/log.h"
@@ -100,6 +101,7 @@ struct mc_server {
 	struct hkv_client *counter_h; /* its handle, opened before we listen */
 	int counter_started, counter_stop; /* counter_stop under count_lock */
 	pthread_cond_t counter_wake;
+	char **opt_values; /* the options as last read (hkv_cli_values; SIGHUP) */
 };
 
 struct conn {
@@ -1667,12 +1669,78 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 	evtimer_add(s->resume, &pause);
 }
 
-/* SIGHUP, SIGUSR1, SIGUSR2: logged, the daemon goes on (before, each killed
- * it). Its handles keep their connections; nothing is read again. */
+/* SIGUSR1, SIGUSR2: logged, the daemon goes on (before, each killed it). */
 static void on_ignored_signal(evutil_socket_t sig, short what, void *arg)
 {
-	hkv_info("%s ignored (nothing to reload: options are read at start)",
-		 strsignal((int)sig));
+	hkv_info("%s ignored", strsignal((int)sig));
+}
+
+/* What SIGHUP applies: the log level, and etcd's credentials and
+ * certificates (a cluster's); every other option needs a restart. */
+static int live_option(const char *name)
+{
+	return !strcmp(name, "verbose") ||
+	       (!strncmp(name, "etcd-", 5) && strcmp(name, "etcd-insecure"));
+}
+
+/* etcd's files as v names them now, for every handle opened with s->o.etcd
+ * (the library's, in every worker: common/etcd.h, hkv_etcd_reload). */
+static void reload_etcd(struct mc_server *s, char *const *v, char *buf, size_t cap)
+{
+	static const char *const names[] = {"cacert", "cert", "key", "user", "password-file"};
+	struct hkv_etcd_sec now = {0};
+	char opt[32];
+
+	buf[0] = 0;
+	if (strncmp(s->o.server_uri, "etcd://", 7))
+		return;
+	for (int i = 0; i < 5; i++) {
+		snprintf(opt, sizeof(opt), "etcd-%s", names[i]);
+		if (hkv_cli_value(v, opt) && hkv_etcd_sec_set(&now, names[i], hkv_cli_value(v, opt))) {
+			snprintf(buf, cap, "; etcd: out of memory, nothing reloaded");
+			goto free_sec;
+		}
+	}
+	memcpy(buf, "; ", 3);
+	hkv_etcd_reload(&s->o.etcd, &now, buf + 2, cap - 2);
+free_sec:
+	hkv_etcd_sec_free(&now);
+}
+
+/*
+ * SIGHUP (issue 30): the --config file read again; the log level and a
+ * cluster's etcd credentials and certificates change at once. The token
+ * file needs no reload: the library reads it whenever a handle opens (at
+ * start, and after a lost server: see mc_server.h). One line says what was
+ * read and what changed; one more per option that needs a restart.
+ */
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+	struct mc_server *s = arg;
+	enum hkv_log_level was = hkv_log_get_level(), lvl;
+	const char *file = hkv_cli_config_file();
+	char level[64], etcd[220], **now;
+
+	if (!(now = hkv_cli_values())) {
+		hkv_err("SIGHUP: %s has errors (the lines before say which): nothing changed",
+			file ? file : "the command line");
+		return;
+	}
+	hkv_cli_values_diff(s->opt_values, now, live_option, "hatchkv-memcached");
+	lvl = hkv_cli_value(now, "verbose") ? HKV_LOG_DEBUG : hkv_log_env_level();
+	hkv_log_set_level(lvl);
+	s->o.verbose = lvl == HKV_LOG_DEBUG;
+	if (lvl == was)
+		snprintf(level, sizeof(level), "log level %s", hkv_log_level_name(lvl));
+	else
+		snprintf(level, sizeof(level), "log level %s -> %s", hkv_log_level_name(was),
+			 hkv_log_level_name(lvl));
+	reload_etcd(s, now, etcd, sizeof(etcd));
+	hkv_info("SIGHUP: re-read %s%s; %s; token file: read when a handle opens%s",
+		 file ? file : "no --config file", file ? "" : " (options as started)", level,
+		 etcd);
+	hkv_cli_values_free(s->opt_values);
+	s->opt_values = now;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -1870,6 +1938,7 @@ int mc_server_run(const struct mc_options *opts)
 	struct mc_server s = {.o = *opts, .nworkers = opts->threads};
 	struct event *ev_int = NULL, *ev_term = NULL, *ev_quiet[3] = {NULL, NULL, NULL};
 	const int quiet[3] = {SIGHUP, SIGUSR1, SIGUSR2};
+	event_callback_fn on_quiet[3] = {on_hup, on_ignored_signal, on_ignored_signal};
 	int rc = 1, started = 0;
 
 	signal(SIGPIPE, SIG_IGN);
@@ -1893,10 +1962,11 @@ int mc_server_run(const struct mc_options *opts)
 		goto free_workers;
 	}
 	started = s.nworkers;
+	s.opt_values = hkv_cli_values(); /* (what a SIGHUP compares with) */
 	ev_int = evsignal_new(s.base, SIGINT, on_signal, &s);
 	ev_term = evsignal_new(s.base, SIGTERM, on_signal, &s);
 	for (int i = 0; i < 3; i++)
-		if ((ev_quiet[i] = evsignal_new(s.base, quiet[i], on_ignored_signal, &s)))
+		if ((ev_quiet[i] = evsignal_new(s.base, quiet[i], on_quiet[i], &s)))
 			event_add(ev_quiet[i], NULL);
 	if (s.o.metrics && hkv_open(s.cfg, &s.counter_h)) /* (it tries again later) */
 		s.counter_h = NULL;
@@ -1937,6 +2007,7 @@ free_workers:
 	event_base_free(s.base);
 	hkv_info("stopped");
 free_config:
+	hkv_cli_values_free(s.opt_values);
 	hkv_config_free(s.cfg);
 	return rc;
 }
