@@ -25,7 +25,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: hatchkv-admin --cluster etcd://HOST:PORT[,HOST:PORT...]/PREFIX COMMAND\n"
 		"       hatchkv-admin --server shm:PATH|verbs://HOST:PORT [--token-file F] status|health\n"
-		"  status             a report: members, partitions by role, what is wrong; exit\n"
+		"  status             a report: members, partitions by role, moves and repairs\n"
+		"                     under way with each copy's bytes done, what is wrong; exit\n"
 		"                     0 healthy, 1 degraded, 2 down (a standalone server: its\n"
 		"                     region, reached with a token or read-only token)\n"
 		"  health             the same verdict in one line\n"

@@ -10,7 +10,9 @@
  * one revision): every server the map names should be a member (its lease
  * alive), every partition's list as long as the map's replicas, no move or
  * repair under way, a coordinator, nobody draining or refused. A partition
- * whose every listed server is no member is down.
+ * whose every listed server is no member is down. The same read gives each
+ * copy and repair pass under way with its bytes done, as its member
+ * publishes it (PREFIX/progress/NAME, at most a second old).
  */
 #include "server/admin_status.h"
 
@@ -68,6 +70,87 @@ static const struct hkv_etcd_kv *snap_get(const struct hkv_etcd_kv *kvs, int n,
 	return NULL;
 }
 
+/*
+ * PREFIX/progress/NAME (server/cluster.c publish_progress): a member's copy
+ * for a move, or its repair pass, under way - {"kind","rev","pass","final",
+ * "started","at","bytes","bytes_total","items","items_total"}, put at most
+ * once a second under its lease, deleted when it ends. Each becomes an entry
+ * of "progress": the member, what it is part of ("move": a store move's
+ * copy or a repair's final pass; "repair": an online pass), and its figures
+ * (totals null while unknown).
+ */
+static void add_progress(json_object *st, const struct hkv_etcd_kv *kvs, int n,
+			 const char *prefix)
+{
+	json_object *list = json_object_new_array();
+	char dir[512];
+	size_t dl;
+
+	snprintf(dir, sizeof(dir), "%s/progress/", prefix);
+	dl = strlen(dir);
+	for (int i = 0; i < n; i++) {
+		json_object *in, *out, *v;
+		int repair, final;
+
+		if (strncmp(kvs[i].key, dir, dl) || !(in = json_tokener_parse(kvs[i].value)))
+			continue;
+		if (!json_object_object_get_ex(in, "kind", &v) ||
+		    !json_object_object_get_ex(in, "bytes", &v)) {
+			json_object_put(in);
+			continue;
+		}
+		repair = !strcmp(json_object_get_string(json_object_object_get(in, "kind")),
+				 "repair");
+		final = json_object_get_boolean(json_object_object_get(in, "final"));
+		out = json_object_new_object();
+		json_object_object_add(out, "server", json_object_new_string(kvs[i].key + dl));
+		json_object_object_add(out, "of", json_object_new_string(repair && !final ? "repair"
+										   : "move"));
+		json_object_object_add(out, "kind", json_object_new_string(
+						     !repair ? "copy" : final ? "final pass" : "pass"));
+		json_object_object_foreach(in, key, val)
+			if (strcmp(key, "kind"))
+				json_object_object_add(out, key, json_object_get(val));
+		json_object_put(in);
+		json_object_array_add(list, out);
+	}
+	json_object_object_add(st, "progress", list);
+}
+
+static void print_progress(json_object *list)
+{
+	for (size_t i = 0; list && i < json_object_array_length(list); i++) {
+		json_object *g = json_object_array_get_idx(list, i), *bt, *it;
+		double bytes = json_object_get_double(json_object_object_get(g, "bytes"));
+		double now = json_object_get_double(json_object_object_get(g, "at"));
+		double t0 = json_object_get_double(json_object_object_get(g, "started"));
+		const char *kind;
+		char total[96], what[32];
+
+		bt = json_object_object_get(g, "bytes_total");
+		it = json_object_object_get(g, "items_total");
+		if (bt && it && json_object_get_double(bt) > 0)
+			snprintf(total, sizeof(total), "of %.1f MB (%.0f %%), %lld of %lld items",
+				 json_object_get_double(bt) / 1e6,
+				 100.0 * bytes / json_object_get_double(bt),
+				 (long long)json_object_get_int64(json_object_object_get(g, "items")),
+				 (long long)json_object_get_int64(it));
+		else
+			snprintf(total, sizeof(total), "of an unknown total, %lld items",
+				 (long long)json_object_get_int64(json_object_object_get(g, "items")));
+		kind = json_object_get_string(json_object_object_get(g, "kind"));
+		if (!strcmp(kind, "pass"))
+			snprintf(what, sizeof(what), "pass %d",
+				 json_object_get_int(json_object_object_get(g, "pass")));
+		else
+			snprintf(what, sizeof(what), "%s", strcmp(kind, "copy") ? kind : "copying");
+		printf("  %s under way, %s %s: %.1f MB %s, for %.1f s\n",
+		       json_object_get_string(json_object_object_get(g, "of")),
+		       json_object_get_string(json_object_object_get(g, "server")), what,
+		       bytes / 1e6, total, now - t0);
+	}
+}
+
 static void print_text(json_object *st, int terse)
 {
 	json_object *v, *probs = json_object_object_get(st, "problems");
@@ -101,6 +184,8 @@ static void print_text(json_object *st, int terse)
 			       json_object_get_int(json_object_object_get(m, "primaries")),
 			       json_object_get_int(json_object_object_get(m, "replicas")));
 		}
+	if (json_object_object_get_ex(st, "progress", &v))
+		print_progress(v);
 	if (json_object_object_get_ex(st, "region_bytes", &v))
 		printf("  region %lld bytes, %lld index slots, %s mode\n",
 		       (long long)json_object_get_int64(v),
@@ -245,6 +330,7 @@ int hkv_admin_status_cluster(struct hkv_etcd *e, const char *uri, int json, int 
 	if (snap_get(kvs, n, prefix, "fill", NULL))
 		problem(&p, DEGRADED, "a repair is under way (%s/fill: a new replica is filled)",
 			prefix);
+	add_progress(st, kvs, n, prefix);
 	snprintf(dir, sizeof(dir), "%s/refused/", prefix);
 	for (int i = 0; i < n; i++)
 		if (!strncmp(kvs[i].key, dir, strlen(dir)))

@@ -21,6 +21,7 @@
 #include "server/cluster.h"
 #include "server/cluster_int.h"
 #include "server/filler.h"
+#include "server/mover.h"
 
 #define REJOIN_READING (-1) /* registered again; the map not read yet */
 
@@ -123,6 +124,11 @@ struct hkv_cluster_job *hkv_cluster_take_job(struct hkv_cluster *cl)
 void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *job, int ret)
 {
 	pthread_mutex_lock(&cl->lock);
+	atomic_store(&cl->copying, ret == HKV_JOB_PENDING);
+	if (ret == HKV_JOB_PENDING) { /* taken over: the real answer comes later */
+		pthread_mutex_unlock(&cl->lock);
+		return;
+	}
 	cl->done = 1;
 	cl->done_kind = (int)job->kind;
 	cl->done_rev = job->rev;
@@ -130,6 +136,91 @@ void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *
 	cl->done_ret = ret;
 	pthread_cond_broadcast(&cl->wake); /* act on it at once */
 	pthread_mutex_unlock(&cl->lock);
+}
+
+int hkv_cluster_copy_void(struct hkv_cluster *cl, const struct hkv_cluster_job *job)
+{
+	return atomic_load(&cl->next_live) != job->rev || atomic_load(&cl->gen_live) != job->gen;
+}
+
+void hkv_cluster_copy_attach(struct hkv_cluster *cl, struct hkv_move *mv)
+{
+	cl->move = mv;
+}
+
+/*
+ * Progress records (cluster.h): written by the copy's or the pass's thread,
+ * read by any. rev is stored last when one begins and first when it ends,
+ * so a reader that finds rev set finds the figures of that run (or of the
+ * next, if it began meanwhile).
+ */
+static struct progress_rec {
+	_Atomic int64_t rev;
+	_Atomic uint32_t pass;
+	atomic_int final;
+	_Atomic uint64_t started_ms, bytes, items, bytes_total, items_total;
+} progress[HKV_PROGRESS_KINDS];
+
+static uint64_t unix_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void hkv_cluster_progress_begin(enum hkv_progress_kind k, int64_t rev, uint32_t pass, int final)
+{
+	struct progress_rec *p = &progress[k];
+
+	atomic_store(&p->rev, 0);
+	atomic_store(&p->pass, pass);
+	atomic_store(&p->final, final);
+	atomic_store(&p->started_ms, unix_ms());
+	atomic_store(&p->bytes, 0);
+	atomic_store(&p->items, 0);
+	atomic_store(&p->bytes_total, HKV_PROGRESS_UNKNOWN);
+	atomic_store(&p->items_total, HKV_PROGRESS_UNKNOWN);
+	atomic_store(&p->rev, rev ? rev : -1);
+}
+
+void hkv_cluster_progress_total(enum hkv_progress_kind k, uint64_t bytes, uint64_t items)
+{
+	atomic_store_explicit(&progress[k].bytes_total, bytes, memory_order_relaxed);
+	atomic_store_explicit(&progress[k].items_total, items, memory_order_relaxed);
+}
+
+void hkv_cluster_progress_add(enum hkv_progress_kind k, uint64_t bytes, uint64_t items)
+{
+	/* (one writer: a load and a store, no locked add) */
+	atomic_store_explicit(&progress[k].bytes,
+			      atomic_load_explicit(&progress[k].bytes, memory_order_relaxed) + bytes,
+			      memory_order_relaxed);
+	atomic_store_explicit(&progress[k].items,
+			      atomic_load_explicit(&progress[k].items, memory_order_relaxed) + items,
+			      memory_order_relaxed);
+}
+
+void hkv_cluster_progress_end(enum hkv_progress_kind k)
+{
+	atomic_store(&progress[k].rev, 0);
+}
+
+void hkv_cluster_progress_read(enum hkv_progress_kind k, struct hkv_progress *out)
+{
+	const struct progress_rec *p = &progress[k];
+
+	memset(out, 0, sizeof(*out));
+	out->rev = atomic_load(&p->rev);
+	if (!out->rev)
+		return;
+	out->pass = atomic_load(&p->pass);
+	out->final = atomic_load(&p->final);
+	out->started = (double)atomic_load(&p->started_ms) / 1e3;
+	out->bytes = atomic_load_explicit(&p->bytes, memory_order_relaxed);
+	out->items = atomic_load_explicit(&p->items, memory_order_relaxed);
+	out->bytes_total = atomic_load_explicit(&p->bytes_total, memory_order_relaxed);
+	out->items_total = atomic_load_explicit(&p->items_total, memory_order_relaxed);
 }
 
 /* Sleep up to ms, or until stop / a purge / a lost lease wakes us. */
@@ -254,6 +345,7 @@ static int do_register(struct hkv_cluster *cl)
 		cl->fill_in_map = NULL;
 	}
 	cl->reg_gen++;
+	atomic_store(&cl->gen_live, cl->reg_gen);
 	cl->registrations++;
 	cl->ngone = 0;   /* (measures of an earlier term are void) */
 	cl->job_out = 0; /* (an answer from before is void: see reg_gen) */
@@ -579,6 +671,57 @@ void hkv_cluster_status(struct hkv_cluster *cl, struct hkv_cluster_status *st)
 }
 
 /*
+ * PREFIX/progress/ID: what a copy or a repair pass of ours has done, for
+ * `hatchkv-admin status` (which reads etcd only). Put under our lease when
+ * one begins and then at most once a second while it runs (a copy's or a
+ * pass's round looks every 20 ms: job_out), deleted once none runs. Each put
+ * wakes every member's and client's watch of PREFIX/ (one read each), so it
+ * is kept to that rate. A copy and a pass never run at once on one member
+ * (a store has no repairs; a replicated store's copy is a pass); were they
+ * to, the copy is shown.
+ */
+static void publish_progress(struct hkv_cluster *cl)
+{
+	struct hkv_progress pg;
+	char key[512], val[512], total[64], items_total[64];
+	uint64_t now = hkv_cl_boot_ns();
+	int k, ret;
+
+	for (k = 0; k < HKV_PROGRESS_KINDS; k++) {
+		hkv_cluster_progress_read((enum hkv_progress_kind)k, &pg);
+		if (pg.rev)
+			break;
+	}
+	hkv_cl_key_of(cl, key, sizeof(key), "progress", cl->id);
+	if (k == HKV_PROGRESS_KINDS) {
+		if (cl->progress_put && !(ret = hkv_etcd_delete(cl->e, key, 0, NULL)))
+			cl->progress_put = 0;
+		return;
+	}
+	if (cl->progress_put && now - cl->progress_ns < 1000000000ull)
+		return;
+	snprintf(total, sizeof(total), "%llu", (unsigned long long)pg.bytes_total);
+	snprintf(items_total, sizeof(items_total), "%llu", (unsigned long long)pg.items_total);
+	snprintf(val, sizeof(val),
+		 "{\"kind\":\"%s\",\"rev\":%lld,\"pass\":%u,\"final\":%s,\"started\":%.3f,"
+		 "\"at\":%.3f,\"bytes\":%llu,\"bytes_total\":%s,\"items\":%llu,"
+		 "\"items_total\":%s}",
+		 k == HKV_PROGRESS_COPY ? "copy" : "repair", (long long)pg.rev, pg.pass,
+		 pg.final ? "true" : "false", pg.started, (double)unix_ms() / 1e3,
+		 (unsigned long long)pg.bytes,
+		 pg.bytes_total == HKV_PROGRESS_UNKNOWN ? "null" : total,
+		 (unsigned long long)pg.items,
+		 pg.items_total == HKV_PROGRESS_UNKNOWN ? "null" : items_total);
+	ret = hkv_etcd_put(cl->e, key, val, strlen(val), atomic_load(&cl->lease), NULL);
+	if (ret) {
+		etcd_trouble(&cl->log_ns, "publishing progress", ret);
+		return;
+	}
+	cl->progress_put = 1;
+	cl->progress_ns = now;
+}
+
+/*
  * Each round: registration if the lease is gone, then one read of PREFIX/
  * that every decision of the round works from. Between rounds it waits on
  * an etcd watch of PREFIX/ (a member joining or leaving, an ack, a map), so
@@ -632,6 +775,8 @@ static void *cluster_thread(void *arg)
 			}
 			if (read_ok)
 				watch_round(cl, &sn);
+			if (read_ok && !atomic_load(&cl->removed))
+				publish_progress(cl);
 			snap_free(&sn);
 		}
 		if (cl->job_out || atomic_load(&cl->settle) ||
@@ -748,6 +893,7 @@ void hkv_cluster_stop(struct hkv_cluster *cl)
 	pthread_mutex_unlock(&cl->lock);
 	pthread_join(cl->thr, NULL); /* within one watch (1 s) or etcd call */
 	pthread_join(cl->kthr, NULL);
+	hkv_move_abort(cl->move); /* (the loop has stopped: its slices with it) */
 	/* the member key, our acks and our coordinator key go with the lease */
 	if (!atomic_load(&cl->lease_gone) &&
 	    hkv_etcd_lease_revoke(cl->e, atomic_load(&cl->lease)) == 0)

@@ -147,8 +147,56 @@ struct hkv_cluster_job {
 };
 
 struct hkv_cluster_job *hkv_cluster_take_job(struct hkv_cluster *cl);
+/*
+ * ret: 0 or an error; a FILL's 1 or 0 (above). HKV_JOB_PENDING: the job was
+ * taken over by whoever runs it over several turns of the loop (a store
+ * move's copy, server/mover.c), which answers again with the result when
+ * it ends; until then the cluster issues no job and takes no step of a
+ * move (it stays fenced, as it was).
+ */
+#define HKV_JOB_PENDING 0x7e57
 void hkv_cluster_job_done(struct hkv_cluster *cl, const struct hkv_cluster_job *job, int ret);
 void hkv_cluster_job_free(struct hkv_cluster_job *job);
+/* Is the copy for job (a COPY taken over, see HKV_JOB_PENDING) void: its
+ * move gone from etcd, or our registration over? (any thread) */
+int hkv_cluster_copy_void(struct hkv_cluster *cl, const struct hkv_cluster_job *job);
+/* The copy under way (server/mover.h; NULL: none), which hkv_cluster_stop
+ * aborts if it still runs. The event loop's thread only. */
+struct hkv_move;
+void hkv_cluster_copy_attach(struct hkv_cluster *cl, struct hkv_move *mv);
+
+/*
+ * Progress of the copy or the repair pass this server runs (docs/metrics.md
+ * hatchkv_cluster_move_bytes and _repair_bytes; PREFIX/progress/ID in etcd).
+ * Written by whoever runs it - a store move's copy in the event loop's
+ * slices (server/mover.c), a repair's passes on the fill thread and its
+ * final pass on the loop (server/filler.c) - and read by the metrics page
+ * and the coordination thread, which publishes it in etcd (at most once a
+ * second, under the lease; deleted when it ends). One record of each kind
+ * per process (a process is one server). Relaxed atomics: a reader may see
+ * "done" from one moment and "total" from the next.
+ */
+enum hkv_progress_kind { HKV_PROGRESS_COPY, HKV_PROGRESS_REPAIR, HKV_PROGRESS_KINDS };
+#define HKV_PROGRESS_UNKNOWN UINT64_MAX
+
+struct hkv_progress {
+	int64_t rev;         /* the move's (PREFIX/next) or fill's (PREFIX/fill) revision;
+			      * 0: none runs */
+	uint32_t pass;       /* a repair's pass (1, 2, ...); 0 for a copy */
+	int final;           /* a repair's final pass (fenced) */
+	double started;      /* Unix time it started */
+	uint64_t bytes, items; /* done: copied so far (keys + values) */
+	uint64_t bytes_total, items_total; /* to copy, as counted before the copy began
+					    * (online: an estimate); HKV_PROGRESS_UNKNOWN
+					    * while it is being counted */
+};
+
+void hkv_cluster_progress_begin(enum hkv_progress_kind k, int64_t rev, uint32_t pass, int final);
+void hkv_cluster_progress_total(enum hkv_progress_kind k, uint64_t bytes, uint64_t items);
+void hkv_cluster_progress_add(enum hkv_progress_kind k, uint64_t bytes, uint64_t items);
+void hkv_cluster_progress_end(enum hkv_progress_kind k);
+/* *out (rev 0: none runs). Any thread. */
+void hkv_cluster_progress_read(enum hkv_progress_kind k, struct hkv_progress *out);
 
 /*
  * What the metrics page shows of the cluster (docs/metrics.md, "Cluster").

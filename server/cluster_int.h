@@ -60,6 +60,11 @@ struct hkv_cluster {
 	 * yet taken, done_* the loop's answer (all under lock). */
 	struct hkv_cluster_job *job;
 	int done, done_kind, done_ret;
+	/* a COPY taken over (HKV_JOB_PENDING) runs: no job, no step of a move */
+	atomic_int copying;
+	struct hkv_move *move; /* that copy (the loop's) */
+	_Atomic int64_t next_live; /* PREFIX/next's revision as last read (0: none) */
+	_Atomic uint32_t gen_live; /* reg_gen, for other threads */
 	uint32_t done_gen;
 	int64_t done_rev;
 	/* the coordination thread's */
@@ -88,6 +93,9 @@ struct hkv_cluster {
 	struct hkv_cmap *fill_in_map;
 	uint64_t fill_after_ns; /* the coordinator's: no new fill before (a failed one) */
 	char fill_failed[HKV_CLUSTER_ID_MAX]; /* the new replica of the last failed fill */
+	/* PREFIX/progress/ID (cluster.h hkv_cluster_progress_*): put, when */
+	int progress_put;
+	uint64_t progress_ns;
 	/* the keepalive thread's */
 	uint64_t klog_ns;
 	_Atomic uint64_t leases_lost;

@@ -12,6 +12,7 @@
 #include "common/layout.h"
 #include "common/log.h"
 #include "hatchkv.h"
+#include "server/cluster.h"
 #include "server/filler.h"
 #include "server/store.h"
 
@@ -265,8 +266,68 @@ static int fill_item(struct pass *ps, const struct hkv_block_hdr *h)
 		e->pass = f->pass;
 		ps->st->items++;
 		ps->st->bytes += (uint64_t)h->klen + h->vlen;
+		hkv_cluster_progress_add(HKV_PROGRESS_REPAIR, (uint64_t)h->klen + h->vlen, 1);
 	}
 	return 0;
+}
+
+/*
+ * What a pass is to copy, counted before it copies (its progress's total):
+ * the keys and values of the filled partitions' present entries whose
+ * write id a gainer lacks. Online, clients write meanwhile: an estimate
+ * (nothing is copied here, a block torn under the read is counted as it
+ * reads).
+ */
+static void count(struct pass *ps, struct hkv_store *s, uint64_t *bytes, uint64_t *items)
+{
+	const struct hkv_geometry *g = s->geom;
+	uint8_t *base = s->region.base;
+	const uint64_t *slots = (const uint64_t *)(base + g->index_off);
+	uint64_t nslots = g->nbuckets * HKV_BUCKET_SLOTS;
+	uint64_t data_end = g->data_off + (uint64_t)g->nsegs * g->seg_size;
+
+	*bytes = *items = 0;
+	for (uint64_t i = 0; i < nslots; i++) {
+		uint64_t sl = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE), off, rel;
+		const struct hkv_block_hdr *h;
+		uint16_t klen;
+		uint32_t cls, vlen, p;
+
+		if (!sl)
+			continue;
+		if (!(i & 4095) && halted(ps))
+			return;
+		off = hkv_slot_off(sl);
+		cls = hkv_slot_class(sl);
+		if (cls >= g->nclasses || off < g->data_off || off >= data_end)
+			continue;
+		rel = off - g->data_off;
+		if (rel % g->seg_size + g->class_size[cls] > g->seg_size ||
+		    (rel % g->seg_size) % g->class_size[cls])
+			continue;
+		h = (const struct hkv_block_hdr *)(base + off);
+		klen = __atomic_load_n(&h->klen, __ATOMIC_RELAXED);
+		vlen = __atomic_load_n(&h->vlen, __ATOMIC_RELAXED);
+		if (!klen || klen > HKV_MAX_KEY ||
+		    (uint64_t)HKV_BLOCK_HDR + klen + vlen > g->class_size[cls])
+			continue;
+		p = hkv_cmap_partition(ps->target, (const uint8_t *)(h + 1), klen);
+		if (!filled_here(ps->cur, ps->target, p, ps->self))
+			continue;
+		for (uint32_t r = 0; r < hkv_cmap_len(ps->target, p); r++) {
+			uint16_t gi = ps->target->repl[(size_t)p * ps->target->replicas + r];
+			const struct entry *e;
+
+			if (hkv_cmap_holds(ps->cur, p, ps->target->names[gi]))
+				continue;
+			e = cell(ps->f, (const uint8_t *)(h + 1), klen, gi,
+				 hash_of(ps->f, (const uint8_t *)(h + 1), klen, gi));
+			if (e->key && e->wid == __atomic_load_n(&h->wid, __ATOMIC_RELAXED))
+				continue;
+			*bytes += (uint64_t)klen + vlen;
+			(*items)++;
+		}
+	}
 }
 
 /*
@@ -350,7 +411,15 @@ int hkv_fill_pass(struct hkv_fill *f, struct hkv_store *s, const struct hkv_cmap
 	if (!buf)
 		return -ENOMEM;
 	f->pass++;
+	hkv_cluster_progress_begin(HKV_PROGRESS_REPAIR, f->rev, f->pass, final);
+	if (!final) { /* (fenced, the final pass copies little: not counted first) */
+		uint64_t bytes, items;
+
+		count(&ps, s, &bytes, &items);
+		hkv_cluster_progress_total(HKV_PROGRESS_REPAIR, bytes, items);
+	}
 	ret = walk(&ps, s, buf);
+	hkv_cluster_progress_end(HKV_PROGRESS_REPAIR);
 	hkv_free(buf);
 	if (ret)
 		return ret;

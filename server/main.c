@@ -707,9 +707,7 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 {
 	const char *id = hkv_cluster_id(sv->cluster);
 	struct keep_arg k = {job->map, id};
-	struct hkv_move_stats st;
 	uint64_t t0 = mono_ns(), n;
-	int ret;
 
 	switch (job->kind) {
 	case HKV_JOB_PURGE:
@@ -734,14 +732,9 @@ static int run_job(struct server *sv, struct hkv_cluster_job *job)
 		if (job->cur && job->cur->replicas > 1)
 			return final_fill(sv, job);
 		let_late_writes_land(sv);
-		ret = hkv_move_copy(&sv->store, job->cur, job->map, job->homes, id, sv->token,
-				    largest_value(sv), &st);
-		if (!ret)
-			hkv_info("server: copied %llu items (%llu bytes) to their new homes in %.0f ms"
-				 " (%llu expired left behind)", (unsigned long long)st.items,
-				 (unsigned long long)st.bytes, (double)(mono_ns() - t0) / 1e6,
-				 (unsigned long long)st.expired);
-		return ret;
+		/* in slices of this loop; it answers the job itself (server/mover.h) */
+		return hkv_move_start(sv->base, &sv->store, sv->cluster, job, id, sv->token,
+				      largest_value(sv));
 	case HKV_JOB_FILL: /* (on_cluster starts it on a thread) */
 		break;
 	}

@@ -134,6 +134,48 @@ static void page_moves(struct evbuffer *b, const struct hkv_cluster_status *c)
 		}
 }
 
+/* name{state="done"} and {state="total"}: 0 and 0 when nothing runs, a
+ * total of -1 while it is being counted. */
+static void progress_pair(struct evbuffer *b, const char *name, const char *help,
+			  const struct hkv_progress *pg, uint64_t done, uint64_t total)
+{
+	hkv_metrics_family(b, name, "gauge", help);
+	hkv_metrics_sample(b, name, "state=\"done\"", pg->rev ? done : 0);
+	hkv_metrics_sample_f(b, name, "state=\"total\"",
+			     !pg->rev                       ? 0.0
+			     : total == HKV_PROGRESS_UNKNOWN ? -1.0
+							     : (double)total);
+}
+
+/* This member's copy and repair pass under way (cluster.h hkv_progress). */
+static void page_progress(struct evbuffer *b)
+{
+	struct hkv_progress cp, rp;
+
+	hkv_cluster_progress_read(HKV_PROGRESS_COPY, &cp);
+	hkv_cluster_progress_read(HKV_PROGRESS_REPAIR, &rp);
+	progress_pair(b, "hatchkv_cluster_move_bytes",
+		      "This member's copy for the store move under way: bytes (keys + values) "
+		      "copied (done) and to copy (total, counted first; -1 while counting); 0 "
+		      "when it copies nothing.", &cp, cp.bytes, cp.bytes_total);
+	progress_pair(b, "hatchkv_cluster_move_items",
+		      "This member's copy for the store move under way: items copied (done) and "
+		      "to copy (total; -1 while counting); 0 when it copies nothing.", &cp, cp.items,
+		      cp.items_total);
+	progress_pair(b, "hatchkv_cluster_repair_bytes",
+		      "This member's repair pass under way: bytes (keys + values) copied (done) "
+		      "and to copy (total, counted first, an estimate: clients write meanwhile; -1 "
+		      "while counting or in the final pass); 0 when none runs.", &rp, rp.bytes,
+		      rp.bytes_total);
+	progress_pair(b, "hatchkv_cluster_repair_items",
+		      "This member's repair pass under way: items copied (done) and to copy "
+		      "(total; -1 while counting or in the final pass); 0 when none runs.", &rp,
+		      rp.items, rp.items_total);
+	hkv_metrics_gauge(b, "hatchkv_cluster_repair_pass",
+			  "The repair pass this member runs (1, 2, ...; the final one too); 0 when "
+			  "none runs.", rp.rev ? rp.pass : 0);
+}
+
 static void page_clients(struct evbuffer *b, const struct hkv_store *s)
 {
 	const struct hkv_store_stats *st = &s->stats;
@@ -277,6 +319,7 @@ void hkv_server_metrics_page(struct evbuffer *b, void *arg)
 		page_membership(b, &c);
 		page_map(b, &c);
 		page_moves(b, &c);
+		page_progress(b);
 	}
 	page_clients(b, s);
 	page_region(b, s);

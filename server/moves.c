@@ -567,9 +567,10 @@ int hkv_cl_follow_move(struct hkv_cluster *cl, const struct snap *sn)
 	int ret = 0;
 
 	atomic_store(&cl->fill_live, fk ? fk->mod_rev : 0);
+	atomic_store(&cl->next_live, rev);
 	collect_done(cl);
-	if (cl->job_out)
-		return 0; /* one job at a time */
+	if (cl->job_out || atomic_load(&cl->copying))
+		return 0; /* one job at a time; a copy taken over holds our step (mover.h) */
 	if (atomic_load(&cl->settle)) { /* store mode: drop what the map does not place on us */
 		if (!mk)
 			return 0; /* none yet (the coordinator makes it): fenced, nothing dropped */
