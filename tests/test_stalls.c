@@ -347,7 +347,7 @@ static void *writer_thread(void *arg)
 		uint64_t res;
 
 		rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-		k = (int)((rs >> 33) % XKEYS);
+		k = (int)((rs >> 33) % (run.cache ? 8 * XKEYS : XKEYS));
 		r = (int)((rs >> 27) % 16);
 		snprintf(key, sizeof(key), "x%d-%d", me, k);
 		len = cur_len(rs);
@@ -396,34 +396,52 @@ static void *writer_thread(void *arg)
 	return NULL;
 }
 
-/* A process that writes and leaves without giving back what it holds. */
-static void leaver(const struct hkvserver *s)
+/* `test_stalls leaver URI TOKEN store|cache`: write and leave without
+ * giving back what it holds. */
+static int leaver_main(char **argv)
 {
+	struct hkv_config *cfg = hkv_config_new();
+	struct hkv_client *c;
+	static uint8_t v[24576];
+	char key[24];
+	int cache = !strcmp(argv[4], "cache");
+
+	if (!cfg || hkv_config_add_server(cfg, argv[2]) || hkv_config_set_token_file(cfg, argv[3]) ||
+	    hkv_open(cfg, &c)) {
+		fprintf(stderr, "leaver: cannot open a handle\n");
+		return 1;
+	}
+	for (int i = 0; i < 400; i++) {
+		/* (in a cache, classes nobody else uses, the last one larger
+		 * than any: the moves they need evict) */
+		size_t len = !cache ? 40 + (size_t)(i * 37) % 2900
+			     : i < 300 ? 5000 + (size_t)(i * 37) % 1000
+				       : 20000 + (size_t)i % 4000;
+
+		snprintf(key, sizeof(key), "leaver-%d", i % 60);
+		memset(v, 'L', len);
+		(void)hkv_set(c, key, strlen(key), v, len, NULL);
+	}
+	_exit(0); /* (no hkv_close: its holds stay behind for the sweep) */
+}
+
+/* Run a leaver process (exec'd at once: a child of a process with RDMA
+ * memory registered must not run on in the copy fork made). 0 if it did
+ * its work. */
+static int leaver(const struct hkvserver *s)
+{
+	char *const args[] = {"test_stalls", "leaver", (char *)s->uri, (char *)s->token_file,
+			      run.cache ? "cache" : "store", NULL};
+	int status = -1;
 	pid_t pid = fork();
 
 	if (pid == 0) {
-		struct hkv_config *cfg = hkvserver_config(s);
-		struct hkv_client *c;
-		static uint8_t v[24576];
-		char key[24];
-
-		if (!cfg || hkv_open(cfg, &c))
-			_exit(1);
-		for (int i = 0; i < 400; i++) {
-			/* (in a cache, classes nobody else uses, the last one
-			 * larger than any: the moves they need evict) */
-			size_t len = !run.cache ? 40 + (size_t)(i * 37) % 2900
-				     : i < 300  ? 5000 + (size_t)(i * 37) % 1000
-						: 20000 + (size_t)i % 4000;
-
-			snprintf(key, sizeof(key), "leaver-%d", i % 60);
-			memset(v, 'L', len);
-			(void)hkv_set(c, key, strlen(key), v, len, NULL);
-		}
-		_exit(0); /* (no hkv_close: its holds stay behind for the sweep) */
+		execv("/proc/self/exe", args);
+		_exit(127);
 	}
-	if (pid > 0)
-		waitpid(pid, NULL, 0);
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 /* Check the shared keys' histories. */
@@ -464,7 +482,7 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 	char env[64], key[24];
 	uint8_t got[VMAX + 64];
 	int ret, fails = 0, checked = 0, missing = 0, unknown = 0, ops = 0, xops = 0, xerr = 0;
-	int fired_srv = 0, lin_bad;
+	int fired_srv = 0, lin_bad, left = 0;
 	uint64_t deadline;
 
 	memset(&run, 0, sizeof(run));
@@ -503,7 +521,7 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 	}
 	hkv_test_hook = npts ? stall_hook : NULL;
 	sleep_ms(use_verbs ? 1500 : 600); /* warm up: classes carved, blocks reused */
-	leaver(&s);
+	left += leaver(&s) == 0;
 	for (int i = 0; i < npts; i++) {
 		run.x[i].armed_ms = now_ms();
 		atomic_store(&run.x[i].armed, 1);
@@ -515,7 +533,7 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 		int pending = 0;
 
 		if (server_point && now_ms() - last > 2000) {
-			leaver(&s); /* (more for the sweep and, in a cache, more moves) */
+			left += leaver(&s) == 0; /* (more for the sweep; in a cache, moves) */
 			last = now_ms();
 		}
 
@@ -591,6 +609,10 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 			fprintf(stderr, "writer never reached %s\n", client_points[pts[i]].name);
 			fails++;
 		}
+	if (!left) {
+		fprintf(stderr, "no leaver process did its work\n");
+		fails++;
+	}
 	if (server_point && !fired_srv) {
 		fprintf(stderr, "the server never reached %s\n", server_point);
 		fails++;
@@ -711,6 +733,8 @@ static void test_server_points(void)
 
 int main(int argc, char **argv)
 {
+	if (argc == 5 && !strcmp(argv[1], "leaver"))
+		return leaver_main(argv);
 	use_verbs = hkvserver_want_verbs(argc, argv);
 	mode_arg = argc > 2 ? argv[2] : NULL;
 	printf("# transport %s\n", use_verbs ? "verbs" : "shm");
