@@ -445,8 +445,8 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
  * entry as absent. Two inserters of one key cannot both commit: the later of
  * the two slot CASes is followed by a re-read that sees the earlier entry
  * (PENDING or LIVE), so that inserter yields. With a rival we withdraw
- * ([CAS slot new->0, CAS meta PENDING->OBSOLETE|ABORTED]) and the caller
- * starts over with a fresh block.
+ * ([CAS meta PENDING->OBSOLETE|ABORTED], then, if it won, [CAS slot
+ * new->0] and the free) and the caller starts over with a fresh block.
  *
  * 0 committed, CONFLICT (the slot was taken: look again; our block is still
  * ours, unreferenced), YIELDED (our block is withdrawn and freed), <0.
@@ -503,11 +503,20 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 		 * frees the block and takes the slot back */
 		return YIELDED;
 	}
-	wrs[0] = hkv_wr_cas(c, &c->atom[1], soff, new_slot, 0);
-	wrs[1] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend, dead);
-	if ((ret = hkv_exec(c, wrs, 2)))
+	/* a rival: withdraw ours, the meta first (PENDING -> aborted). Only if
+	 * that CAS won do we clear the slot: our block is then freed by nobody
+	 * but us, so the slot's value cannot come back meanwhile, however long
+	 * we stop (both in one chain once let a withdraw stopped past the lease
+	 * clear an entry whose block had been aborted by another, freed and
+	 * reused). An aborter that beat us takes the slot back and frees. */
+	wrs[0] = hkv_wr_cas(c, &c->atom[0], hkv_slot_off(new_slot), pend, dead);
+	if ((ret = hkv_exec(c, wrs, 1)))
 		return ret;
-	if (c->atom[0] == pend)
-		hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
+	if (c->atom[0] != pend)
+		return YIELDED;
+	wrs[0] = hkv_wr_cas(c, &c->atom[1], soff, new_slot, 0);
+	if ((ret = hkv_exec(c, wrs, 1)))
+		return ret; /* (our aborted block stays named: find_rival takes such slots back) */
+	hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
 	return YIELDED;
 }

@@ -71,6 +71,9 @@ struct hkv_listener {
 
 struct hkv_conn *hkv_shm_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc);
 struct hkv_conn *hkv_verbs_conn_open(const struct hkv_conn_cfg *cfg, struct hkv_accept_msg *acc);
+/* Tests only: hold an shm connection's gate busy (on: as a process stopped
+ * inside a chain) or let it go; -EINVAL if c is not an shm connection. */
+int hkv_shm_test_busy(struct hkv_conn *c, int on);
 struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg);
 struct hkv_listener *hkv_verbs_listener_create(const struct hkv_listener_cfg *cfg);
 

@@ -415,6 +415,19 @@ err_errno:
 	return NULL;
 }
 
+int hkv_shm_test_busy(struct hkv_conn *c, int on)
+{
+	struct shm_conn *s = container_of(c, struct shm_conn, base);
+
+	if (c->ops != &shm_conn_ops || !s->gate)
+		return -EINVAL;
+	if (on)
+		__atomic_fetch_add(&s->gate->busy, 1, __ATOMIC_SEQ_CST);
+	else
+		__atomic_fetch_sub(&s->gate->busy, 1, __ATOMIC_SEQ_CST);
+	return 0;
+}
+
 /* ---- listener -------------------------------------------------------------- */
 
 struct shm_client {
@@ -432,6 +445,11 @@ struct shm_listener {
 	struct shm_gate *gates;  /* its mapping */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct shm_client *clients; /* indexed by fd */
+	struct shm_draining {       /* dropped while a chain of theirs was in flight */
+		uint32_t slot;
+		uint64_t cookie;
+	} *draining;
+	int ndraining;
 	int nclients, nconns, max_fd;
 	uint64_t log_ns, log_quiet; /* "out of descriptors" lines: at most one a second */
 };
@@ -446,15 +464,29 @@ static int shm_l_nconns(const struct hkv_listener *l)
 	return container_of(l, struct shm_listener, base)->nconns;
 }
 
+/*
+ * Drop a connection. Its gate shuts: a live process that still maps the
+ * region runs no chain from here on. One in flight (a peer stopped inside
+ * shm_post: the count raised before the bump) may still finish, so the
+ * client is gone for the store - whose sweep then takes back what it
+ * holds - only once the slot's count reads 0 (shm_l_tick looks again each
+ * second); until then it stays connected, its blocks out of use. Every
+ * drop is a fence (a review found a drop at a lost lease or a hangup that
+ * told the store at once, with a chain still to land).
+ */
 static void shm_drop_client(struct shm_listener *sl, int fd)
 {
-	/* its gate shuts: a live process that still maps the region runs no
-	 * chain from here on (one in flight finishes: hkv_listener_fence waits
-	 * for those) */
 	__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
 	if (sl->clients[fd].accepted) {
 		sl->nconns--;
-		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
+		if (!__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST)) {
+			hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
+		} else {
+			sl->draining[sl->ndraining++] =
+				(struct shm_draining){(uint32_t)fd, sl->clients[fd].cookie};
+			hkv_warn("shm: a client dropped inside a chain; it counts as gone once "
+				 "the chain is over");
+		}
 	}
 	sl->clients[fd].fd = -1;
 	sl->clients[fd].accepted = 0;
@@ -540,6 +572,11 @@ static int shm_l_tick(struct hkv_listener *l)
 		}
 	if (dropped)
 		shm_log_limited(sl, "dropped connections that sent no hello within 2 s");
+	for (int i = 0; i < sl->ndraining; i++) /* (see shm_drop_client) */
+		if (!__atomic_load_n(&sl->gates[sl->draining[i].slot].busy, __ATOMIC_SEQ_CST)) {
+			hkv_listener_gone(&sl->base, sl->draining[i].cookie);
+			sl->draining[i--] = sl->draining[--sl->ndraining];
+		}
 	return 0;
 }
 
@@ -652,6 +689,15 @@ static int shm_l_fence(struct hkv_listener *l, uint64_t cookie)
 		shm_drop_client(sl, fd);
 		return 0;
 	}
+	for (int i = 0; i < sl->ndraining; i++) { /* dropped, a chain still in flight */
+		if (sl->draining[i].cookie != cookie)
+			continue;
+		if (__atomic_load_n(&sl->gates[sl->draining[i].slot].busy, __ATOMIC_SEQ_CST))
+			return -EINPROGRESS;
+		hkv_listener_gone(&sl->base, cookie);
+		sl->draining[i] = sl->draining[--sl->ndraining];
+		return 0;
+	}
 	return 0;
 }
 
@@ -662,6 +708,12 @@ static void shm_l_destroy(struct hkv_listener *l)
 	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
 		if (sl->clients[fd].fd >= 0)
 			shm_drop_client(sl, fd);
+	/* (a client still inside a chain is never told gone: its blocks stay
+	 * out of use until the server restarts - memory, never another's item) */
+	if (sl->ndraining)
+		hkv_warn("shm: %d client%s stopped inside a chain as the listener closes; what "
+			 "they hold stays out of use", sl->ndraining, sl->ndraining == 1 ? "" : "s");
+	hkv_free(sl->draining);
 	if (sl->gates)
 		munmap(sl->gates, SHM_MAX_CLIENTS * sizeof(*sl->gates));
 	if (sl->gate_fd >= 0)
@@ -698,7 +750,8 @@ struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
 		return NULL;
 	sl->gate_fd = -1;
 	sl->clients = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->clients));
-	if (!sl->clients)
+	sl->draining = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->draining));
+	if (!sl->clients || !sl->draining)
 		goto free_listener;
 	for (int i = 0; i < SHM_MAX_CLIENTS; i++)
 		sl->clients[i].fd = -1;
@@ -752,8 +805,9 @@ free_clients:
 	if (sl->gate_fd >= 0)
 		close(sl->gate_fd);
 	errno = err;
-	hkv_free(sl->clients);
 free_listener:
+	hkv_free(sl->clients);
+	hkv_free(sl->draining);
 	hkv_free(sl);
 	return NULL;
 }
