@@ -434,6 +434,7 @@ struct shm_client {
 	int fd;
 	int accepted;
 	int fencing; /* its gate shut by hkv_listener_fence, the drop waiting */
+	int draining; /* dropped with a chain in flight: see shm_drop_client */
 	uint64_t cookie;
 	uint64_t since_ns; /* accepted at: a hello must come within SHM_HELLO_NS */
 };
@@ -445,11 +446,7 @@ struct shm_listener {
 	struct shm_gate *gates;  /* its mapping */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct shm_client *clients; /* indexed by fd */
-	struct shm_draining {       /* dropped while a chain of theirs was in flight */
-		uint32_t slot;
-		uint64_t cookie;
-	} *draining;
-	int ndraining;
+	int ndraining;              /* of them, dropped with a chain in flight */
 	int nclients, nconns, max_fd;
 	uint64_t log_ns, log_quiet; /* "out of descriptors" lines: at most one a second */
 };
@@ -464,35 +461,66 @@ static int shm_l_nconns(const struct hkv_listener *l)
 	return container_of(l, struct shm_listener, base)->nconns;
 }
 
-/*
- * Drop a connection. Its gate shuts: a live process that still maps the
- * region runs no chain from here on. One in flight (a peer stopped inside
- * shm_post: the count raised before the bump) may still finish, so the
- * client is gone for the store - whose sweep then takes back what it
- * holds - only once the slot's count reads 0 (shm_l_tick looks again each
- * second); until then it stays connected, its blocks out of use. Every
- * drop is a fence (a review found a drop at a lost lease or a hangup that
- * told the store at once, with a chain still to land).
- */
-static void shm_drop_client(struct shm_listener *sl, int fd)
+/* Close fd for good (its gate already shut). */
+static void shm_close_client(struct shm_listener *sl, int fd)
 {
-	__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
-	if (sl->clients[fd].accepted) {
-		sl->nconns--;
-		if (!__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST)) {
-			hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
-		} else {
-			sl->draining[sl->ndraining++] =
-				(struct shm_draining){(uint32_t)fd, sl->clients[fd].cookie};
-			hkv_warn("shm: a client dropped inside a chain; it counts as gone once "
-				 "the chain is over");
-		}
-	}
 	sl->clients[fd].fd = -1;
 	sl->clients[fd].accepted = 0;
+	sl->clients[fd].draining = 0;
 	sl->nclients--;
 	epoll_ctl(sl->epfd, EPOLL_CTL_DEL, fd, NULL);
 	close(fd);
+}
+
+/* A draining client is done: its chain is over (count 0) or its process
+ * has closed its socket (peer_gone: exited - no thread of it runs on - so
+ * its count, raised for ever, is reset: the slot is still its alone, since
+ * fd stays open until here). */
+static void shm_drain_end(struct shm_listener *sl, int fd, int peer_gone)
+{
+	if (peer_gone)
+		__atomic_store_n(&sl->gates[fd].busy, 0, __ATOMIC_SEQ_CST);
+	sl->ndraining--;
+	hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
+	shm_close_client(sl, fd);
+}
+
+/*
+ * Drop a connection. Its gate shuts: a live process that still maps the
+ * region runs no chain from here on. One in flight (a peer stopped inside
+ * shm_post: the count raised before the bump) may still finish, so a peer
+ * that may be alive (peer_gone 0: a protocol error, the listener closing
+ * at a lost lease) with its count raised counts as gone for the store -
+ * whose sweep then takes back what it holds - only once the count reads 0
+ * (shm_l_tick, hkv_listener_fence) or its socket hangs up (its process
+ * exited). Until then its fd stays open, so its gate slot is not handed to
+ * another, and its blocks stay out of use. A review found every drop but a
+ * fence telling the store at once, with a chain still to land.
+ */
+static void shm_drop_client(struct shm_listener *sl, int fd, int peer_gone)
+{
+	struct epoll_event ev = {.events = EPOLLRDHUP, .data.fd = fd};
+
+	__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
+	if (sl->clients[fd].draining) {
+		if (peer_gone)
+			shm_drain_end(sl, fd, 1);
+		return;
+	}
+	if (sl->clients[fd].accepted) {
+		sl->nconns--;
+		if (!peer_gone && __atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST) &&
+		    !epoll_ctl(sl->epfd, EPOLL_CTL_MOD, fd, &ev)) {
+			sl->clients[fd].accepted = 0;
+			sl->clients[fd].draining = 1;
+			sl->ndraining++;
+			hkv_warn("shm: a client dropped inside a chain; it counts as gone once "
+				 "the chain is over or its process has exited");
+			return;
+		}
+		hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
+	}
+	shm_close_client(sl, fd);
 }
 
 /* The connection that has waited longest without a hello, or -1. */
@@ -502,6 +530,7 @@ static int shm_oldest_silent(const struct shm_listener *sl)
 
 	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
 		if (sl->clients[fd].fd >= 0 && !sl->clients[fd].accepted &&
+		    !sl->clients[fd].draining &&
 		    (best < 0 || sl->clients[fd].since_ns < sl->clients[best].since_ns))
 			best = fd;
 	return best;
@@ -535,7 +564,7 @@ static void shm_accept_one(struct shm_listener *sl)
 				    "connection");
 		if (old < 0)
 			return;
-		shm_drop_client(sl, old);
+		shm_drop_client(sl, old, 0);
 		fd = accept4(sl->sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	}
 	if (fd < 0)
@@ -553,6 +582,7 @@ static void shm_accept_one(struct shm_listener *sl)
 	sl->clients[fd].fd = fd;
 	sl->clients[fd].accepted = 0;
 	sl->clients[fd].fencing = 0;
+	sl->clients[fd].draining = 0;
 	sl->clients[fd].since_ns = hkv_now_ns();
 	sl->nclients++;
 }
@@ -566,17 +596,16 @@ static int shm_l_tick(struct hkv_listener *l)
 
 	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
 		if (sl->clients[fd].fd >= 0 && !sl->clients[fd].accepted &&
-		    now - sl->clients[fd].since_ns > SHM_HELLO_NS) {
-			shm_drop_client(sl, fd);
+		    !sl->clients[fd].draining && now - sl->clients[fd].since_ns > SHM_HELLO_NS) {
+			shm_drop_client(sl, fd, 0);
 			dropped++;
 		}
 	if (dropped)
 		shm_log_limited(sl, "dropped connections that sent no hello within 2 s");
-	for (int i = 0; i < sl->ndraining; i++) /* (see shm_drop_client) */
-		if (!__atomic_load_n(&sl->gates[sl->draining[i].slot].busy, __ATOMIC_SEQ_CST)) {
-			hkv_listener_gone(&sl->base, sl->draining[i].cookie);
-			sl->draining[i--] = sl->draining[--sl->ndraining];
-		}
+	for (int fd = 0; sl->ndraining && fd < SHM_MAX_CLIENTS; fd++) /* (shm_drop_client) */
+		if (sl->clients[fd].draining &&
+		    !__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST))
+			shm_drain_end(sl, fd, 0);
 	return 0;
 }
 
@@ -629,7 +658,7 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
 	if (n <= 0) {
-		shm_drop_client(sl, fd);
+		shm_drop_client(sl, fd, 1);
 		return;
 	}
 	hkv_listener_answer(&sl->base, &hello, (size_t)n, &acc, &access, &sl->clients[fd].cookie);
@@ -643,7 +672,7 @@ static void shm_handle_hello(struct shm_listener *sl, int fd)
 			hkv_warn("shm: refused a client: %s", hkv_strerror(acc.status));
 		if (admitted) /* counted by on_connect, never connected: its place back */
 			hkv_listener_gone(&sl->base, sl->clients[fd].cookie);
-		shm_drop_client(sl, fd);
+		shm_drop_client(sl, fd, 0);
 	} else {
 		sl->clients[fd].accepted = 1;
 		sl->nconns++;
@@ -663,10 +692,13 @@ static int shm_l_dispatch(struct hkv_listener *l)
 
 		if (fd == sl->sock)
 			shm_accept_one(sl);
+		else if (sl->clients[fd].draining) /* (it listens for hangups only) */
+			shm_drop_client(sl, fd, 1);
 		else if (!sl->clients[fd].accepted && (evs[i].events & EPOLLIN))
 			shm_handle_hello(sl, fd);
-		else
-			shm_drop_client(sl, fd); /* hangup, or data after accept: bye */
+		else /* hangup (its process closed it: exited), or data after accept */
+			shm_drop_client(sl, fd,
+					!!(evs[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)));
 	}
 	return n < 0 && errno != EINTR ? -errno : 0;
 }
@@ -686,16 +718,15 @@ static int shm_l_fence(struct hkv_listener *l, uint64_t cookie)
 		}
 		if (__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST))
 			return -EINPROGRESS; /* a chain in flight (a peer stopped in it?) */
-		shm_drop_client(sl, fd);
+		shm_drop_client(sl, fd, 0);
 		return 0;
 	}
-	for (int i = 0; i < sl->ndraining; i++) { /* dropped, a chain still in flight */
-		if (sl->draining[i].cookie != cookie)
+	for (int fd = 0; sl->ndraining && fd < SHM_MAX_CLIENTS; fd++) { /* dropped already */
+		if (!sl->clients[fd].draining || sl->clients[fd].cookie != cookie)
 			continue;
-		if (__atomic_load_n(&sl->gates[sl->draining[i].slot].busy, __ATOMIC_SEQ_CST))
+		if (__atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST))
 			return -EINPROGRESS;
-		hkv_listener_gone(&sl->base, cookie);
-		sl->draining[i] = sl->draining[--sl->ndraining];
+		shm_drain_end(sl, fd, 0);
 		return 0;
 	}
 	return 0;
@@ -706,14 +737,16 @@ static void shm_l_destroy(struct hkv_listener *l)
 	struct shm_listener *sl = container_of(l, struct shm_listener, base);
 
 	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
-		if (sl->clients[fd].fd >= 0)
-			shm_drop_client(sl, fd);
+		if (sl->clients[fd].fd >= 0 && !sl->clients[fd].draining)
+			shm_drop_client(sl, fd, 0);
 	/* (a client still inside a chain is never told gone: its blocks stay
 	 * out of use until the server restarts - memory, never another's item) */
 	if (sl->ndraining)
 		hkv_warn("shm: %d client%s stopped inside a chain as the listener closes; what "
 			 "they hold stays out of use", sl->ndraining, sl->ndraining == 1 ? "" : "s");
-	hkv_free(sl->draining);
+	for (int fd = 0; fd < SHM_MAX_CLIENTS; fd++)
+		if (sl->clients[fd].fd >= 0)
+			shm_close_client(sl, fd);
 	if (sl->gates)
 		munmap(sl->gates, SHM_MAX_CLIENTS * sizeof(*sl->gates));
 	if (sl->gate_fd >= 0)
@@ -750,11 +783,12 @@ struct hkv_listener *hkv_shm_listener_create(const struct hkv_listener_cfg *cfg)
 		return NULL;
 	sl->gate_fd = -1;
 	sl->clients = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->clients));
-	sl->draining = hkv_malloc(SHM_MAX_CLIENTS * sizeof(*sl->draining));
-	if (!sl->clients || !sl->draining)
+	if (!sl->clients)
 		goto free_listener;
-	for (int i = 0; i < SHM_MAX_CLIENTS; i++)
+	for (int i = 0; i < SHM_MAX_CLIENTS; i++) {
 		sl->clients[i].fd = -1;
+		sl->clients[i].draining = 0;
+	}
 	sl->base.ops = &shm_listener_ops;
 	sl->base.on_connect = cfg->on_connect;
 	sl->base.on_disconnect = cfg->on_disconnect;
@@ -807,7 +841,6 @@ free_clients:
 	errno = err;
 free_listener:
 	hkv_free(sl->clients);
-	hkv_free(sl->draining);
 	hkv_free(sl);
 	return NULL;
 }

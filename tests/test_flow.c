@@ -1111,7 +1111,7 @@ static void test_shm_dropped_fenced(void)
  * holds must stay out while its count is raised (3.5 s: the sweep takes a
  * gone holder's blocks after 1.5 s) and come back once it is lowered.
  */
-static void test_shm_dropped_in_chain(void)
+static void dropped_in_chain(int killed)
 {
 	struct hkvserver s;
 	struct hkv_client *probe;
@@ -1159,8 +1159,14 @@ static void test_shm_dropped_in_chain(void)
 		held_min = held0 < held_min ? held0 : held_min;
 		usleep(100 * 1000);
 	}
-	CHECK(write(q[1], "g", 1) == 1);
-	/* the chain over: it is gone, and the sweep takes them back */
+	if (killed) { /* dies inside its chain: the count stays raised */
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	} else {
+		CHECK(write(q[1], "g", 1) == 1);
+	}
+	/* the chain over, or its process gone: it is gone, and the sweep takes
+	 * them back */
 	for (waited = 0; waited < 80; waited++) {
 		CHECK_RC(area_left(probe, cls, &carved, &free0, &held0), 0);
 		if (held0 == 0)
@@ -1174,13 +1180,22 @@ static void test_shm_dropped_in_chain(void)
 	close(q[0]);
 	close(q[1]);
 	printf("# dropped inside a chain: its holds out for 3.5 s (at least %llu B), back %d ms "
-	       "after the chain ended (%llu left)\n", (unsigned long long)held_min, waited * 100,
+	       "after %s (%llu left)\n", (unsigned long long)held_min, waited * 100,
+	       killed ? "it was SIGKILLed, count raised" : "the chain ended",
 	       (unsigned long long)held0);
 	CHECK(held_min > 0);
 	CHECK(held0 == 0);
 	CHECK(hkvserver_log_count(&s, "dropped inside a chain") > 0);
 	hkv_close(probe);
 	hkvserver_stop(&s);
+}
+
+/* ... and one SIGKILLed inside its chain (its count raised for ever): its
+ * socket's hangup says its process is gone, so its holds come back then. */
+static void test_shm_dropped_in_chain(void)
+{
+	CHECK_PASSES(dropped_in_chain(0));
+	CHECK_PASSES(dropped_in_chain(1));
 }
 
 int main(int argc, char **argv)
