@@ -1927,8 +1927,12 @@ static int start_workers(struct mc_server *s)
 
 static void stop_workers(struct mc_server *s, int started)
 {
+	/* loopexit, not loopbreak: a break asked before a worker's loop has
+	 * started is lost (event_base_loop clears it as it starts), and a
+	 * SIGTERM right after READY then waited for ever in the join; the
+	 * exit is a timer the loop runs whenever it starts */
 	for (int i = 0; i < started; i++)
-		event_base_loopbreak(s->workers[i].base);
+		event_base_loopexit(s->workers[i].base, NULL);
 	for (int i = 0; i < started; i++)
 		pthread_join(s->workers[i].thread, NULL);
 }
