@@ -28,13 +28,14 @@ static int parse_one(const char *s, size_t len)
 	char buf[96], *colon, *end;
 	unsigned long ms, times = 1;
 	struct failpoint *p;
+	size_t nlen;
 
 	if (!len || len >= sizeof(buf) || npoints == FP_MAX)
 		return -1;
 	memcpy(buf, s, len);
 	buf[len] = 0;
 	colon = strchr(buf, ':');
-	if (!colon || colon == buf || (size_t)(colon - buf) >= FP_NAME)
+	if (!colon || colon == buf || (nlen = (size_t)(colon - buf)) >= FP_NAME)
 		return -1;
 	*colon++ = 0;
 	errno = 0;
@@ -50,7 +51,7 @@ static int parse_one(const char *s, size_t len)
 	if (*end)
 		return -1;
 	p = &points[npoints++];
-	memcpy(p->name, buf, (size_t)(colon - 1 - buf) + 1); /* (with its NUL: checked < FP_NAME) */
+	memcpy(p->name, buf, nlen + 1); /* (with its NUL: nlen < FP_NAME) */
 	p->ms = (unsigned)ms;
 	atomic_init(&p->left, (unsigned)times);
 	return 0;

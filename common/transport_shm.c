@@ -502,11 +502,6 @@ static void shm_drop_client(struct shm_listener *sl, int fd, int peer_gone)
 	struct epoll_event ev = {.events = EPOLLRDHUP, .data.fd = fd};
 
 	__atomic_fetch_add(&sl->gates[fd].gen, 1, __ATOMIC_SEQ_CST);
-	if (sl->clients[fd].draining) {
-		if (peer_gone)
-			shm_drain_end(sl, fd, 1);
-		return;
-	}
 	if (sl->clients[fd].accepted) {
 		sl->nconns--;
 		if (!peer_gone && __atomic_load_n(&sl->gates[fd].busy, __ATOMIC_SEQ_CST) &&
@@ -693,7 +688,7 @@ static int shm_l_dispatch(struct hkv_listener *l)
 		if (fd == sl->sock)
 			shm_accept_one(sl);
 		else if (sl->clients[fd].draining) /* (it listens for hangups only) */
-			shm_drop_client(sl, fd, 1);
+			shm_drain_end(sl, fd, 1);
 		else if (!sl->clients[fd].accepted && (evs[i].events & EPOLLIN))
 			shm_handle_hello(sl, fd);
 		else /* hangup (its process closed it: exited), or data after accept */
