@@ -398,6 +398,8 @@ enum hkv_test_point {
 	HKV_TP_ATIME_CAS,          /* a GET's block read and found fresh, its atime CAS not posted */
 	HKV_TP_EVICT_MARK,         /* eviction: victims' headers and buckets read as one fresh
 				    * view, their mark CASes not posted */
+	HKV_TP_REMOVE_SLOT,        /* a remove's mark won (or found a retire in progress), its
+				    * slot CAS not posted */
 	HKV_TP_COUNT
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);

@@ -267,23 +267,68 @@ int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t n
 }
 
 /*
- * [READ header?, CAS meta LIVE->OBSOLETE, CAS slot old->0]: 0, CONFLICT,
- * STALE or <0. With hdr, the old block's header is read into it first, in
- * the same chain: what was removed, if the removal won.
+ * A remove, in two steps: [READ header?, CAS meta LIVE->OBSOLETE], then -
+ * only if that mark won - [CAS slot old->0]. 0, CONFLICT, STALE or <0.
+ * With hdr, the old block's header is read into it first, in the first
+ * chain: what was removed, if the removal won. c->atom[0] is what the mark
+ * found, c->atom[1] what the slot CAS found.
+ *
+ * Why not one chain [mark, swing], as a replace posts it: a remover stopped
+ * after hkv_view_fresh for longer than the ABA horizon, while the slot came
+ * back to the value it read under a later incarnation g', would swing that
+ * slot to 0 with its mark lost - and with no block of its own to put back,
+ * the undo (undo_stale) could not restore g': a later acknowledged value
+ * gone (or, after a fingerprint collision in the bucket, another key's),
+ * and a delete_if or a GET's reclaim of an expired item remove what their
+ * condition never saw. Here the slot CAS is posted only under our mark: a
+ * marked block is not freed until its marker frees it, so its slot value
+ * cannot come back before our swing - the swing removes exactly the
+ * incarnation the mark names, however long we stopped in between. A lost
+ * mark of another generation is a stale view: nothing was done (STALE).
+ * One more round trip per delete (docs/design.md, "Operations").
+ *
+ * A lost mark of the same generation: another writer retires this very
+ * incarnation. If it is LIVE-marked (OBSOLETE, not aborted) and still
+ * named, that writer is between its mark and its swing (or died there):
+ * every find takes the entry as present, so a delete removes it by its
+ * slot alone (the block stays its marker's to free), from a view checked
+ * fresh again - the same CAS the one-chain remove posted in that case.
  */
 int hkv_publish_remove(struct hkv_client *c, const struct item *old,
 		       struct hkv_block_hdr *hdr)
 {
-	struct hkv_wr wrs[3];
+	uint64_t live = hkv_meta_live(old);
+	struct hkv_wr wrs[2];
 	int n = 0, ret;
 
 	if (!hkv_view_fresh(c, old->seen_ns))
 		return STALE;
 	if (hdr)
 		wrs[n++] = hkv_wr_read(c, hdr, old->blk_off, HKV_BLOCK_HDR);
-	n = hkv_append_retire(c, wrs, n, old, 0, c->atom);
-	ret = hkv_exec(c, wrs, n);
-	return ret ? ret : hkv_retire_outcome(c, old, c->atom, 0);
+	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, live,
+			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen) |
+				      hkv_meta_retirer(c->client_id));
+	c->atom[1] = 0;
+	if ((ret = hkv_exec(c, wrs, n)))
+		return ret;
+	if (c->atom[0] != live) {
+		uint64_t m = c->atom[0];
+
+		if (hkv_meta_gen(m) != old->gen || hkv_meta_class(m) != old->cls) {
+			c->stats.stale_views++; /* reused since the view: nothing done */
+			return STALE;
+		}
+		if (hkv_meta_state(m) != HKV_BLK_OBSOLETE || (m & HKV_META_ABORTED) ||
+		    !hkv_view_fresh(c, old->seen_ns))
+			return CONFLICT;
+	}
+	hkv_test_at(c, HKV_TP_REMOVE_SLOT);
+	wrs[0] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, 0);
+	if ((ret = hkv_exec(c, wrs, 1)))
+		return ret; /* (our marked block: the sweep's once no slot names it) */
+	if (c->atom[0] == live)
+		hkv_free_block(c, old->blk_off, old->cls); /* out of the index either way */
+	return c->atom[1] == old->slot ? 0 : CONFLICT;
 }
 
 /*

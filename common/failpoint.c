@@ -91,8 +91,10 @@ void hkv_failpoint_hit(const char *name)
 			continue;
 		do {
 			if (!left)
-				return;
+				break;
 		} while (!atomic_compare_exchange_weak(&p->left, &left, left - 1));
+		if (!left)
+			continue; /* spent: the next entry of that name, if any ("a:200,a:2000") */
 		hkv_warn("stall: %s for %u ms (HKV_STALL)", name, p->ms);
 		ts.tv_sec = p->ms / 1000;
 		ts.tv_nsec = (long)(p->ms % 1000) * 1000000L;

@@ -92,7 +92,7 @@ static const struct {
 	{HKV_TP_INSERT_COMMIT, "insert-commit", 0}, {HKV_TP_STORE_PUBLISH, "store-publish", 0},
 	{HKV_TP_MODIFY_PUBLISH, "modify-publish", 0}, {HKV_TP_FREE, "free", 0},
 	{HKV_TP_GIVE_BACK, "give-back", 0},       {HKV_TP_ATIME_CAS, "atime-cas", 1},
-	{HKV_TP_EVICT_MARK, "evict-mark", 1},
+	{HKV_TP_EVICT_MARK, "evict-mark", 1},     {HKV_TP_REMOVE_SLOT, "remove-slot", 0},
 };
 #define NCPOINTS ((int)(sizeof(client_points) / sizeof(client_points[0])))
 
@@ -123,15 +123,16 @@ struct worker {
 struct writer {
 	struct hkv_client *h;
 	int point; /* index into client_points; -1: none */
-	_Atomic int armed, fired;
-	uint64_t armed_ms, fired_ms, woke_ms;
+	_Atomic int armed, fired; /* fired: stops begun */
+	uint64_t armed_ms, fired_ms, woke_ms, last_ms; /* woke: from the last stop */
 	int ops, errors;
 	pthread_t th;
 };
 
 static struct {
 	int cache;
-	unsigned stall_ms;
+	const unsigned *stall_ms; /* the stops, in order, at the same point */
+	int nstops;
 	struct hkv_config *cfg;
 	uint64_t t0;
 	_Atomic int stop, writers_stop;
@@ -312,21 +313,26 @@ static void *worker_thread(void *arg)
 	return NULL;
 }
 
-/* The stalled writers' hook: writer i stops once at its point, once armed. */
+/* The stalled writers' hook: once armed, writer i stops at its point for
+ * each of run.stall_ms in turn (each time it gets there again). */
 static void stall_hook(struct hkv_client *c, enum hkv_test_point point)
 {
 	for (int i = 0; i < run.nx; i++) {
 		struct writer *x = &run.x[i];
-		int zero = 0;
+		int f;
 
 		if (x->h != c || x->point < 0 || client_points[x->point].p != point ||
 		    !atomic_load(&x->armed))
 			continue;
-		if (!atomic_compare_exchange_strong(&x->fired, &zero, 1))
+		f = atomic_load(&x->fired);
+		if (f >= run.nstops || !atomic_compare_exchange_strong(&x->fired, &f, f + 1))
 			return;
-		x->fired_ms = now_ms();
-		sleep_ms(run.stall_ms);
-		x->woke_ms = now_ms();
+		if (!f)
+			x->fired_ms = now_ms();
+		sleep_ms(run.stall_ms[f]);
+		x->last_ms = now_ms();
+		if (f + 1 == run.nstops)
+			x->woke_ms = x->last_ms;
 		return;
 	}
 }
@@ -383,7 +389,7 @@ static void *writer_thread(void *arg)
 		x->errors += unknown_rc(rc) && rc != HKV_ENOTNUM && rc != -ENOSPC;
 		/* (a handle whose connection was fenced comes back by itself) */
 		if (client_points[x->point].p == HKV_TP_GIVE_BACK && atomic_load(&x->armed) &&
-		    !atomic_load(&x->fired) && now_ms() - x->armed_ms > 300) {
+		    atomic_load(&x->fired) < run.nstops && now_ms() - x->last_ms > 300) {
 			/* holds go back at close at the latest */
 			hkv_close(x->h);
 			if (hkv_open(run.cfg, &x->h)) {
@@ -468,31 +474,39 @@ static int lin_check(void)
 }
 
 /*
- * One run: a server (store or cache; HKV_STALL=server_point:stall_ms when
- * server_point), WORKERS workers, and a writer for each client point in
- * pts[0..npts) armed after a warm-up. 0 when every check passed.
+ * One run: a server (store or cache; with server_point, HKV_STALL stops it
+ * there for each of stall_ms[0..nstops) in turn), WORKERS workers, and a
+ * writer for each client point in pts[0..npts), armed after a warm-up,
+ * that stops there for each of them in turn. 0 when every check passed.
  */
-static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
+static int stall_run(int cache, const unsigned *stall_ms, int nstops, const int *pts, int npts,
 		     const char *server_point)
 {
 	const char *const cache_args[] = {"--cache", NULL};
 	struct hkvserver s;
 	struct hkv_config *cfg;
 	struct hkv_client *probe;
-	char env[64], key[24];
+	char env[160], key[24], desc[48];
 	uint8_t got[VMAX + 64];
 	int ret, fails = 0, checked = 0, missing = 0, unknown = 0, ops = 0, xops = 0, xerr = 0;
 	int fired_srv = 0, lin_bad, left = 0;
-	uint64_t deadline;
+	uint64_t deadline, stall_sum = 0;
 
 	memset(&run, 0, sizeof(run));
 	pthread_mutex_init(&run.lock, NULL);
 	run.cache = cache;
 	run.stall_ms = stall_ms;
-	if (server_point) {
-		snprintf(env, sizeof(env), "%s:%u", server_point, stall_ms);
-		setenv("HKV_STALL", env, 1);
+	run.nstops = nstops;
+	env[0] = desc[0] = 0;
+	for (int i = 0; i < nstops; i++) {
+		stall_sum += stall_ms[i];
+		snprintf(env + strlen(env), sizeof(env) - strlen(env), "%s%s:%u", i ? "," : "",
+			 server_point, stall_ms[i]);
+		snprintf(desc + strlen(desc), sizeof(desc) - strlen(desc), "%s%u", i ? "+" : "",
+			 stall_ms[i]);
 	}
+	if (server_point)
+		setenv("HKV_STALL", env, 1);
 	ret = hkvserver_start(&s, use_verbs, getenv("HKV_STALL_MEM") ? getenv("HKV_STALL_MEM") : "2M",
 			      "64K", cache ? cache_args : NULL);
 	unsetenv("HKV_STALL");
@@ -523,12 +537,12 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 	sleep_ms(use_verbs ? 1500 : 600); /* warm up: classes carved, blocks reused */
 	left += leaver(&s) == 0;
 	for (int i = 0; i < npts; i++) {
-		run.x[i].armed_ms = now_ms();
+		run.x[i].armed_ms = run.x[i].last_ms = now_ms();
 		atomic_store(&run.x[i].armed, 1);
 	}
 	/* until every writer has stopped and woken (or the server's stall is
 	 * over), then a little more, while the workers go on */
-	deadline = now_ms() + stall_ms + (use_verbs ? 30000 : 15000);
+	deadline = now_ms() + stall_sum + (use_verbs ? 30000 : 15000);
 	for (uint64_t last = now_ms();;) {
 		int pending = 0;
 
@@ -543,7 +557,7 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 			char what[64];
 
 			snprintf(what, sizeof(what), "stall: %s over", server_point);
-			fired_srv = hkvserver_log_count(&s, what) > 0;
+			fired_srv = hkvserver_log_count(&s, what) >= nstops;
 			pending += !fired_srv;
 		}
 		if (!pending || now_ms() > deadline)
@@ -626,10 +640,10 @@ static int stall_run(int cache, unsigned stall_ms, const int *pts, int npts,
 		printf("# reached after %llu ms; run %llu ms\n", (unsigned long long)reach,
 		       (unsigned long long)(now_ms() - run.t0));
 	}
-	printf("# %s, %u ms at %s%s%s: %d worker ops (%d unknown), %d items read back whole, "
+	printf("# %s, %s ms at %s%s%s: %d worker ops (%d unknown), %d items read back whole, "
 	       "%d missing (evicted), %d wrong; writers %d ops, %d errors; lin0 %zu, lin1 %zu ops%s; "
 	       "%d moves\n",
-	       cache ? "cache" : "store", stall_ms, server_point ? "server " : "",
+	       cache ? "cache" : "store", desc, server_point ? "server " : "",
 	       server_point ? server_point : npts == 1 ? client_points[pts[0]].name : "every point",
 	       npts > 1 ? " (a writer each)" : "", ops, unknown, checked,
 	       missing, fails, xops, xerr, run.nops[0], run.nops[1],
@@ -650,7 +664,8 @@ static int want(const char *what)
 	return !mode_arg || !strcmp(mode_arg, what);
 }
 
-/* Each client point alone, 0.2 s and 2 s (verbs: 2 s, store, a few). */
+/* Each client point alone, stopped 0.2 s and then 2 s in one run (verbs: 2 s,
+ * a few points). */
 static void test_client_points_short(void)
 {
 	static const unsigned ms[] = {200, 2000};
@@ -659,30 +674,30 @@ static void test_client_points_short(void)
 	if (!want("short"))
 		return;
 	for (int cache = 0; cache < 2; cache++)
-		for (int d = use_verbs; d < 2; d++)
-			for (int p = 0; p < NCPOINTS; p++) {
-				if (client_points[p].cache_only && !cache)
-					continue;
-				if (getenv("HKV_STALL_ONLY") &&
-				    strcmp(getenv("HKV_STALL_ONLY"), client_points[p].name))
-					continue;
-				if (use_verbs && client_points[p].p != HKV_TP_CLAIM_STAMP &&
-				    client_points[p].p != HKV_TP_VIEW_POST &&
-				    client_points[p].p != HKV_TP_INSERT_COMMIT &&
-				    client_points[p].p != HKV_TP_EVICT_MARK)
-					continue;
-				if (stall_run(cache, ms[d], &p, 1, NULL)) {
-					fprintf(stderr, "FAILED: %s, %s stopped %u ms\n",
-						cache ? "cache" : "store", client_points[p].name, ms[d]);
-					failed++;
-				}
+		for (int p = 0; p < NCPOINTS; p++) {
+			if (client_points[p].cache_only && !cache)
+				continue;
+			if (getenv("HKV_STALL_ONLY") &&
+			    strcmp(getenv("HKV_STALL_ONLY"), client_points[p].name))
+				continue;
+			if (use_verbs && client_points[p].p != HKV_TP_CLAIM_STAMP &&
+			    client_points[p].p != HKV_TP_VIEW_POST &&
+			    client_points[p].p != HKV_TP_INSERT_COMMIT &&
+			    client_points[p].p != HKV_TP_EVICT_MARK)
+				continue;
+			if (stall_run(cache, ms + use_verbs, 2 - use_verbs, &p, 1, NULL)) {
+				fprintf(stderr, "FAILED: %s, %s stopped\n",
+					cache ? "cache" : "store", client_points[p].name);
+				failed++;
 			}
+		}
 	CHECK(failed == 0);
 }
 
 /* Every client point at once, a writer each, 10 s (verbs: 2 s). */
 static void test_client_points_long(void)
 {
+	static const unsigned ms[] = {2000, 10000};
 	int pts[NCPOINTS], n, failed = 0;
 
 	if (!want("long"))
@@ -692,7 +707,7 @@ static void test_client_points_long(void)
 		for (int p = 0; p < NCPOINTS; p++)
 			if (!client_points[p].cache_only || cache)
 				pts[n++] = p;
-		if (stall_run(cache, use_verbs ? 2000 : 10000, pts, n, NULL)) {
+		if (stall_run(cache, use_verbs ? &ms[0] : &ms[1], 1, pts, n, NULL)) {
 			fprintf(stderr, "FAILED: %s, every point at once\n", cache ? "cache" : "store");
 			failed++;
 		}
@@ -717,14 +732,16 @@ static void test_server_points(void)
 		return;
 	for (int cache = 0; cache < 2; cache++)
 		for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++)
-			for (int d = use_verbs; d < (use_verbs ? 2 : 3); d++) {
-				if (!(cache ? sp[i].cache : sp[i].store) || (d == 2 && !sp[i].long_too))
+			for (int d = 0; d < 2; d++) { /* 0.2 s then 2 s in one run; 10 s */
+				if (!(cache ? sp[i].cache : sp[i].store) || (d == 1 && !sp[i].long_too) ||
+				    (d == 1 && use_verbs))
 					continue;
 				if (getenv("HKV_STALL_ONLY") && strcmp(getenv("HKV_STALL_ONLY"), sp[i].name))
 					continue;
-				if (stall_run(cache, ms[d], NULL, 0, sp[i].name)) {
-					fprintf(stderr, "FAILED: %s, server stopped %u ms at %s\n",
-						cache ? "cache" : "store", ms[d], sp[i].name);
+				if (stall_run(cache, d ? ms + 2 : ms + use_verbs, d ? 1 : 2 - use_verbs,
+					      NULL, 0, sp[i].name)) {
+					fprintf(stderr, "FAILED: %s, server stopped at %s%s\n",
+						cache ? "cache" : "store", sp[i].name, d ? " (10 s)" : "");
 					failed++;
 				}
 			}

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,6 +544,103 @@ static void test_stale_undo_raced(void)
 	stale_undo(1);
 }
 
+/*
+ * A remove stopped after its view was found fresh (HKV_TP_VIEW_POST, the
+ * age check lifted: a stop inside the post) while the key is set again and
+ * again until its block is back at the same address with the same low 11
+ * bits of generation - the very slot value the remove read (issue 27, an
+ * adversarial review). Posted as one chain [mark, swing], its mark lost and
+ * its swing won on that ABA value: the undo had no block to put back, so
+ * the churner's last acknowledged set was gone.
+ *
+ *   reclaim = 0: a plain delete. It may remove the later value (it ends
+ *                after that set), but then it must say so: it said "not
+ *                found" - the history (register model) is checked.
+ *   reclaim = 1: a GET that found the item expired (1 s TTL) and removes
+ *                it, a remove conditional on what it read: the churner's
+ *                last set (no TTL) must survive whole.
+ */
+static void stale_remove(int reclaim)
+{
+	struct hkv_config *cfg[2];
+	struct hkv_client_stats ws;
+	struct hkvserver s;
+	struct lc_report rep;
+	char *v = malloc(VLEN), buf[64];
+	size_t vlen = 0;
+	int64_t t;
+	int ret, got;
+	uint64_t now = 0;
+
+	CHECK(v != NULL);
+	CHECK_PASSES(setup(&s, cfg));
+	record(LC_SET, LC_OK, 1000, 0, now_ns(), 1);
+	if (reclaim) {
+		struct hkv_write_opts o = {.exptime = 1};
+
+		t = now_ns();
+		CHECK_RC(hkv_set(st.churner, KEY, strlen(KEY), number_value(1001), VLEN, &o), 0);
+		record(LC_SET, LC_OK, 1001, 0, t, 1);
+		/* the writer's location cache names the item with the TTL */
+		CHECK_RC(hkv_get(st.writer, KEY, strlen(KEY), buf, sizeof(buf), &vlen, NULL),
+			 -ENOSPC);
+		hkvserver_block_of(st.writer, KEY, &st.off0, &st.gen0);
+		usleep(2200 * 1000);
+	}
+	st.at = HKV_TP_VIEW_POST;
+	hkv_test_view_max_ns = UINT64_MAX;
+	hkv_test_hook = churn_hook;
+	t = now_ns();
+	ret = reclaim ? hkv_get(st.writer, KEY, strlen(KEY), v, VLEN, &vlen, NULL)
+		      : hkv_delete(st.writer, KEY, strlen(KEY));
+	hkv_test_hook = NULL;
+	hkv_test_view_max_ns = 0;
+	if (!reclaim)
+		record(LC_DELETE, ret == 0 ? LC_OK : ret == HKV_ENOTFOUND ? LC_NOTFOUND : LC_UNKNOWN,
+		       0, 0, t, 0);
+	t = now_ns();
+	got = hkv_get(st.churner, KEY, strlen(KEY), v, VLEN, &vlen, NULL);
+	if (!got)
+		now = strtoull(v, NULL, 10);
+	record(LC_GET, got ? LC_NOTFOUND : LC_OK, 0, got ? LC_ABSENT : now, t, 1);
+	hkv_client_stats(st.writer, &ws);
+	printf("# %s stopped after its view while the key was set %d times (same slot value: "
+	       "%s): %s; then the key reads %s %llu (the churner's last: %llu); stale views %llu, "
+	       "stale swings undone %llu\n", reclaim ? "a GET reclaiming an expired item"
+	       : "a delete", st.churned, st.aba ? "yes" : "no", hkv_strerror(ret),
+	       hkv_strerror(got), (unsigned long long)now, (unsigned long long)st.next - 1,
+	       (unsigned long long)ws.stale_views, (unsigned long long)ws.stale_undone);
+	CHECK(st.aba);
+	if (reclaim) {
+		CHECK_RC(ret, HKV_ENOTFOUND); /* it was expired when read */
+		CHECK_RC(got, 0);
+		CHECK(now == st.next - 1);
+	} else {
+		struct lc_limits lim = {.max_seconds = 60};
+
+		CHECK_RC(ret, 0); /* it removed the churner's last value */
+		CHECK_RC(got, HKV_ENOTFOUND);
+		CHECK(lc_check(LC_REGISTER, LC_ABSENT, st.ops, st.nops, &lim, &rep) ==
+		      LC_LINEARIZABLE);
+		if (rep.result != LC_LINEARIZABLE)
+			lc_print_report(stderr, st.ops, st.nops, &rep);
+		lc_report_free(&rep);
+	}
+	CHECK(ws.stale_undone == 0); /* no swing from a stale view to undo */
+	teardown(&s, cfg);
+	free(v);
+}
+
+static void test_stale_delete(void)
+{
+	stale_remove(0);
+}
+
+static void test_stale_reclaim(void)
+{
+	stale_remove(1);
+}
+
 #define RK "rival-key"
 
 static struct hkv_client *H, *F, *G; /* test_stuck_obsolete */
@@ -585,7 +683,7 @@ static void make_stale_pending(struct hkv_client *c, const struct item *it)
 
 	CHECK(raw_cas(c, it->blk_off, live, hkv_meta_make(HKV_BLK_PENDING, it->cls, it->gen)) == live);
 	*at = hkv_region_ms32(c) - 5000;
-	wr = hkv_wr_write(c, at, it->blk_off + 28, 4);
+	wr = hkv_wr_write(c, at, it->blk_off + offsetof(struct hkv_block_hdr, atime), 4);
 	CHECK_RC(hkv_exec(c, &wr, 1), 0);
 }
 
@@ -735,6 +833,8 @@ int main(int argc, char **argv)
 	RUN_TEST(test_stale_flush);
 	RUN_TEST(test_stale_undo);
 	RUN_TEST(test_stale_undo_raced);
+	RUN_TEST(test_stale_delete);
+	RUN_TEST(test_stale_reclaim);
 	RUN_TEST(test_stuck_obsolete);
 	RUN_TEST(test_flush_obsolete);
 	return hkv_test_finish();
