@@ -601,8 +601,16 @@ struct purge_arg {
 	int n;
 };
 
-/* Drop pa's batch: every slot -> 0, then (for the slots we took) every meta
- * -> OBSOLETE, then (for the metas we won) every bit set; a chain each. */
+/*
+ * Drop pa's batch: every meta -> OBSOLETE (aborted if PENDING), then for the
+ * marks we won every slot -> 0, then their bits set; a chain each. The mark
+ * first, as a client's remove: while our mark holds a block it is not
+ * freed, so its slot value cannot come back, and the slot CAS removes
+ * exactly the incarnation the walk saw however long the server stopped in
+ * between (slot first, a stop past the ABA horizon could swing a later
+ * incarnation out of a slot whose key the map still places here - a
+ * fingerprint collision in the bucket - and leave it named by nobody).
+ */
 static void purge_batch(struct purge_arg *pa)
 {
 	struct hkv_satom_op op[HKV_SATOM_CHAIN];
@@ -610,35 +618,35 @@ static void purge_batch(struct purge_arg *pa)
 	int n = pa->n, k = 0;
 
 	pa->n = 0;
-	hkv_failpoint("purge"); /* (the items read, their slots not yet swung) */
-	for (int i = 0; i < n; i++)
-		op[i] = (struct hkv_satom_op){pa->v[i].slot, pa->v[i].sl, 0, 0, HKV_WR_CAS};
+	hkv_failpoint("purge"); /* (the items read, not yet marked) */
+	for (int i = 0; i < n; i++) {
+		struct purge_item *it = &pa->v[i];
+
+		/* a PENDING one (its writer cut off by the fence) never committed */
+		op[i] = (struct hkv_satom_op){&it->h->meta, it->meta,
+					      hkv_meta_make(HKV_BLK_OBSOLETE, hkv_slot_class(it->sl),
+							    hkv_meta_gen(it->meta)) |
+						      (hkv_meta_state(it->meta) == HKV_BLK_PENDING
+							       ? HKV_META_ABORTED
+							       : 0),
+					      0, HKV_WR_CAS};
+	}
 	if (hkv_satom_run(&pa->s->atom, op, n))
 		return;
 	for (int i = 0; i < n; i++) {
-		struct purge_item *it = &pa->v[i];
-		enum hkv_block_state st = hkv_meta_state(it->meta);
-
-		if (op[i].old != it->sl)
-			continue;
-		pa->v[k] = *it;
-		/* a PENDING one (its writer cut off by the fence) never committed */
-		op[k++] = (struct hkv_satom_op){&it->h->meta, it->meta,
-						hkv_meta_make(HKV_BLK_OBSOLETE, hkv_slot_class(it->sl),
-							      hkv_meta_gen(it->meta)) |
-							(st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0),
-						0, HKV_WR_CAS};
+		if (op[i].old != pa->v[i].meta)
+			continue; /* someone else retired it: theirs to free */
+		pa->v[k] = pa->v[i];
+		op[k++] = (struct hkv_satom_op){pa->v[i].slot, pa->v[i].sl, 0, 0, HKV_WR_CAS};
 	}
 	if (hkv_satom_run(&pa->s->atom, op, k))
-		return;
-	n = 0;
-	for (int i = 0; i < k; i++)
-		if (op[i].old == op[i].cmp_add) { /* (else someone else retired it: theirs) */
-			w[n] = pa->v[i].word;
-			m[n++] = pa->v[i].bit;
-		}
-	hkv_satom_or(&pa->s->atom, w, m, n);
-	pa->dropped += (uint64_t)n;
+		return; /* (marked, maybe still named: left as a dead writer's) */
+	for (int i = 0; i < k; i++) { /* out of the index either way: the slot moved on */
+		w[i] = pa->v[i].word;
+		m[i] = pa->v[i].bit;
+	}
+	hkv_satom_or(&pa->s->atom, w, m, k);
+	pa->dropped += (uint64_t)k;
 }
 
 static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hdr *h,
@@ -665,7 +673,7 @@ static int purge_one(void *arg, uint64_t *slot, uint64_t sl, struct hkv_block_hd
 /*
  * Cluster: drop every item whose key keep() refuses (live ones as a delete
  * does; pending ones - inserts the fence cut off - as an abort does)
- * (slot -> 0, meta LIVE -> OBSOLETE with its generation, the block's bit set
+ * (meta LIVE -> OBSOLETE with its generation, slot -> 0, the block's bit set
  * so that any writer reuses it). Called while no client can
  * reach the keys it drops (fenced, or partitions no client routes here),
  * with the atomics a client's delete uses (through the NIC on verbs: the
