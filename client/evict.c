@@ -24,9 +24,12 @@
 
 /*
  * Record an access in the block's atime, off the critical path: one CAS on
- * the exptime|atime word that expects exactly what we read, posted
+ * the atime|spare word that expects exactly what we read, posted
  * unsignaled - nothing waits for it. If the block was retired and reused
- * meanwhile, the word differs and the CAS does nothing.
+ * meanwhile, the word differs and the CAS does nothing. The word holds no
+ * summed byte: on verbs an RDMA atomic is not atomic against a WRITE on
+ * another queue pair, so a CAS stopped until the block is rewritten can
+ * land inside that WRITE - and then changes only the new item's atime.
  */
 void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 {
@@ -42,9 +45,9 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 	now = hkv_region_ms32(c);
 	if ((int32_t)(now - h->atime) < ATIME_STEP_MS)
 		return;
-	was = (uint64_t)h->exptime | (uint64_t)h->atime << 32;
-	now_word = (uint64_t)h->exptime | (uint64_t)now << 32;
-	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, exptime), was,
+	was = (uint64_t)h->atime | (uint64_t)h->spare << 32;
+	now_word = (uint64_t)now | (uint64_t)h->spare << 32;
+	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, atime), was,
 			now_word);
 	wr.flags = HKV_WR_F_NO_COMPLETION;
 	hkv_test_at(c, HKV_TP_ATIME_CAS);

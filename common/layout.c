@@ -194,7 +194,7 @@ uint32_t hkv_block_sum(const struct hkv_block_hdr *h, const void *kv)
 		uint16_t klen, owner;
 		uint32_t exptime, pad;
 		uint64_t wid, pred;
-	} in = {hkv_meta_gen(h->meta), h->vlen, h->flags, h->klen, h->owner, h->exptime, 0,
+	} in = {hkv_meta_gen(h->meta), h->vlen, h->flags, h->klen, h->owner, h->exptime, h->pad,
 		h->wid, h->pred};
 	uint64_t x = XXH64(kv, (size_t)h->klen + h->vlen, XXH64(&in, sizeof(in), 0));
 

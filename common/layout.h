@@ -70,12 +70,12 @@
 #include <stdint.h>
 
 #define HKV_LAYOUT_MAGIC   0x564b484354414821ull /* "!HATCHKV" */
-#define HKV_LAYOUT_VERSION 6 /* 6: XXH64 sums (were CRC32C); 5: pred (replication) in blocks; 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
+#define HKV_LAYOUT_VERSION 7 /* 7: atime in a word of its own; 6: XXH64 sums (were CRC32C); 5: pred (replication) in blocks; 4: write id in blocks; 3: shared per-class pools; 2: keyed key hash */
 #define HKV_HEADER_SIZE    4096
 #define HKV_BUCKET_SLOTS   16
 #define HKV_BUCKET_SIZE    128
 #define HKV_BLOCK_ALIGN    64
-#define HKV_BLOCK_HDR      48
+#define HKV_BLOCK_HDR      56
 #define HKV_MAX_KEY        250
 #define HKV_NCLASSES_MAX   128
 #define HKV_MAX_CLIENTS    65535
@@ -207,9 +207,11 @@ struct hkv_block_hdr {
 	uint16_t klen;
 	uint16_t owner;
 	uint32_t exptime;
-	uint32_t atime;
+	uint32_t pad;   /* 0 (in the sum): exptime's word is never CASed */
 	uint64_t wid;
 	uint64_t pred;
+	uint32_t atime; /* not in the sum: a GET's CAS word (atime | spare), */
+	uint32_t spare; /* 0; so a stale CAS can change no summed byte */
 };
 _Static_assert(sizeof(struct hkv_block_hdr) == HKV_BLOCK_HDR, "block header size");
 

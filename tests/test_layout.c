@@ -2,10 +2,10 @@
  * test_layout.c - the region's formats, without a server (unit tier):
  *
  *   test_block_sum   a sealed block checks; one byte changed anywhere the
- *                    sum covers (gen, lengths, flags, owner, exptime, wid,
- *                    pred, key, value) is caught, one changed where it must
- *                    not look (meta's state/retirer bits, the atime that
- *                    readers refresh) is not; a block torn at any 64-byte
+ *                    sum covers (gen, lengths, flags, owner, exptime, pad,
+ *                    wid, pred, key, value) is caught, one changed where it
+ *                    must not look (meta's state/retirer bits, the
+ *                    atime|spare word that readers CAS) is not; a block torn at any 64-byte
  *                    line between two whole versions is caught; the sum is
  *                    the XXH64 that clients and servers of other builds use.
  *   test_geometry    a sealed geometry checks; one byte changed is caught.
@@ -60,9 +60,9 @@ static void test_block_sum(void)
 	CHECK(hkv_class_for(&geo, BLK) >= 0);
 	make_block(blk, 9, 1000, 'a');
 	CHECK_RC(check(blk), 0);
-	/* every covered byte: bytes 4..7 (gen), 12..27, 32..47, the key and value */
+	/* every covered byte: bytes 4..7 (gen), 12..47, the key and value */
 	for (size_t i = 4; i < end; i++) {
-		int covered = (i >= 4 && i < 8) || (i >= 12 && i < 28) || i >= 32;
+		int covered = (i >= 4 && i < 8) || (i >= 12 && i < 48) || i >= HKV_BLOCK_HDR;
 
 		if (!covered)
 			continue;
@@ -72,9 +72,9 @@ static void test_block_sum(void)
 		blk[i] ^= 0x20;
 	}
 	CHECK(missed == 0);
-	/* what changes under a live block: atime (readers), meta's low word */
-	blk[28] ^= 0xff;
-	blk[31] ^= 0x01;
+	/* what changes under a live block: atime|spare (readers' CAS), meta's low word */
+	blk[48] ^= 0xff;
+	blk[55] ^= 0x01;
 	CHECK_RC(check(blk), 0);
 	((struct hkv_block_hdr *)blk)->meta |= HKV_META_ABORTED | hkv_meta_retirer(99);
 	CHECK_RC(check(blk), 0);
@@ -95,7 +95,7 @@ static void test_block_sum(void)
 	 * every build agrees on it */
 	CHECK(hkv_hash64("", 0) == 0xef46db3751d8e999ull);
 	printf("# block sum: %d one-byte changes and %d torn cuts caught\n",
-	       (int)(4 + 16 + (end - 32)), cuts);
+	       (int)(4 + 36 + (end - HKV_BLOCK_HDR)), cuts);
 }
 
 static void test_geometry(void)

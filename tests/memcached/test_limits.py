@@ -286,7 +286,7 @@ def item_boundary(d, ref):
         check(h >= m, "a %d-byte key: hatchkv-memcached stores values up to %d bytes, "
               "memcached (-I 1m) up to %d" % (len(key), h, m))
     c = Conn(d.port)
-    over = (1 << 20) - 48  # block header 48 + key 1 + value: one byte past the segment
+    over = (1 << 20) - 56  # block header 56 + key 1 + value: one byte past the segment
     c.send(b"set k 0 0 %d\r\n" % over + b"v" * over + b"\r\n")
     r = c.line()
     check(r == b"SERVER_ERROR object too large for cache",
