@@ -79,7 +79,12 @@ struct etcd_creds; /* (credentials that change live: below) */
  * current one; a refused connection (nothing was sent) tries the next at
  * once, a timeout or a broken exchange makes the next call go to the next
  * (the caller retries as it does on any etcd error: a write that may have
- * landed is never sent twice by this layer).
+ * landed is never sent twice by this layer). A read (a range, a keepalive)
+ * may be sent again, so it gives each endpoint only its share of the
+ * deadline and moves on within it: a member that stopped answering (SIGSTOP,
+ * a hung host: the kernel still takes the connection) costs it a share, not
+ * the whole deadline. A watch that etcd answered ("created") and that then
+ * saw no change is no failure: the handle stays where it is.
  */
 struct hkv_etcd {
 	struct event_base *base;
@@ -113,6 +118,8 @@ struct etcd_call {
 	int http_failed;  /* evhttp's error callback ran (after a connect) */
 	int http_timeout; /* ... and said its socket timed out */
 	int no_auth;      /* send no Authorization header (auth/authenticate) */
+	int resend;       /* a read: may be sent again, to the next endpoint */
+	int heard;        /* a stream's endpoint has sent something (200) */
 	struct bufferevent *bev; /* a TLS call's bufferevent (evhttp owns it) */
 	char why[200];    /* etcd's or OpenSSL's words for a failure ("" if none) */
 };
@@ -902,6 +909,7 @@ static void call_chunk(struct evhttp_request *req, void *arg)
 	if (c->done || n == 0)
 		return;
 	c->status = evhttp_request_get_response_code(req);
+	c->heard = 1;
 	if (c->status != 200) { /* an error reply: keep it whole for reply_error() */
 		if (evbuffer_add_buffer(c->body, in))
 			call_finish(c, -ENOMEM);
@@ -998,18 +1006,32 @@ static int ep_refuses(const struct etcd_ep *ep)
 	return refused;
 }
 
+static long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* POST body to path on a new connection to the current endpoint; run the
  * loop until the call is done or timeout_ms passes. 0 (then see c->status,
  * c->body) or -errno. With several endpoints: see struct hkv_etcd. */
 static int call_run(struct hkv_etcd *e, const char *path, const char *body, size_t len,
                     struct etcd_call *c, int timeout_ms)
 {
+	long end = mono_ms() + timeout_ms;
 	int rc = 0;
 
 	for (int tried = 0; tried < e->nep; tried++) {
 		struct etcd_call fresh = *c; /* (untouched: a refusal changed nothing) */
+		long left = end - mono_ms();
+		/* a read leaves the endpoints after this one their shares */
+		int share = c->resend ? (int)(left / (e->nep - tried)) : (int)left;
 
-		rc = call_run_once(e, path, body, len, c, timeout_ms);
+		if (tried && left <= 0)
+			return rc;
+		rc = call_run_once(e, path, body, len, c, share > 0 ? share : 1);
 		if (e->nep == 1)
 			return rc;
 		if (rc == -ECONNREFUSED || (rc == -EIO && ep_refuses(&e->ep[e->cur]))) {
@@ -1019,8 +1041,14 @@ static int call_run(struct hkv_etcd *e, const char *path, const char *body, size
 			*c = fresh;
 			continue;
 		}
-		if (rc == -ETIMEDOUT || rc == -EIO || (!rc && c->status == 503))
+		/* (a watch's timeout after etcd answered is its "no change") */
+		if ((rc == -ETIMEDOUT && !c->heard) || rc == -EIO || (!rc && c->status == 503))
 			e->cur = (e->cur + 1) % e->nep; /* the next call goes elsewhere */
+		if (c->resend && (rc == -ETIMEDOUT || rc == -EIO)) {
+			evbuffer_drain(c->body, evbuffer_get_length(c->body));
+			*c = fresh; /* a read: the next endpoint, within the deadline */
+			continue;
+		}
 		return rc;
 	}
 	return rc;
@@ -1502,10 +1530,12 @@ static int call_auth(struct hkv_etcd *e, const char *path, const char *body, siz
 /* ---- unary calls ---- */
 
 /* POST req (consumed) to path; *reply is the 200 reply's object
- * (json_object_put it). */
-static int etcd_call(struct hkv_etcd *e, const char *path, json_object *req, json_object **reply)
+ * (json_object_put it). resend: req only reads (or renews a lease), so it
+ * may be sent again to the next endpoint within the deadline. */
+static int etcd_call(struct hkv_etcd *e, const char *path, json_object *req, int resend,
+		     json_object **reply)
 {
-	struct etcd_call c = {0};
+	struct etcd_call c = {.resend = resend};
 	const char *s;
 	size_t len;
 	int rc = -ENOMEM;
@@ -1611,7 +1641,7 @@ int hkv_etcd_range(struct hkv_etcd *e, const char *key, int prefix, struct hkv_e
 	*n = 0;
 	if (!(req = key_request(key, prefix, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/kv/range", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/kv/range", req, 1, &reply)))
 		return rc;
 	if (!(rc = header_rev(reply, rev)))
 		rc = kvs_parse(reply, kvs, n);
@@ -1640,7 +1670,7 @@ int hkv_etcd_put(struct hkv_etcd *e, const char *key, const void *value, size_t 
 
 	if (!(req = put_request(key, value, vlen, lease, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/kv/put", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/kv/put", req, 0, &reply)))
 		return rc;
 	rc = header_rev(reply, rev);
 	json_object_put(reply);
@@ -1655,7 +1685,7 @@ int hkv_etcd_delete(struct hkv_etcd *e, const char *key, int prefix, int64_t *de
 
 	if (!(req = key_request(key, prefix, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/kv/deleterange", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/kv/deleterange", req, 0, &reply)))
 		return rc;
 	if (!(rc = header_rev(reply, NULL)) && !(rc = json_i64(reply, "deleted", &n)) && deleted)
 		*deleted = n;
@@ -1730,7 +1760,7 @@ static int txn_run(struct hkv_etcd *e, json_object *cmp, json_object *ok, json_o
 		json_object_put(req);
 		return -ENOMEM;
 	}
-	if ((rc = etcd_call(e, "/v3/kv/txn", req, reply)))
+	if ((rc = etcd_call(e, "/v3/kv/txn", req, 0, reply)))
 		return rc;
 	if ((rc = header_rev(*reply, NULL))) {
 		json_object_put(*reply);
@@ -1895,7 +1925,7 @@ int hkv_etcd_lease_grant(struct hkv_etcd *e, int ttl_s, int64_t *id)
 		return -EINVAL;
 	if (!(req = lease_request("TTL", ttl_s, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/lease/grant", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/lease/grant", req, 0, &reply)))
 		return rc;
 	rc = json_i64(reply, "ID", &v);
 	if (!rc && v == 0) /* LeaseGrantResponse.error says why */
@@ -1916,7 +1946,7 @@ int hkv_etcd_lease_keepalive(struct hkv_etcd *e, int64_t id, int *ttl_s)
 
 	if (!(req = lease_request("ID", id, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/lease/keepalive", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/lease/keepalive", req, 1, &reply)))
 		return rc;
 	if (!(res = json_child(reply, "result")))
 		rc = json_child(reply, "error") ? grpc_error(&(struct etcd_call){0}, json_child(reply, "error")) : -EPROTO;
@@ -1935,7 +1965,7 @@ int hkv_etcd_lease_revoke(struct hkv_etcd *e, int64_t id)
 
 	if (!(req = lease_request("ID", id, &rc)))
 		return rc;
-	if ((rc = etcd_call(e, "/v3/lease/revoke", req, &reply)))
+	if ((rc = etcd_call(e, "/v3/lease/revoke", req, 0, &reply)))
 		return rc;
 	rc = json_child(reply, "header") ? 0 : -EPROTO;
 	json_object_put(reply);

@@ -355,6 +355,12 @@ static int do_register(struct hkv_cluster *cl)
 	return 0;
 }
 
+/* A keepalive that etcd could not answer (electing a leader, a member that
+ * stopped answering) is tried again this soon, not a period later: the
+ * fence comes TTL - 1 s after the last answered one and ends with the next,
+ * which a full period's nap would put off. */
+#define KEEPALIVE_RETRY_MS 100
+
 /* The lease, on a thread and an etcd connection of its own, so that no
  * slow coordination request delays a keepalive. */
 static void *keepalive_thread(void *arg)
@@ -365,7 +371,7 @@ static void *keepalive_thread(void *arg)
 	while (!stopping(cl)) {
 		int64_t lease = atomic_load(&cl->lease);
 		uint64_t t_sent = hkv_cl_boot_ns();
-		int ret, ttl = 0;
+		int ret = 0, ttl = 0;
 
 		if (lease && !atomic_load(&cl->lease_gone)) {
 			ret = hkv_etcd_lease_keepalive(cl->ke, lease, &ttl);
@@ -385,7 +391,8 @@ static void *keepalive_thread(void *arg)
 				etcd_trouble(&cl->klog_ns, "lease keepalive", ret);
 			}
 		}
-		nap(cl, period_ms);
+		nap(cl, ret == -ETIMEDOUT || ret == -EIO || ret == -ECONNREFUSED ? KEEPALIVE_RETRY_MS
+										 : period_ms);
 	}
 	return NULL;
 }

@@ -861,6 +861,62 @@ static void test_endpoints(void)
 	}
 }
 
+/*
+ * A member that stopped answering (SIGSTOP: the kernel still takes the
+ * connection) named first (issue 29): a read (a range, a keepalive) moves
+ * on to the live one within its deadline; a write is not sent twice (it
+ * fails at its timeout, and the next call goes to the live one); an idle
+ * watch on the live one is no failure and keeps the handle there.
+ */
+static void test_endpoint_silent(void)
+{
+	const char *live = etcd.uri + 7; /* "127.0.0.1:P/PREFIX" */
+	size_t hp = strcspn(live, "/");
+	struct fake_http f = {0};
+	struct hkv_etcd_kv *kvs;
+	struct hkv_etcd *h;
+	char uri[300], k[256];
+	long t0, ms;
+	int64_t id;
+	int n;
+
+	CHECK(!fake_start(&f));
+	atomic_store(&f.silent, 1);
+	snprintf(uri, sizeof(uri), "etcd://127.0.0.1:%d,%.*s%s", f.port, (int)hp, live, live + hp);
+	CHECK_RC(hkv_etcd_put(e, key(k, sizeof(k), "silent"), "v", 1, 0, NULL), 0);
+	CHECK((h = hkv_etcd_open(uri, 2000)));
+	t0 = now_ms();
+	CHECK_RC(hkv_etcd_range(h, k, 0, &kvs, &n, NULL), 0);
+	ms = now_ms() - t0;
+	CHECK(n == 1 && !strcmp(kvs[0].value, "v"));
+	hkv_etcd_kvs_free(kvs, n);
+	printf("# a range, a silent member first, timeout 2000 ms: answered in %ld ms\n", ms);
+	CHECK(ms >= 900 && ms < 1900); /* (half the deadline was the silent one's) */
+	CHECK_RC(hkv_etcd_watch_wait(h, k, 0, store_rev(), 300, NULL), -ETIMEDOUT);
+	t0 = now_ms();
+	CHECK_RC(hkv_etcd_range(h, k, 0, &kvs, &n, NULL), 0);
+	hkv_etcd_kvs_free(kvs, n);
+	CHECK(now_ms() - t0 < 500); /* still on the live one */
+	hkv_etcd_close(h);
+
+	CHECK_RC(hkv_etcd_lease_grant(e, 5, &id), 0);
+	CHECK((h = hkv_etcd_open(uri, 1000)));
+	t0 = now_ms();
+	CHECK_RC(hkv_etcd_lease_keepalive(h, id, NULL), 0);
+	CHECK(now_ms() - t0 < 950);
+	hkv_etcd_close(h);
+	CHECK((h = hkv_etcd_open(uri, 1000)));
+	t0 = now_ms();
+	CHECK_RC(hkv_etcd_put(h, k, "w", 1, 0, NULL), -ETIMEDOUT);
+	ms = now_ms() - t0;
+	CHECK(ms >= 950 && ms < 1900);
+	CHECK_RC(hkv_etcd_put(h, k, "w", 1, 0, NULL), 0);
+	printf("# a put, the silent member first: -ETIMEDOUT after %ld ms, then stored\n", ms);
+	hkv_etcd_close(h);
+	hkv_etcd_lease_revoke(e, id);
+	fake_stop(&f);
+}
+
 static void test_unreachable(void)
 {
 	struct hkv_etcd_kv *kvs;
@@ -985,6 +1041,7 @@ int main(void)
 	RUN_TEST(test_no_sigpipe);
 	RUN_TEST(test_unreachable);
 	RUN_TEST(test_endpoints);
+	RUN_TEST(test_endpoint_silent);
 	RUN_TEST(test_etcd_frozen);
 	RUN_TEST(test_etcd_killed); /* last: etcd is gone after it */
 	hkv_etcd_close(e);
