@@ -50,16 +50,14 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import Mc, die_with_parent, find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, Procs, find_etcd, free_port  # noqa: E402
 
 LEASE_TTL = 3
 KEYS = 1000
@@ -94,32 +92,14 @@ def tmpfs_dir():
     return None  # (the default temp dir; said in the output)
 
 
-class Cluster:
+class Cluster(Procs):
+    """A 3-member etcd and the hatchkv cluster on it; the temp dir on tmpfs."""
+
     def __init__(self, bindir):
+        super().__init__("hkv-etcd3-", dir=tmpfs_dir())
         self.bindir = bindir
-        self.tmp = tempfile.mkdtemp(prefix="hkv-etcd3-", dir=tmpfs_dir())
-        os.chmod(self.tmp, 0o700)
-        self.procs = {}
-        self.argv = {}
-        self.stopped = set()
         self.phases = []
         self.prefix = "/hkv3e%06d" % random.randrange(10 ** 6)
-
-    def spawn(self, name, argv, log=None):
-        f = open(os.path.join(self.tmp, (log or name) + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        f.close()
-        self.procs[name] = p
-        self.argv[name] = argv
-        return p
-
-    def log(self, name):
-        try:
-            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
 
     def start_etcd(self, etcd):
         names = ("e1", "e2", "e3")
@@ -180,30 +160,6 @@ class Cluster:
         if len(ids) != 1 or "0" in ids:
             return None
         return next((n for n, (mid, _) in st.items() if mid in ids), None)
-
-    def sigstop(self, name):
-        self.procs[name].send_signal(signal.SIGSTOP)
-        self.stopped.add(name)
-
-    def sigcont(self, name):
-        self.procs[name].send_signal(signal.SIGCONT)
-        self.stopped.discard(name)
-
-    def stop_all(self):
-        for n in list(self.stopped):
-            if self.procs[n].poll() is None:
-                self.procs[n].send_signal(signal.SIGCONT)
-        self.stopped.clear()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = {}
 
     def uri(self, first):
         order = [first] + [n for n in self.names if n != first]
@@ -295,8 +251,7 @@ def run_follower(cl):
           "a follower" % (next(n for n, (mid, _) in st.items() if mid == leader), uri,
                           victim), flush=True)
     mc, _ = cl.start_hatchkv(uri)
-    cl.procs[victim].kill()
-    cl.procs[victim].wait()
+    cl.kill(victim)
     t_kill = time.monotonic()
     print("# %s SIGKILLed" % victim, flush=True)
     missing, failed_sets, rounds = 0, 0, 0
@@ -441,11 +396,7 @@ def run_leader(cl):
     load = Load(port)
     load.start()
 
-    def kill(name):
-        cl.procs[name].kill()
-        cl.procs[name].wait()
-
-    killed = phase(cl, load, "SIGKILL", kill, 3 * LEASE_TTL)
+    killed = phase(cl, load, "SIGKILL", cl.kill, 3 * LEASE_TTL)
     cl.check_servers(uri)  # (a killed leader costs no lease)
     cl.restart_etcd(killed)
     deadline = time.monotonic() + 30

@@ -48,14 +48,13 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import Mc, find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, Procs, find_etcd, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ETCD_ROLES = os.path.join(HERE, "..", "scripts", "etcd-roles")
@@ -132,14 +131,14 @@ class Impostor:
         self.ls.close()
 
 
-class Env:
+class Env(Procs):
+    pdeathsig = False  # (as before: its processes never had PR_SET_PDEATHSIG)
+
     def __init__(self, bindir, etcd, etcdctl):
+        super().__init__("hkv-etcdsec-")
         self.bindir = bindir
         self.etcd = etcd
         self.etcdctl_bin = etcdctl
-        self.tmp = tempfile.mkdtemp(prefix="hkv-etcdsec-")
-        os.chmod(self.tmp, 0o700)
-        self.procs = {}
         self.prefix = "/hkvsec%06d" % random.randrange(10 ** 6)
         self.impostor = None
 
@@ -189,42 +188,8 @@ class Env:
 
     # ---- processes ----
 
-    def spawn(self, name, argv):
-        f = open(self.path(name + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
-        f.close()
-        self.procs[name] = p
-        return p
-
-    def log(self, name):
-        try:
-            with open(self.path(name + ".log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def stop(self, name):
-        p = self.procs.pop(name, None)
-        if p and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
     def stop_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = {}
+        super().stop_all()
         if self.impostor:
             self.impostor.close()
 
@@ -259,7 +224,7 @@ class Env:
                     return url
                 except OSError:
                     time.sleep(0.1)
-            self.stop(name)
+            self.stop([name])
         raise Failed("etcd (%s) did not come up:\n%s" % (name, self.log(name)[-1500:]))
 
     def http(self, url, path, obj, tls, timeout=2, token=None):
@@ -519,7 +484,7 @@ def run(bindir):
         blog = ev.log("b")
         check(brc == 0 and "permission denied" not in blog,
               "b stops cleanly (exit %s), its lease revoked as the member user" % brc)
-        ev.stop("b")
+        ev.stop(["b"])
         t0 = time.monotonic()
         ok_sets = 0
         while time.monotonic() - t0 < 15:
@@ -663,8 +628,7 @@ def run(bindir):
                 sys.stdout.write("---- %s.log ----\n%s\n" % (n, ev.log(n)[-2000:]))
         return 1
     finally:
-        ev.stop_all()
-        shutil.rmtree(ev.tmp, ignore_errors=True)
+        ev.close()
 
 
 if __name__ == "__main__":

@@ -55,18 +55,16 @@ import base64
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memcached"))
-from mc_harness import Mc, die_with_parent, find_etcd, free_port  # noqa: E402
+from mc_harness import Mc, Procs, find_etcd, free_port  # noqa: E402
 from mc_harness import wait_for as harness_wait_for  # noqa: E402
 
 LEASE_TTL = 3
@@ -128,63 +126,12 @@ class Client:
             self.c = None
 
 
-class Env:
+class Env(Procs):
+    stop_wait_s = 5
+
     def __init__(self, bindir):
+        super().__init__("hkv-stall-")
         self.bindir = bindir
-        self.tmp = tempfile.mkdtemp(prefix="hkv-stall-")
-        os.chmod(self.tmp, 0o700)
-        self.procs = {}
-        self.stopped = set()
-
-    def spawn(self, name, argv):
-        f = open(os.path.join(self.tmp, name + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        f.close()
-        self.procs[name] = p
-        return p
-
-    def log(self, name):
-        try:
-            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def alive(self, name):
-        p = self.procs.get(name)
-        return p is not None and p.poll() is None
-
-    def sigstop(self, name):
-        self.procs[name].send_signal(signal.SIGSTOP)
-        self.stopped.add(name)
-
-    def sigcont(self, name):
-        self.procs[name].send_signal(signal.SIGCONT)
-        self.stopped.discard(name)
-
-    def stop_all(self):
-        for n in list(self.stopped):
-            if n in self.procs and self.procs[n].poll() is None:
-                self.procs[n].send_signal(signal.SIGCONT)
-        self.stopped.clear()
-        order = [n for n in self.procs if n != "etcd"] + (["etcd"] if "etcd" in self.procs else [])
-        self.stop(order)
-
-    def stop(self, names):
-        ps = [(n, self.procs.pop(n)) for n in names if n in self.procs]
-        for n, p in ps:
-            if p.poll() is None:
-                if n in self.stopped:
-                    p.send_signal(signal.SIGCONT)
-                    self.stopped.discard(n)
-                p.send_signal(signal.SIGTERM)
-        for _, p in ps:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
     def tails(self, names, n=2500):
         for name in names:
@@ -635,8 +582,7 @@ def main():
         env.tails(("a", "b", "mc", "x", "y", "s"))
         return 1
     finally:
-        env.stop_all()
-        shutil.rmtree(env.tmp, ignore_errors=True)
+        env.close()
 
 
 if __name__ == "__main__":

@@ -181,6 +181,97 @@ def die_with_parent():
         pass
 
 
+class Procs:
+    """Named processes, each with its output in NAME.log in a temp dir this
+    owns (mkdtemp: mode 0700): the bookkeeping the cluster tests share.
+    Every process dies with the test (die_with_parent) unless pdeathsig is
+    False; stop_all continues the stopped ones first, then stops them all."""
+
+    log_mode = "w"      # "a": a process started again under a name appends to its log
+    pdeathsig = True    # preexec_fn=die_with_parent
+    stop_wait_s = 10    # SIGTERM, then SIGKILL after this long
+    stop_in_turn = False  # stop_all: each exits before the next is signalled
+
+    def __init__(self, prefix, dir=None):
+        self.tmp = tempfile.mkdtemp(prefix=prefix, dir=dir)
+        self.procs = {}
+        self.argv = {}      # (to start one again as it was)
+        self.stopped = set()
+
+    def spawn(self, name, argv, log=None):
+        """Start argv as name, its output in LOG.log (log: name if None)."""
+        f = open(os.path.join(self.tmp, (log or name) + ".log"), self.log_mode)
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             preexec_fn=die_with_parent if self.pdeathsig else None)
+        f.close()
+        self.procs[name] = p
+        self.argv[name] = argv
+        return p
+
+    def log(self, name):
+        """NAME.log so far ("" if there is none)."""
+        try:
+            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def alive(self, name):
+        p = self.procs.get(name)
+        return p is not None and p.poll() is None
+
+    def kill(self, name):
+        """SIGKILL and reap it (it stays in procs: its exit status)."""
+        p = self.procs[name]
+        p.kill()
+        p.wait()
+
+    def sigstop(self, name):
+        self.procs[name].send_signal(signal.SIGSTOP)
+        self.stopped.add(name)
+
+    def sigcont(self, name):
+        self.procs[name].send_signal(signal.SIGCONT)
+        self.stopped.discard(name)
+
+    def stop(self, names):
+        """SIGTERM these (continued first if stopped), SIGKILL after
+        stop_wait_s; all at once, or one by one if stop_in_turn."""
+        ps = [(n, self.procs.pop(n)) for n in names if n in self.procs]
+        for n, p in ps:
+            if n in self.stopped and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+            self.stopped.discard(n)
+        if self.stop_in_turn:
+            for _, p in ps:
+                stop(p, self.stop_wait_s)
+            return
+        for _, p in ps:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for _, p in ps:
+            try:
+                p.wait(self.stop_wait_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop_order(self):
+        """The order stop_all stops them in: etcd last (the others may call it
+        as they stop)."""
+        return [n for n in self.procs if n != "etcd"] + [n for n in self.procs if n == "etcd"]
+
+    def stop_all(self):
+        order = self.stop_order()
+        self.stop(order + [n for n in self.procs if n not in order])
+        self.stopped.clear()
+
+    def close(self):
+        """stop_all, then remove the temp dir."""
+        self.stop_all()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 class Daemons:
     """hatchkv-server + hatchkv-memcached in a temp dir; .port is the memcached port."""
 

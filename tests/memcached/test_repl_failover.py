@@ -41,13 +41,11 @@ import json
 import os
 import random
 import re
-import shutil
 import struct
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -55,7 +53,7 @@ import urllib.request
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from mc_harness import die_with_parent, find_etcd, free_port, stop
+from mc_harness import Procs, find_etcd, free_port
 from mc_harness import wait_for as harness_wait_for
 
 LEASE_TTL = 3
@@ -85,51 +83,21 @@ def wait_for(pred, timeout, what):
     harness_wait_for(pred, timeout, what, 0.05, Failed)
 
 
-class Cluster:
+class Cluster(Procs):
     """etcd + 3 replicated store servers + hatchkv-memcached, in a temp dir."""
 
+    stop_wait_s = 5
+    stop_in_turn = True
+
     def __init__(self, mc_bin, srv_bin):
+        super().__init__("hkv-mc-repl-")
         self.mc_bin, self.srv_bin = mc_bin, srv_bin
-        self.procs = {}
-        self.tmp = tempfile.mkdtemp(prefix="hkv-mc-repl-")
         self.prefix = "/hkvmc%06d" % random.randrange(10 ** 6)
 
     # -- processes ----------------------------------------------------------
-    def spawn(self, name, argv):
-        f = open(os.path.join(self.tmp, name + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        f.close()
-        self.procs[name] = p
-        return p
-
-    def log(self, name):
-        try:
-            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def alive(self, name):
-        p = self.procs.get(name)
-        return p is not None and p.poll() is None
-
-    def kill(self, name):
-        p = self.procs[name]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-
-    def close(self):
-        for name in ["memcached"] + list(IDS) + ["etcd"]:  # clients first, etcd last
-            p = self.procs.pop(name, None)
-            if p is not None:
-                stop(p, 5)
-        for p in self.procs.values():  # (none left; belt and braces)
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self.procs = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def stop_order(self):
+        """Clients first, etcd last."""
+        return ["memcached"] + list(IDS) + ["etcd"]
 
     def tails(self, n=1500):
         for name in ["etcd"] + list(IDS) + ["memcached"]:

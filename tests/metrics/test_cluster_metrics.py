@@ -43,14 +43,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "memcached"))
 sys.path.insert(0, HERE)
-from mc_harness import die_with_parent, find_etcd, free_port  # noqa: E402
+from mc_harness import Procs, find_etcd, free_port  # noqa: E402
 from mc_harness import wait_for as harness_wait_for  # noqa: E402
 from test_metrics import check, metrics_url, scrape, val  # noqa: E402
 
@@ -63,53 +62,15 @@ def wait_for(pred, timeout, what, step=0.1):
     return harness_wait_for(pred, timeout, what, step, AssertionError)
 
 
-class Env:
+class Env(Procs):
+    log_mode = "a"  # a server started again: both runs in its log (url() takes the last)
+    stop_wait_s = 5
+    stop_in_turn = True
+
     def __init__(self, srv, admin):
+        super().__init__("hkv-cmetrics-")
         self.srv, self.admin = srv, admin
-        self.tmp = tempfile.mkdtemp(prefix="hkv-cmetrics-")
-        os.chmod(self.tmp, 0o700)
-        self.procs, self.stopped = {}, set()
         self.prefix = "/hkvmet%06d" % random.randrange(10 ** 6)
-
-    def spawn(self, name, argv):
-        f = open(os.path.join(self.tmp, name + ".log"), "a")
-        self.procs[name] = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)
-        f.close()
-
-    def log(self, name):
-        try:
-            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def signal(self, name, sig):
-        self.procs[name].send_signal(sig)
-        if sig == signal.SIGSTOP:
-            self.stopped.add(name)
-        elif sig == signal.SIGCONT:
-            self.stopped.discard(name)
-
-    def kill(self, name):
-        p = self.procs.pop(name)
-        p.kill()
-        p.wait()
-
-    def stop_all(self):
-        for name in [n for n in self.procs if n != "etcd"] + ["etcd"]:
-            p = self.procs.pop(name, None)
-            if p is None or p.poll() is not None:
-                continue
-            if name in self.stopped:
-                p.send_signal(signal.SIGCONT)
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
     def start_etcd(self, etcd):
         for attempt in range(4):
@@ -379,10 +340,10 @@ def part3(env):
 
 
 def part4(env):
-    env.signal("b", signal.SIGSTOP)
+    env.sigstop("b")
     wait_for(lambda: full_map(env, {"a"}) is None and
              all(ls == ["a"] for ls in env.map()[0]), 30, "a to drop b (b stopped)")
-    env.signal("b", signal.SIGCONT)
+    env.sigcont("b")
 
     def back():
         s = env.page("b")
@@ -431,8 +392,7 @@ def main():
         print("FAIL")
         return 1
     finally:
-        env.stop_all()
-        shutil.rmtree(env.tmp, ignore_errors=True)
+        env.close()
 
 
 if __name__ == "__main__":
