@@ -1841,9 +1841,10 @@ static void learn_limits(struct mc_server *s)
 		return;
 	}
 	/* -I bounds an item (memcached: its header, key and value), as the
-	 * server's largest block bounds ours: a value fits when 48 + key +
-	 * value <= max_item, so short keys take values as long as memcached's
-	 * at the same -I (the library refuses the rest: "object too large") */
+	 * server's largest block bounds ours: a value fits when the block
+	 * header (HKV_BLOCK_HDR, 56) + key + value <= max_item, so short keys
+	 * take values as long as memcached's at the same -I (the library
+	 * refuses the rest: "object too large") */
 	{
 		uint32_t short_max = si.max_item > HKV_BLOCK_HDR + 1
 					     ? si.max_item - HKV_BLOCK_HDR - 1
