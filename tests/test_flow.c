@@ -1016,16 +1016,103 @@ static int send_on_data_socket(const char *path, int close_them)
 	return close_them ? 0 : -1;
 }
 
+/*
+ * A child process whose shm connection the server drops while it lives: it
+ * opens a handle, stores "child" (v), runs before(c) (0: went well), writes
+ * a byte on its data socket (a client that does is dropped), says so on p,
+ * and on "g" from q runs after(c, p) and waits to be killed. The child's
+ * socket inherited from this process is closed first: not its to use.
+ */
+struct drop_child {
+	pid_t pid;
+	int p[2], q[2];
+};
+
+static int drop_child_start(struct hkvserver *s, struct drop_child *d, const char *v, size_t vlen,
+			    int (*before)(struct hkv_client *),
+			    void (*after)(struct hkv_client *, int fd))
+{
+	char ok = 0;
+
+	if (pipe(d->p) || pipe(d->q))
+		return -1;
+	d->pid = fork();
+	if (d->pid == 0) {
+		struct hkv_config *cfg = hkvserver_config(s);
+		struct hkv_client *c;
+		char sock[600], go;
+
+		snprintf(sock, sizeof(sock), "%.550s.data", s->uri + 4); /* shm:PATH: PATH.data */
+		send_on_data_socket(sock, 1);
+		ok = !hkv_open(cfg, &c) && !hkv_set(c, "child", 5, v, vlen, NULL) &&
+		     (!before || !before(c)) && !send_on_data_socket(sock, 0);
+		if (write(d->p[1], &ok, 1) != 1 || read(d->q[0], &go, 1) != 1)
+			_exit(1);
+		if (after)
+			after(c, d->p[1]);
+		pause();
+		_exit(0);
+	}
+	if (d->pid > 0 && read(d->p[0], &ok, 1) == 1 && ok)
+		return 0;
+	if (d->pid > 0) {
+		kill(d->pid, SIGKILL);
+		waitpid(d->pid, NULL, 0);
+	}
+	return -1;
+}
+
+static void drop_child_end(struct drop_child *d)
+{
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	close(d->p[0]);
+	close(d->p[1]);
+	close(d->q[0]);
+	close(d->q[1]);
+}
+
+static uint64_t child_off; /* (in the child: its item's block) */
+
+static int fenced_before(struct hkv_client *c)
+{
+	uint64_t gen;
+
+	return hkvserver_block_of(c, "child", &child_off, &gen);
+}
+
+/* The old connection, past its drop: a WRITE over our own value; then a set
+ * (it connects again first). Reports [WRITE, set, reconnects] on fd. */
+static void fenced_after(struct hkv_client *c, int fd)
+{
+	uint64_t junk = 0x5858585858585858ull;
+	struct hkv_wr w = {0};
+	char v[100];
+	int st[3];
+
+	memset(v, 'q', sizeof(v));
+	w.local = &junk;
+	w.remote_addr = c->conn->region.base + child_off + HKV_BLOCK_HDR + 5;
+	w.rkey = c->conn->region.rkey;
+	w.length = 8;
+	w.opcode = HKV_WR_WRITE;
+	st[0] = hkv_conn_exec(c->conn, &w, 1);
+	st[1] = hkv_set(c, "child2", 6, v, sizeof(v), NULL);
+	st[2] = (int)c->stats.reconnects;
+	if (write(fd, st, sizeof(st)) != sizeof(st))
+		_exit(1);
+}
+
 static void test_shm_dropped_fenced(void)
 {
 	struct hkvserver s;
 	struct hkv_client *probe;
+	struct drop_child d;
 	uint64_t free0, held0 = 1;
 	uint32_t carved;
-	int p[2], q[2], cls, waited = 0, st[3] = {-1, -1, -1};
-	char v[4000], got[4000], ok = 0;
+	int cls, waited = 0, st[3] = {-1, -1, -1};
+	char v[4000], got[4000];
 	size_t vlen = 0;
-	pid_t pid;
 
 	if (use_verbs) { /* (verbs: the queue pair goes with the connection) */
 		printf("# shm only\n");
@@ -1035,39 +1122,7 @@ static void test_shm_dropped_fenced(void)
 	probe = hkvserver_client(&s);
 	cls = hkv_class_for(&probe->g, (uint32_t)(HKV_BLOCK_HDR + 5 + sizeof(v)));
 	memset(v, 'p', sizeof(v));
-	CHECK(pipe(p) == 0 && pipe(q) == 0);
-	pid = fork();
-	if (pid == 0) {
-		struct hkv_config *cfg = hkvserver_config(&s);
-		struct hkv_client *c;
-		struct hkv_wr w = {0};
-		uint64_t off = 0, gen, junk = 0x5858585858585858ull;
-		char sock[600], go;
-
-		snprintf(sock, sizeof(sock), "%.550s.data", s.uri + 4); /* shm:PATH: PATH.data */
-		send_on_data_socket(sock, 1);
-		ok = !hkv_open(cfg, &c) && !hkv_set(c, "child", 5, v, sizeof(v), NULL) &&
-		     !hkvserver_block_of(c, "child", &off, &gen) && !send_on_data_socket(sock, 0);
-		if (write(p[1], &ok, 1) != 1 || read(q[0], &go, 1) != 1)
-			_exit(1);
-		/* the old connection, past its drop: a WRITE over our own value */
-		w.local = &junk;
-		w.remote_addr = c->conn->region.base + off + HKV_BLOCK_HDR + 5;
-		w.rkey = c->conn->region.rkey;
-		w.length = 8;
-		w.opcode = HKV_WR_WRITE;
-		st[0] = hkv_conn_exec(c->conn, &w, 1);
-		st[1] = hkv_set(c, "child2", 6, v, 100, NULL); /* connects again first */
-		st[2] = (int)c->stats.reconnects;
-		if (write(p[1], st, sizeof(st)) != sizeof(st))
-			_exit(1);
-		pause();
-		_exit(0);
-	}
-	CHECK(pid > 0);
-	if (read(p[0], &ok, 1) != 1 || !ok) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
+	if (drop_child_start(&s, &d, v, sizeof(v), fenced_before, fenced_after)) {
 		CHECK(!"the child set its item and wrote on its socket");
 		return;
 	}
@@ -1078,14 +1133,9 @@ static void test_shm_dropped_fenced(void)
 			break;
 		usleep(100 * 1000);
 	}
-	CHECK(write(q[1], "g", 1) == 1);
-	CHECK(read(p[0], st, sizeof(st)) == sizeof(st));
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	close(p[0]);
-	close(p[1]);
-	close(q[0]);
-	close(q[1]);
+	CHECK(write(d.q[1], "g", 1) == 1);
+	CHECK(read(d.p[0], st, sizeof(st)) == sizeof(st));
+	drop_child_end(&d);
 	CHECK_RC(hkv_get(probe, "child", 5, got, sizeof(got), &vlen, NULL), 0);
 	printf("# dropped while its process lives: its holds back after %d ms (%llu B left); its "
 	       "WRITE on the old connection: %s; its next set: %s after %d reconnect(s); its value "
@@ -1099,6 +1149,17 @@ static void test_shm_dropped_fenced(void)
 	CHECK(vlen == sizeof(v) && !memcmp(got, v, vlen));
 	hkv_close(probe);
 	hkvserver_stop(&s);
+}
+
+static int in_chain_before(struct hkv_client *c)
+{
+	return hkv_shm_test_busy(c->conn, 1);
+}
+
+static void in_chain_after(struct hkv_client *c, int fd)
+{
+	(void)fd;
+	hkv_shm_test_busy(c->conn, 0); /* the chain is over */
 }
 
 /*
@@ -1115,11 +1176,11 @@ static void dropped_in_chain(int killed)
 {
 	struct hkvserver s;
 	struct hkv_client *probe;
+	struct drop_child d;
 	uint64_t free0, held0 = 0, held_min = UINT64_MAX;
 	uint32_t carved;
-	int p[2], q[2], cls, waited = 0;
-	char v[4000], ok = 0;
-	pid_t pid;
+	int cls, waited = 0;
+	char v[4000];
 
 	if (use_verbs) { /* (verbs: the queue pair goes with the connection) */
 		printf("# shm only\n");
@@ -1129,27 +1190,7 @@ static void dropped_in_chain(int killed)
 	probe = hkvserver_client(&s);
 	cls = hkv_class_for(&probe->g, (uint32_t)(HKV_BLOCK_HDR + 5 + sizeof(v)));
 	memset(v, 'p', sizeof(v));
-	CHECK(pipe(p) == 0 && pipe(q) == 0);
-	pid = fork();
-	if (pid == 0) {
-		struct hkv_config *cfg = hkvserver_config(&s);
-		struct hkv_client *c;
-		char sock[600], go;
-
-		snprintf(sock, sizeof(sock), "%.550s.data", s.uri + 4); /* shm:PATH: PATH.data */
-		send_on_data_socket(sock, 1);
-		ok = !hkv_open(cfg, &c) && !hkv_set(c, "child", 5, v, sizeof(v), NULL) &&
-		     !hkv_shm_test_busy(c->conn, 1) && !send_on_data_socket(sock, 0);
-		if (write(p[1], &ok, 1) != 1 || read(q[0], &go, 1) != 1)
-			_exit(1);
-		hkv_shm_test_busy(c->conn, 0); /* the chain is over */
-		pause();
-		_exit(0);
-	}
-	CHECK(pid > 0);
-	if (read(p[0], &ok, 1) != 1 || !ok) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
+	if (drop_child_start(&s, &d, v, sizeof(v), in_chain_before, in_chain_after)) {
 		CHECK(!"the child set its item, raised its count and wrote on its socket");
 		return;
 	}
@@ -1160,10 +1201,10 @@ static void dropped_in_chain(int killed)
 		usleep(100 * 1000);
 	}
 	if (killed) { /* dies inside its chain: the count stays raised */
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
+		kill(d.pid, SIGKILL);
+		waitpid(d.pid, NULL, 0);
 	} else {
-		CHECK(write(q[1], "g", 1) == 1);
+		CHECK(write(d.q[1], "g", 1) == 1);
 	}
 	/* the chain over, or its process gone: it is gone, and the sweep takes
 	 * them back */
@@ -1173,12 +1214,7 @@ static void dropped_in_chain(int killed)
 			break;
 		usleep(100 * 1000);
 	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	close(p[0]);
-	close(p[1]);
-	close(q[0]);
-	close(q[1]);
+	drop_child_end(&d);
 	printf("# dropped inside a chain: its holds out for 3.5 s (at least %llu B), back %d ms "
 	       "after %s (%llu left)\n", (unsigned long long)held_min, waited * 100,
 	       killed ? "it was SIGKILLed, count raised" : "the chain ended",
