@@ -66,84 +66,6 @@ struct hr_opts {
 	struct hkv_trace_family f;     /* the family's own parameters */
 };
 
-/* Exact LRU over key numbers: arrays as a doubly linked list, O(1) per request. */
-struct lru {
-	uint64_t cap, size; /* in bytes */
-	const uint64_t *isz; /* per key: its item's bytes */
-	int64_t *prev, *next; /* -1 = none */
-	uint8_t *in;
-	int64_t head, tail;   /* head = most recent */
-};
-
-static int lru_init(struct lru *l, uint64_t keys, uint64_t cap, const uint64_t *isz)
-{
-	*l = (struct lru){.cap = cap, .isz = isz, .head = -1, .tail = -1};
-	l->prev = malloc(keys * sizeof(int64_t));
-	l->next = malloc(keys * sizeof(int64_t));
-	l->in = calloc(keys, 1);
-	return l->prev && l->next && l->in ? 0 : -1;
-}
-
-static void lru_unlink(struct lru *l, int64_t k)
-{
-	if (l->prev[k] >= 0)
-		l->next[l->prev[k]] = l->next[k];
-	else
-		l->head = l->next[k];
-	if (l->next[k] >= 0)
-		l->prev[l->next[k]] = l->prev[k];
-	else
-		l->tail = l->prev[k];
-}
-
-static void lru_push(struct lru *l, int64_t k)
-{
-	l->prev[k] = -1;
-	l->next[k] = l->head;
-	if (l->head >= 0)
-		l->prev[l->head] = k;
-	l->head = k;
-	if (l->tail < 0)
-		l->tail = k;
-}
-
-/* One request: 1 on a hit; a miss inserts the key, evicting the LRU one. */
-static int lru_access(struct lru *l, int64_t k)
-{
-	if (l->in[k]) {
-		lru_unlink(l, k);
-		lru_push(l, k);
-		return 1;
-	}
-	while (l->size + l->isz[k] > l->cap && l->tail >= 0) {
-		int64_t victim = l->tail;
-
-		lru_unlink(l, victim);
-		l->in[victim] = 0;
-		l->size -= l->isz[victim];
-	}
-	lru_push(l, k);
-	l->in[k] = 1;
-	l->size += l->isz[k];
-	return 0;
-}
-
-static void lru_remove(struct lru *l, int64_t k)
-{
-	if (!l->in[k])
-		return;
-	lru_unlink(l, k);
-	l->in[k] = 0;
-	l->size -= l->isz[k];
-}
-
-static void lru_free(struct lru *l)
-{
-	free(l->prev);
-	free(l->next);
-	free(l->in);
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
@@ -755,27 +677,6 @@ static int hkv_request(struct hkv_client *c, const struct hkv_trace_req *r, cons
 	}
 }
 
-/* Exact LRU's view of the same request: 1 if a get hit. */
-static int lru_request(struct lru *l, const struct hkv_trace_req *r)
-{
-	switch (r->op) {
-	case HKV_TRACE_GET:
-	case HKV_TRACE_SET:
-		return lru_access(l, r->key) && r->op == HKV_TRACE_GET;
-	case HKV_TRACE_ADD:
-		if (!l->in[r->key])
-			lru_access(l, r->key);
-		return 0;
-	case HKV_TRACE_UPDATE:
-		if (l->in[r->key])
-			lru_access(l, r->key);
-		return 0;
-	default:
-		lru_remove(l, r->key);
-		return 0;
-	}
-}
-
 static int run_server(const struct hr_opts *o, const struct hkv_trace *t)
 {
 	struct hkv_server_info si;
@@ -783,7 +684,7 @@ static int run_server(const struct hr_opts *o, const struct hkv_trace *t)
 	struct hkvserver srv;
 	struct hkv_geometry g;
 	struct hkv_client *c;
-	struct lru lru;
+	struct hkv_sim *lru;
 	uint64_t hits_lru = 0, hits_hkv = 0, warm_lru = 0, warm_hkv = 0, errors = 0;
 	uint64_t item, footprint = 0, slots, cap, gets_rt = 0, *isz, nkeys = t->nkeys;
 	uint64_t gets = 0, warm_gets = 0, warm_from = o->trace ? nkeys : o->keys;
@@ -839,14 +740,17 @@ static int run_server(const struct hr_opts *o, const struct hkv_trace *t)
 
 	val = malloc(vmax + 1);
 	buf = malloc(vmax + 64);
-	if (!val || !buf || lru_init(&lru, nkeys, cap, isz)) {
+	/* (exact LRU, charging each key its block) */
+	lru = hkv_sim_create(&(struct hkv_sim_config){.policy = HKV_SIM_LRU, .cap_bytes = cap,
+						      .nkeys = (uint32_t)nkeys, .item_bytes = isz});
+	if (!val || !buf || !lru) {
 		fprintf(stderr, "hatchkv-hitratio: out of memory\n");
 		return 1;
 	}
 	memset(val, 'v', vmax + 1);
 
 	for (uint64_t i = 0; i < t->n; i++) {
-		int hit = lru_request(&lru, &t->req[i]);
+		int hit = hkv_sim_request(lru, &t->req[i]);
 
 		hits_lru += (uint64_t)hit;
 		warm_lru += i >= warm_from ? (uint64_t)hit : 0;
@@ -918,7 +822,7 @@ static int run_server(const struct hr_opts *o, const struct hkv_trace *t)
 	       (unsigned long long)st.blocks_given_back);
 	hkv_close(c);
 	hkvserver_stop(&srv);
-	lru_free(&lru);
+	hkv_sim_destroy(lru);
 	free(vsz);
 	free(isz);
 	free(val);

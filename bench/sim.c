@@ -400,13 +400,18 @@ int hkv_sim_get(struct hkv_sim *s, uint32_t key)
 	return 1;
 }
 
+/* A set of an item costing `size` bytes, overhead included. */
+static void set_sized(struct hkv_sim *s, uint32_t key, uint64_t size)
+{
+	if (cached(&s->e[key]))
+		update(s, key, size);
+	else
+		insert(s, key, size);
+}
+
 void hkv_sim_set(struct hkv_sim *s, uint32_t key, uint64_t bytes)
 {
-	bytes += HKV_SIM_ITEM_OVERHEAD;
-	if (cached(&s->e[key]))
-		update(s, key, bytes);
-	else
-		insert(s, key, bytes);
+	set_sized(s, key, bytes + HKV_SIM_ITEM_OVERHEAD);
 }
 
 void hkv_sim_delete(struct hkv_sim *s, uint32_t key)
@@ -421,24 +426,26 @@ int hkv_sim_cached(const struct hkv_sim *s, uint32_t key)
 
 int hkv_sim_request(struct hkv_sim *s, const struct hkv_trace_req *r)
 {
-	uint64_t bytes = (uint64_t)r->key_size + r->value_size;
+	uint64_t size = s->cfg.item_bytes ? s->cfg.item_bytes[r->key]
+					  : (uint64_t)r->key_size + r->value_size +
+						    HKV_SIM_ITEM_OVERHEAD;
 
 	switch (r->op) {
 	case HKV_TRACE_GET:
 		if (hkv_sim_get(s, r->key))
 			return 1;
-		hkv_sim_set(s, r->key, bytes); /* look-aside: fill the miss */
+		set_sized(s, r->key, size); /* look-aside: fill the miss */
 		return 0;
 	case HKV_TRACE_SET:
-		hkv_sim_set(s, r->key, bytes);
+		set_sized(s, r->key, size);
 		return 0;
 	case HKV_TRACE_ADD:
 		if (!cached(&s->e[r->key]))
-			hkv_sim_set(s, r->key, bytes);
+			set_sized(s, r->key, size);
 		return 0;
 	case HKV_TRACE_UPDATE:
 		if (cached(&s->e[r->key]))
-			hkv_sim_set(s, r->key, bytes);
+			set_sized(s, r->key, size);
 		return 0;
 	default:
 		hkv_sim_delete(s, r->key);

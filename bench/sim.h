@@ -65,6 +65,9 @@ struct hkv_sim_config {
 	uint64_t cap_bytes;
 	uint32_t nkeys;      /* ids are < nkeys */
 	unsigned s3_promote; /* S3-FIFO: counter needed to move S -> M; 0 = 1 */
+	/* per key, what its item costs (overhead included) instead of key +
+	 * value + HKV_SIM_ITEM_OVERHEAD: a real server's block sizes; NULL: none */
+	const uint64_t *item_bytes;
 };
 
 struct hkv_sim_stats {
