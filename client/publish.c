@@ -44,6 +44,15 @@ static struct hkv_wr wr_our_meta(struct hkv_client *c, uint64_t slot, enum hkv_b
 	return hkv_wr_write(c, src, hkv_slot_off(slot), 8);
 }
 
+/* The mark that retires the entry `old` names: CAS its meta LIVE ->
+ * OBSOLETE with our id as retirer, the meta found into *res. */
+static struct hkv_wr wr_mark(struct hkv_client *c, const struct item *old, uint64_t *res)
+{
+	return hkv_wr_cas(c, res, old->blk_off, hkv_meta_live(old),
+			  hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen) |
+				  hkv_meta_retirer(c->client_id));
+}
+
 /*
  * Retiring the entry `old` names: [CAS old meta LIVE->OBSOLETE, CAS slot
  * old->new], results in res[0] and res[1]. Appended to wrs[n]; returns the
@@ -52,9 +61,7 @@ static struct hkv_wr wr_our_meta(struct hkv_client *c, uint64_t slot, enum hkv_b
 int hkv_append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const struct item *old,
 		      uint64_t new_slot, uint64_t *res)
 {
-	wrs[n++] = hkv_wr_cas(c, &res[0], old->blk_off, hkv_meta_live(old),
-			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen) |
-				      hkv_meta_retirer(c->client_id));
+	wrs[n++] = wr_mark(c, old, &res[0]);
 	wrs[n++] = hkv_wr_cas(c, &res[1], old->slot_off, old->slot, new_slot);
 	return n;
 }
@@ -305,9 +312,7 @@ int hkv_publish_remove(struct hkv_client *c, const struct item *old,
 		return STALE;
 	if (hdr)
 		wrs[n++] = hkv_wr_read(c, hdr, old->blk_off, HKV_BLOCK_HDR);
-	wrs[n++] = hkv_wr_cas(c, &c->atom[0], old->blk_off, live,
-			      hkv_meta_make(HKV_BLK_OBSOLETE, old->cls, old->gen) |
-				      hkv_meta_retirer(c->client_id));
+	wrs[n++] = wr_mark(c, old, &c->atom[0]);
 	c->atom[1] = 0;
 	if ((ret = hkv_exec(c, wrs, n)))
 		return ret;

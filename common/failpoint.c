@@ -89,10 +89,8 @@ void hkv_failpoint_hit(const char *name)
 
 		if (strcmp(p->name, name))
 			continue;
-		do {
-			if (!left)
-				break;
-		} while (!atomic_compare_exchange_weak(&p->left, &left, left - 1));
+		while (left && !atomic_compare_exchange_weak(&p->left, &left, left - 1))
+			;
 		if (!left)
 			continue; /* spent: the next entry of that name, if any ("a:200,a:2000") */
 		hkv_warn("stall: %s for %u ms (HKV_STALL)", name, p->ms);

@@ -7,9 +7,9 @@
  * starts makes hkv_failpoint(name) sleep ms milliseconds the first `times`
  * times (default 1) it is reached, each with a log line ("stall: NAME for
  * MS ms (HKV_STALL)"); entries of one name are used in turn
- * ("take-back:200,take-back:2000": 0.2 s, then 2 s). The server's data path is the clients' own, so a
- * server asleep at one of its points is what a descheduled, paged-out or
- * frozen server is. Without HKV_STALL a failpoint costs a load and a
+ * ("take-back:200,take-back:2000": 0.2 s, then 2 s). The server's data
+ * path is the clients' own, so a server asleep at one of its points is what
+ * a descheduled, paged-out or frozen server is. Without HKV_STALL a failpoint costs a load and a
  * branch. The points are listed in docs/design.md, "Check-then-write".
  */
 #ifndef HKV_FAILPOINT_H
