@@ -1,5 +1,6 @@
 /* sim.c - see sim.h. */
 #include "bench/sim.h"
+#include "common/cache_policy.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -8,6 +9,8 @@
 #define NIL UINT32_MAX
 #define S3_FREQ_MAX 3
 #define S3_SMALL_PERCENT 10
+#define HKV_SAMPLES 64 /* client/evict.c's EVICT_SAMPLES and EVICT_BATCH */
+#define HKV_BATCH   8
 
 enum where { W_NONE, W_CACHED, W_SMALL, W_MAIN, W_GHOST };
 
@@ -17,6 +20,8 @@ struct ent {
 	uint32_t bucket;     /* LFU: index of its bucket */
 	uint8_t where;
 	uint8_t freq;        /* S3-FIFO: 0..3 */
+	uint32_t ridx;       /* hkv: place in res[] */
+	uint32_t atime, hfreq; /* hkv: the block's atime|freq word */
 };
 
 struct list {
@@ -40,9 +45,13 @@ struct hkv_sim {
 	uint64_t small_cap;
 	struct bucket *b;            /* LFU: pool of buckets */
 	uint32_t nb, b_free, b_head; /* pool size, free list, lowest count */
+	uint32_t *res, nres;         /* hkv: the cached keys, to sample */
+	uint32_t clock;              /* hkv: requests so far, as the region's ms */
+	uint64_t rng;
+	struct hkv_cpol pol;
 };
 
-static const char *const policy_names[] = {"lru", "lfu", "s3fifo"};
+static const char *const policy_names[] = {"lru", "lfu", "s3fifo", "hkv"};
 
 int hkv_sim_policy_parse(const char *name)
 {
@@ -253,6 +262,78 @@ static void s3_evict_main(struct hkv_sim *s)
 	}
 }
 
+/* ---- hkv: cache mode's own policy (common/cache_policy.h), sampled ---- */
+
+static uint64_t key_hash(uint32_t k)
+{
+	uint64_t z = (uint64_t)k + 0x9E3779B97F4A7C15ull; /* splitmix64 */
+
+	z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ z >> 27) * 0x94D049BB133111EBull;
+	return z ^ z >> 31;
+}
+
+static uint32_t sim_rand(struct hkv_sim *s, uint32_t n)
+{
+	s->rng ^= s->rng << 13;
+	s->rng ^= s->rng >> 7;
+	s->rng ^= s->rng << 17;
+	return (uint32_t)(s->rng % n);
+}
+
+static void res_add(struct hkv_sim *s, uint32_t k)
+{
+	s->e[k].ridx = s->nres;
+	s->res[s->nres++] = k;
+}
+
+static void res_del(struct hkv_sim *s, uint32_t k)
+{
+	uint32_t i = s->e[k].ridx, last = s->res[--s->nres];
+
+	s->res[i] = last;
+	s->e[last].ridx = i;
+}
+
+/* As client/evict.c: sample HKV_SAMPLES cached items, evict the expert's
+ * HKV_BATCH lowest (fewer if the sample repeats one). */
+static void hkv_evict_round(struct hkv_sim *s)
+{
+	int64_t sc[HKV_NEXPERTS][HKV_SAMPLES];
+	const int64_t *scp[HKV_NEXPERTS];
+	uint32_t cand[HKV_SAMPLES];
+	int n = 0, out[HKV_NEXPERTS * HKV_BATCH], pick, got, nv;
+	unsigned masks[HKV_NEXPERTS * HKV_BATCH];
+
+	for (int i = 0; i < HKV_SAMPLES; i++) {
+		uint32_t k = s->res[sim_rand(s, s->nres)];
+		int dup = 0;
+
+		for (int j = 0; j < n && !dup; j++)
+			dup = cand[j] == k;
+		if (dup)
+			continue;
+		cand[n] = k;
+		for (int e = 0; e < HKV_NEXPERTS; e++)
+			sc[e][n] = hkv_expert_score(e, s->e[k].atime, s->e[k].hfreq, 0, s->clock, 0);
+		n++;
+	}
+	for (int e = 0; e < HKV_NEXPERTS; e++)
+		scp[e] = sc[e];
+	pick = hkv_cpol_pick(&s->pol);
+	got = hkv_cpol_choose(scp, n, HKV_BATCH, pick, out, masks, &nv);
+	for (int i = 0; i < got; i++) {
+		uint32_t k = cand[out[i]];
+
+		hkv_cpol_nominated(&s->pol, key_hash(k), masks[i], i < nv ? s->e[k].size : 0);
+		if (i >= nv)
+			continue;
+		res_del(s, k);
+		s->e[k].where = W_NONE;
+		gone(s, k);
+	}
+}
+
 /* ---- the policies behind one face ---- */
 
 static void evict_one(struct hkv_sim *s)
@@ -268,6 +349,9 @@ static void evict_one(struct hkv_sim *s)
 		k = s->b[s->b_head].items.tail;
 		lfu_remove(s, k);
 		break;
+	case HKV_SIM_HKV:
+		hkv_evict_round(s);
+		return;
 	default:
 		if (s->small.count && (s->small.bytes >= s->small_cap || !s->main.count))
 			s3_evict_small(s);
@@ -302,6 +386,10 @@ static void touch(struct hkv_sim *s, uint32_t k)
 	case HKV_SIM_LFU:
 		lfu_touch(s, k);
 		break;
+	case HKV_SIM_HKV:
+		e->atime = s->clock;
+		e->hfreq = hkv_freq_touched(e->hfreq);
+		break;
 	default:
 		if (e->freq < S3_FREQ_MAX)
 			e->freq++;
@@ -327,6 +415,8 @@ static void remove_key(struct hkv_sim *s, uint32_t k)
 		list_unlink(s, &s->lru, k);
 	else if (s->cfg.policy == HKV_SIM_LFU)
 		lfu_remove(s, k);
+	else if (s->cfg.policy == HKV_SIM_HKV)
+		res_del(s, k);
 	else
 		list_unlink(s, s3_list(s, k), k);
 	if (e->where != W_GHOST) {
@@ -357,6 +447,12 @@ static void insert(struct hkv_sim *s, uint32_t k, uint64_t size)
 		e->where = W_CACHED;
 		lfu_place(s, k, 1, NIL);
 		break;
+	case HKV_SIM_HKV:
+		e->where = W_CACHED;
+		e->atime = s->clock;
+		e->hfreq = 0;
+		res_add(s, k);
+		break;
 	default:
 		e->where = was_ghost ? W_MAIN : W_SMALL;
 		list_push(s, was_ghost ? &s->main : &s->small, k);
@@ -382,9 +478,12 @@ static void update(struct hkv_sim *s, uint32_t k, uint64_t size)
 		l = &s->lru;
 	else if (s->cfg.policy == HKV_SIM_LFU)
 		l = &s->b[e->bucket].items;
+	else if (s->cfg.policy == HKV_SIM_HKV)
+		l = NULL;
 	else
 		l = s3_list(s, k);
-	l->bytes = l->bytes - e->size + size;
+	if (l)
+		l->bytes = l->bytes - e->size + size;
 	s->bytes = s->bytes - e->size + size;
 	e->size = (uint32_t)size;
 	make_room(s, 0); /* may take this item too: the policy's choice */
@@ -393,6 +492,9 @@ static void update(struct hkv_sim *s, uint32_t k, uint64_t size)
 int hkv_sim_get(struct hkv_sim *s, uint32_t key)
 {
 	s->gets++;
+	s->clock++;
+	if (s->cfg.policy == HKV_SIM_HKV)
+		hkv_cpol_accessed(&s->pol, key_hash(key));
 	if (!cached(&s->e[key]))
 		return 0;
 	touch(s, key);
@@ -474,6 +576,13 @@ struct hkv_sim *hkv_sim_create(const struct hkv_sim_config *cfg)
 	list_init(&s->ghost);
 	s->small_cap = cfg->cap_bytes * S3_SMALL_PERCENT / 100;
 	s->b_free = s->b_head = NIL;
+	s->rng = 0x9E3779B97F4A7C15ull;
+	hkv_cpol_init(&s->pol, cfg->cap_bytes);
+	if (cfg->policy == HKV_SIM_HKV &&
+	    !(s->res = malloc((size_t)cfg->nkeys * sizeof(*s->res)))) {
+		hkv_sim_destroy(s);
+		return errno = ENOMEM, NULL;
+	}
 	return s;
 }
 
@@ -481,6 +590,8 @@ void hkv_sim_destroy(struct hkv_sim *s)
 {
 	if (!s)
 		return;
+	hkv_cpol_fini(&s->pol);
+	free(s->res);
 	free(s->b);
 	free(s->e);
 	free(s);

@@ -58,7 +58,7 @@
 
 #define HKV_SIM_ITEM_OVERHEAD (HKV_BLOCK_HDR + 8)
 
-enum hkv_sim_policy { HKV_SIM_LRU, HKV_SIM_LFU, HKV_SIM_S3FIFO, HKV_SIM_NPOLICIES };
+enum hkv_sim_policy { HKV_SIM_LRU, HKV_SIM_LFU, HKV_SIM_S3FIFO, HKV_SIM_HKV, HKV_SIM_NPOLICIES };
 
 struct hkv_sim_config {
 	enum hkv_sim_policy policy;

@@ -157,6 +157,7 @@ static int get_item(struct hkv_client *c, const struct key *k, struct item *it)
 	struct view view;
 	int ret = hkv_find(c, k, it, &view);
 
+	hkv_pol_access(c, k->h);
 	if (!ret && hkv_block_tomb(hkv_item_hdr(it))) {
 		ret = HKV_ENOTFOUND; /* a replicated delete */
 	} else if (!ret && hkv_item_expired(c, it)) {
@@ -466,11 +467,13 @@ static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const stru
 		       const uint8_t *blk)
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+	struct key k;
+	int keyed = !hkv_key_init(c, &k, m->key, m->klen);
 
+	if (keyed)
+		hkv_pol_access(c, k.h);
 	if (hkv_item_expired(c, it) || hkv_block_tomb(h)) {
-		struct key k;
-
-		if (!hkv_key_init(c, &k, m->key, m->klen))
+		if (keyed)
 			hkv_cache_drop(c->cache, k.h);
 		m->status = HKV_ENOTFOUND;
 		return;
@@ -671,8 +674,10 @@ static size_t mget_round_cands(struct hkv_client *c, struct mget_run *r, int roo
 			need += (c->g.class_size[hkv_slot_class(s)] + 63) & ~(size_t)63;
 		}
 		if (!nc || !mget_fresh(c, e->v.seen_ns, &last_seen, &fresh)) {
-			if (!nc) /* no candidate when the buckets were read: absent */
+			if (!nc) { /* no candidate when the buckets were read: absent */
 				r->items[e->item].status = HKV_ENOTFOUND;
+				hkv_pol_access(c, e->k.h);
+			}
 			else /* too old to pair with a block: the buckets again */
 				mget_again(r, e->item);
 			e->item = SIZE_MAX;
@@ -788,8 +793,10 @@ static void mget_settle_cands(struct hkv_client *c, struct mget_run *r, int x, i
 			return;
 		}
 	}
-	if (!torn)
+	if (!torn) {
 		m->status = HKV_ENOTFOUND;
+		hkv_pol_access(c, e->k.h);
+	}
 }
 
 /* A round's READs have completed (posted at seen_ns): take what they read. */

@@ -208,6 +208,10 @@ struct hkv_client {
 	uint64_t protect_off;
 
 	struct hkv_client_stats stats;
+	/* cache mode: the eviction policy's state (common/cache_policy.h), made
+	 * at the first eviction; a pipe's lanes use their first lane's */
+	struct hkv_cpol *pol;
+	struct hkv_client *pol_owner; /* whose pol it is: this handle's if c */
 	struct hkv_router *router; /* a cluster handle (router.c): the rest is unused */
 	struct hkv_repl *repl;     /* a replicated handle (replica.c): the rest, but for the
 				    * op counters and the write ids, is unused */
@@ -375,6 +379,12 @@ uint32_t hkv_alloc_class_segs(const struct hkv_client *c, uint32_t cls);
 int hkv_alloc_table(struct hkv_client *c, uint64_t max_age_ns);
 
 uint64_t hkv_rand(struct hkv_client *c);
+/* cache mode's eviction policy (client/evict.c): the handle's state (made
+ * on first use; NULL without memory), a GET's hit or miss of key hash h,
+ * and a handle following another's state (a pipe's lanes) */
+struct hkv_cpol *hkv_pol(struct hkv_client *c);
+void hkv_pol_access(struct hkv_client *c, uint64_t h);
+void hkv_pol_share(struct hkv_client *c, struct hkv_client *from);
 
 /* Tests only: called at named points of an operation (NULL in production). */
 enum hkv_test_point {

@@ -23,6 +23,7 @@
 
 #include "client/client_int.h"
 #include "client/replica.h"
+#include "common/cache_policy.h"
 #include "common/ctl_auth.h"
 #include "common/ctl_proto.h"
 #include "common/hkv_alloc.h"
@@ -596,6 +597,8 @@ int hkv_revive(struct hkv_client *c)
 	*c = *n;
 	c->origin = old.origin;
 	c->stats = old.stats;
+	c->pol = old.pol; /* what it learned holds for the same cache */
+	c->pol_owner = old.pol_owner;
 	c->stats.reconnects++;
 	c->revive_ns = 0;
 	hkv_free(n);
@@ -625,6 +628,10 @@ HKV_EXPORT void hkv_close(struct hkv_client *c)
 	if (c->conn && !c->conn->error && c->classes)
 		hkv_alloc_release(c);
 	hkv_alloc_fini(c);
+	if (c->pol && c->pol_owner == c) {
+		hkv_cpol_fini(c->pol);
+		hkv_free(c->pol);
+	}
 	hkv_cache_unref(c->cache);
 	if (c->conn) {
 		hkv_conn_dereg(c->conn, c->mr);

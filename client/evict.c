@@ -1,16 +1,19 @@
 /*
- * evict.c - cache mode: access times, eviction (sampled LRU, expired
- * first) and the victim slot of an insert into two full buckets. Moving a
- * segment between classes is the server's (CARVE, server/store.c).
+ * evict.c - cache mode: access times and counts, eviction (sampled;
+ * expired first, then recency or frequency, whichever regrets less:
+ * common/cache_policy.h) and the victim slot of an insert into two full
+ * buckets. Moving a segment between classes is the server's (CARVE,
+ * server/store.c).
  */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "client/client_int.h"
 #include "client/ops_int.h"
+#include "common/cache_policy.h"
+#include "common/hkv_alloc.h"
 #include "common/log.h"
 #include "common/transport_int.h"
 
@@ -20,11 +23,39 @@
 #define EVICT_READ     320 /* header + the longest key, 64 B aligned */
 #define ATIME_FRESH_NS (10ull * 1000000ull) /* a GET's atime CAS only this soon after its READ */
 
-/* ---- cache mode: recency and eviction ------------------------------------------ */
+/* ---- cache mode: recency, frequency and eviction ------------------------------------------ */
+
+/* The handle's policy state, made on first use (NULL: no memory; the
+ * choice is then recency's). */
+struct hkv_cpol *hkv_pol(struct hkv_client *c)
+{
+	if (!c->pol && (c->pol = hkv_calloc(1, sizeof(*c->pol)))) {
+		hkv_cpol_init(c->pol, (uint64_t)c->g.nsegs * c->g.seg_size);
+		c->pol_owner = c;
+	}
+	return c->pol;
+}
+
+/* c follows from's policy (plain handles of one cache, used by one thread). */
+void hkv_pol_share(struct hkv_client *c, struct hkv_client *from)
+{
+	if (c->router || c->repl || from->router || from->repl || !hkv_cache_mode(c) ||
+	    c->pol || !hkv_pol(from))
+		return;
+	c->pol = from->pol;
+	c->pol_owner = from;
+}
+
+/* A GET of key hash h in cache mode, hit or miss: the policy learns. */
+void hkv_pol_access(struct hkv_client *c, uint64_t h)
+{
+	if (hkv_cache_mode(c) && c->pol)
+		hkv_cpol_accessed(c->pol, h);
+}
 
 /*
- * Record an access in the block's atime, off the critical path: one CAS on
- * the atime|spare word that expects exactly what we read, posted
+ * Record an access in the block's atime and count, off the critical path:
+ * one CAS on the atime|freq word that expects exactly what we read, posted
  * unsignaled - nothing waits for it. If the block was retired and reused
  * meanwhile, the word differs and the CAS does nothing. The word holds no
  * summed byte: on verbs an RDMA atomic is not atomic against a WRITE on
@@ -45,8 +76,8 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 	now = hkv_region_ms32(c);
 	if ((int32_t)(now - h->atime) < ATIME_STEP_MS)
 		return;
-	was = (uint64_t)h->atime | (uint64_t)h->spare << 32;
-	now_word = (uint64_t)now | (uint64_t)h->spare << 32;
+	was = (uint64_t)h->atime | (uint64_t)h->freq << 32;
+	now_word = (uint64_t)now | (uint64_t)hkv_freq_touched(h->freq) << 32;
 	wr = hkv_wr_cas(c, &c->atom[6], it->blk_off + offsetof(struct hkv_block_hdr, atime), was,
 			now_word);
 	wr.flags = HKV_WR_F_NO_COMPLETION;
@@ -54,27 +85,11 @@ void hkv_touch_atime(struct hkv_client *c, const struct item *it)
 	(void)hkv_conn_post(c->conn, &wr, 1); /* the transport keeps room for it */
 }
 
-/* Eviction order: expired first, then least recently used. */
-static int64_t evict_score(const struct hkv_block_hdr *h, uint32_t now_ms, uint32_t now_s)
-{
-	if (h->exptime && h->exptime <= now_s)
-		return INT64_MIN;
-	return (int32_t)(h->atime - now_ms);
-}
-
 struct victim {
 	uint64_t off;
-	int64_t score;
 	uint8_t *hdr; /* header + key, in rblk */
 	uint64_t seen_ns; /* when that READ was posted */
 };
-
-static int cmp_victim(const void *a, const void *b)
-{
-	const struct victim *x = a, *y = b;
-
-	return x->score < y->score ? -1 : x->score > y->score;
-}
 
 /* Remove up to EVICT_BATCH of the victims v[0..nv) (their headers and keys
  * read): one chain of bucket READs, one chain of [CAS meta, CAS slot] pairs.
@@ -131,16 +146,23 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 }
 
 /*
- * Read header + key of the blocks at v[0..n).off (one chain) and evict the
- * `max` oldest LIVE ones (expired first), EVICT_BATCH per group. Returns how
- * many were evicted, or <0.
+ * Read header + key of the blocks at v[0..n).off (one chain) and evict
+ * `max` (<= EVICT_BATCH) of the LIVE ones: the expert this round follows
+ * picks them (expired first); what both experts nominated goes to the
+ * policy's ghost. Returns how many were evicted, or <0.
  */
 static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int n, int max)
 {
 	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
 	uint32_t now_ms = hkv_region_ms32(c), now_s = hkv_region_s(c);
 	struct hkv_wr wrs[EVICT_SAMPLES];
-	int nv = 0, ret, evicted = 0;
+	int64_t score[HKV_NEXPERTS][EVICT_SAMPLES];
+	const int64_t *scp[HKV_NEXPERTS];
+	int pick[HKV_NEXPERTS * EVICT_BATCH];
+	unsigned masks[HKV_NEXPERTS * EVICT_BATCH];
+	struct victim chosen[EVICT_BATCH];
+	struct hkv_cpol *pol;
+	int nv = 0, ret, evicted = 0, got;
 	uint64_t t = hkv_coarse_ns();
 
 	for (int i = 0; i < n; i++) {
@@ -157,12 +179,26 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 		    h->klen == 0 || (uint32_t)HKV_BLOCK_HDR + h->klen > rd ||
 		    v[i].off == c->protect_off) /* the item being rewritten */
 			continue;
-		v[i].score = evict_score(h, now_ms, now_s);
+		for (int e = 0; e < HKV_NEXPERTS; e++)
+			score[e][nv] = hkv_expert_score(e, h->atime, h->freq, h->exptime, now_ms,
+							now_s);
 		v[nv++] = v[i];
 	}
-	qsort(v, (size_t)nv, sizeof(v[0]), cmp_victim);
-	if (nv > max)
-		nv = max;
+	for (int e = 0; e < HKV_NEXPERTS; e++)
+		scp[e] = score[e];
+	pol = hkv_pol(c);
+	got = hkv_cpol_choose(scp, nv, max, pol ? hkv_cpol_pick(pol) : HKV_EXPERT_LRU, pick,
+			      masks, &nv);
+	for (int i = 0; i < got && pol; i++) { /* what each expert nominated, for regret */
+		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[pick[i]].hdr;
+		struct key k;
+
+		if (!hkv_key_init(c, &k, v[pick[i]].hdr + HKV_BLOCK_HDR, h->klen))
+			hkv_cpol_nominated(pol, k.h, masks[i], i < nv ? sz : 0);
+	}
+	for (int i = 0; i < nv; i++)
+		chosen[i] = v[pick[i]];
+	v = chosen;
 	for (int first = 0; first < nv; first += EVICT_BATCH) {
 		ret = evict_group(c, cls, v + first, nv - first < EVICT_BATCH ? nv - first
 									  : EVICT_BATCH);
@@ -222,7 +258,8 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 
 /*
  * Both buckets are full (cache mode): choose a slot to take over - an
- * expired item's, else the least recently used of the 32 - by reading the
+ * expired item's, else the lowest of the 32 by the expert the policy
+ * follows now (recency or frequency) - by reading the
  * headers of the blocks they name (one chain). -1 if none qualifies;
  * *victim describes the entry to evict.
  */
@@ -233,6 +270,10 @@ int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct
 	struct hkv_wr wrs[CANON_SLOTS];
 	int pos[CANON_SLOTS], n = 0, best = -1;
 	int64_t best_score = INT64_MAX;
+	struct hkv_cpol *pol = c->pol;
+	int expert = pol && pol->regret[HKV_EXPERT_LFU] < pol->regret[HKV_EXPERT_LRU]
+			     ? HKV_EXPERT_LFU
+			     : HKV_EXPERT_LRU;
 
 	for (int p = 0; p < CANON_SLOTS; p++) {
 		/* never an entry that may be this key's own (an ADD must not evict
@@ -255,7 +296,7 @@ int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct
 		    hkv_meta_class(h->meta) != hkv_slot_class(s) ||
 		    (hkv_meta_gen(h->meta) & 0x7ff) != hkv_slot_ver(s))
 			continue;
-		score = evict_score(h, now_ms, now_s);
+		score = hkv_expert_score(expert, h->atime, h->freq, h->exptime, now_ms, now_s);
 		if (score < best_score) {
 			best_score = score;
 			best = i;

@@ -377,6 +377,8 @@ static int lane_init(struct hkv_pipe *p, struct lane *l, const struct hkv_config
 	ret = hkv_open(cfg, &l->h);
 	if (ret)
 		return ret;
+	if (l != p->lanes) /* one eviction policy learns from every lane's gets */
+		hkv_pol_share(l->h, p->lanes[0].h);
 	l->map = mmap(NULL, LANE_STACK + (size_t)pg, PROT_READ | PROT_WRITE,
 		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (l->map == MAP_FAILED) {

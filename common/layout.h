@@ -37,9 +37,8 @@
  *   20 u16 klen
  *   22 u16 owner    the writing client's id (0: unknown); a held free block:
  *                   bytes 16..23 are its HELD stamp
- *   24 u32 exptime  absolute Unix seconds, 0 = never
- *   28 u32 atime    Unix time in ms, mod 2^32: when written, then last access
- *                   (readers refresh it; not in the sum)
+ *   24 u32 exptime  absolute Unix seconds (the region's clock), 0 = never
+ *   28 u32 pad      0
  *   32 u64 wid      write id: fresh (never 0, below 2^62) for each logical
  *                   write, kept when the item is copied or moved; the item's
  *                   cas version
@@ -50,7 +49,13 @@
  *                   only together); bit 63 (HKV_PRED_TOMB): a tombstone,
  *                   the key deleted (readers see a miss). 0 in an
  *                   unreplicated store.
- *   48 key bytes, then value bytes
+ *   -- summed above; the word below is not (a GET CASes it on what it read)
+ *   48 u32 atime    the region's clock in ms, mod 2^32: when written, then
+ *                   the last access a GET recorded (cache mode)
+ *   52 u32 freq     bits 0..7: accesses GETs recorded since written,
+ *                   saturating at 255 (cache mode's eviction: common/
+ *                   cache_policy.h); bits 8..31: 0
+ *   56 key bytes, then value bytes
  *   state: 0 never used, 1 live, 2 obsolete (removed from the index, or
  *   about to be by the writer that marked it), 3 pending (an insert not yet
  *   committed; aborted ones become obsolete with the aborted bit). gen: bumped by the
@@ -210,8 +215,8 @@ struct hkv_block_hdr {
 	uint32_t pad;   /* 0 (in the sum): exptime's word is never CASed */
 	uint64_t wid;
 	uint64_t pred;
-	uint32_t atime; /* not in the sum: a GET's CAS word (atime | spare), */
-	uint32_t spare; /* 0; so a stale CAS can change no summed byte */
+	uint32_t atime; /* not in the sum: a GET's CAS word (atime | freq), */
+	uint32_t freq;  /* so a stale CAS can change no summed byte */
 };
 _Static_assert(sizeof(struct hkv_block_hdr) == HKV_BLOCK_HDR, "block header size");
 

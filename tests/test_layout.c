@@ -5,7 +5,7 @@
  *                    sum covers (gen, lengths, flags, owner, exptime, pad,
  *                    wid, pred, key, value) is caught, one changed where it
  *                    must not look (meta's state/retirer bits, the
- *                    atime|spare word that readers CAS) is not; a block torn at any 64-byte
+ *                    atime|freq word that readers CAS) is not; a block torn at any 64-byte
  *                    line between two whole versions is caught; the sum is
  *                    the XXH64 that clients and servers of other builds use.
  *   test_geometry    a sealed geometry checks; one byte changed is caught.
@@ -72,7 +72,7 @@ static void test_block_sum(void)
 		blk[i] ^= 0x20;
 	}
 	CHECK(missed == 0);
-	/* what changes under a live block: atime|spare (readers' CAS), meta's low word */
+	/* what changes under a live block: atime|freq (readers' CAS), meta's low word */
 	blk[48] ^= 0xff;
 	blk[55] ^= 0x01;
 	CHECK_RC(check(blk), 0);

@@ -2,7 +2,9 @@
  * test_sim.c - the trace reader and the exact simulators (bench/trace.h,
  * bench/sim.h): tiny traces whose hits are worked out by hand below, the
  * CSV reader on good and malformed input and on tests/data/trace_small.csv,
- * and LRU and LFU checked request by request against trivial O(n) models.
+ * and LRU and LFU checked request by request against trivial O(n) models;
+ * cache mode's own policy (common/cache_policy.h): its choice, its regret
+ * and its window by hand, and in the simulator on the four families.
  *
  * Every item here costs 100 bytes: key_size 2 + value_size VAL +
  * HKV_SIM_ITEM_OVERHEAD, so a capacity of n * 100 holds n items.
@@ -15,6 +17,7 @@
 
 #include "bench/sim.h"
 #include "bench/trace.h"
+#include "common/cache_policy.h"
 #include "hkv_test.h"
 
 HKV_TEST_MAIN_DEFS;
@@ -409,6 +412,153 @@ static void test_families_seeded(void)
 	}
 }
 
+/*
+ * Four candidates, each expert nominating 2:
+ *   recency   5 1 3 2  -> 1, 3
+ *   frequency 0 9 9 1  -> 0, 3
+ * Following recency: victims 1 and 3 (in that order), then 0 (frequency's
+ * alone); 1 is recency's alone, 3 both's.
+ */
+static void test_cpol_choose(void)
+{
+	const int64_t lru[] = {5, 1, 3, 2}, lfu[] = {0, 9, 9, 1};
+	const int64_t *const sc[HKV_NEXPERTS] = {lru, lfu};
+	int out[4], nv = -1, got;
+	unsigned m[4];
+
+	got = hkv_cpol_choose(sc, 4, 2, HKV_EXPERT_LRU, out, m, &nv);
+	CHECK(got == 3 && nv == 2);
+	CHECK(out[0] == 1 && m[0] == 1 && out[1] == 3 && m[1] == 3 && out[2] == 0 && m[2] == 2);
+	got = hkv_cpol_choose(sc, 4, 2, HKV_EXPERT_LFU, out, m, &nv);
+	CHECK(got == 3 && nv == 2);
+	CHECK(out[0] == 0 && m[0] == 2 && out[1] == 3 && m[1] == 3 && out[2] == 1 && m[2] == 1);
+	got = hkv_cpol_choose(sc, 4, 8, HKV_EXPERT_LRU, out, m, &nv); /* k > n */
+	CHECK(got == 4 && nv == 4 && out[0] == 1 && out[3] == 0 && m[3] == 3);
+	got = hkv_cpol_choose(sc, 0, 2, HKV_EXPERT_LRU, out, m, &nv);
+	CHECK(got == 0 && nv == 0);
+	/* the count saturates; the other 24 bits stay */
+	CHECK(hkv_freq_touched(0) == 1 && hkv_freq_touched(0x1ff) == 0x1ff &&
+	      hkv_freq_touched(0x100) == 0x101);
+	/* expired first for both; frequency breaks ties by age */
+	CHECK(hkv_expert_score(HKV_EXPERT_LFU, 0, 200, 5, 1000, 6) == INT64_MIN);
+	CHECK(hkv_expert_score(HKV_EXPERT_LFU, 900, 1, 0, 1000, 6) <
+	      hkv_expert_score(HKV_EXPERT_LFU, 999, 2, 0, 1000, 6));
+	CHECK(hkv_expert_score(HKV_EXPERT_LFU, 900, 1, 0, 1000, 6) <
+	      hkv_expert_score(HKV_EXPERT_LFU, 950, 1, 0, 1000, 6));
+	CHECK(hkv_expert_score(HKV_EXPERT_LRU, 900, 9, 0, 1000, 6) <
+	      hkv_expert_score(HKV_EXPERT_LRU, 950, 1, 0, 1000, 6));
+}
+
+/*
+ * A cache of 64 items of 1000 B: a window of 32 nominations (the floor).
+ * A get of a key one expert alone nominated is that expert's regret, and
+ * the next round follows the other; once only (the entry goes); a key both
+ * nominated teaches nothing; one nominated more than the window ago, nothing.
+ */
+static void test_cpol_regret(void)
+{
+	struct hkv_cpol p;
+
+	hkv_cpol_init(&p, 64 * 1000);
+	CHECK(hkv_cpol_accessed(&p, 7) == 0); /* no ghost before an eviction */
+	CHECK(hkv_cpol_pick(&p) == HKV_EXPERT_LRU); /* even: recency */
+	hkv_cpol_nominated(&p, 1, 1u << HKV_EXPERT_LRU, 1000);
+	CHECK(p.window == 32 && p.ghost);
+	CHECK(hkv_cpol_accessed(&p, 1) == 1 && p.regrets[HKV_EXPERT_LRU] == 1);
+	CHECK(hkv_cpol_pick(&p) == HKV_EXPERT_LFU);
+	CHECK(hkv_cpol_accessed(&p, 1) == 0 && p.regrets[HKV_EXPERT_LRU] == 1);
+	hkv_cpol_nominated(&p, 2, 3, 1000);
+	CHECK(hkv_cpol_accessed(&p, 2) == 1 && p.regrets[0] == 1 && p.regrets[1] == 0);
+	hkv_cpol_nominated(&p, 5, 1u << HKV_EXPERT_LFU, 0);
+	for (uint64_t h = 6; h < 6 + 40; h++) /* ghost places h % 64: none is 5's */
+		hkv_cpol_nominated(&p, h, 1u << HKV_EXPERT_LRU, 0);
+	CHECK(hkv_cpol_accessed(&p, 5) == 0 && p.regrets[HKV_EXPERT_LFU] == 0);
+	hkv_cpol_nominated(&p, 3, 1u << HKV_EXPERT_LFU, 0);
+	hkv_cpol_nominated(&p, 4, 1u << HKV_EXPERT_LFU, 0);
+	CHECK(hkv_cpol_accessed(&p, 3) == 1 && hkv_cpol_accessed(&p, 4) == 1);
+	CHECK(p.regrets[HKV_EXPERT_LFU] == 2 && hkv_cpol_pick(&p) == HKV_EXPERT_LRU);
+	/* another hash in the same place is not the nominated key */
+	hkv_cpol_nominated(&p, 9, 1u << HKV_EXPERT_LFU, 0);
+	CHECK(hkv_cpol_accessed(&p, 9 + (1ull << 40)) == 0);
+	hkv_cpol_fini(&p);
+}
+
+/* The footprint of a trace's distinct keys, and how many it has. */
+static uint64_t footprint(const struct hkv_trace *t, uint64_t *distinct)
+{
+	uint8_t *seen = calloc(t->nkeys, 1);
+	uint64_t foot = 0;
+
+	*distinct = 0;
+	for (uint64_t i = 0; i < t->n && seen; i++)
+		if (!seen[t->req[i].key]) {
+			seen[t->req[i].key] = 1;
+			foot += t->req[i].key_size + t->req[i].value_size + HKV_SIM_ITEM_OVERHEAD;
+			++*distinct;
+		}
+	free(seen);
+	return foot;
+}
+
+/*
+ * Look-aside replay of a generated family (20 000 keys, 400 000 requests,
+ * values 100 B-8 KB) through one policy, at 10 % of the Zipf family's
+ * footprint (the loop: 1.1x the items that fit): hit %, or -1.
+ */
+static double family_ratio(enum hkv_trace_family_kind kind, enum hkv_sim_policy pol)
+{
+	struct hkv_trace_family f = {.kind = HKV_FAMILY_ZIPF, .seed = 42, .keys = 20000,
+				     .requests = 400000, .value = 100, .value_max = 8192};
+	struct hkv_sim_config cfg = {.policy = pol};
+	struct hkv_sim_stats st;
+	struct hkv_trace t;
+	struct hkv_sim *s;
+	uint64_t foot, distinct;
+
+	hkv_trace_family_defaults(&f);
+	if (hkv_trace_generate(&t, &f))
+		return -1;
+	foot = footprint(&t, &distinct);
+	hkv_trace_free(&t);
+	cfg.cap_bytes = foot / 10;
+	f.kind = kind;
+	f.loop_keys = distinct ? 11 * cfg.cap_bytes / (10 * (foot / distinct)) : 0;
+	if (hkv_trace_generate(&t, &f))
+		return -1;
+	cfg.nkeys = t.nkeys;
+	s = hkv_sim_create(&cfg);
+	for (uint64_t i = 0; i < t.n && s; i++)
+		hkv_sim_request(s, &t.req[i]);
+	if (s)
+		hkv_sim_stats(s, &st);
+	hkv_sim_destroy(s);
+	hkv_trace_free(&t);
+	return s ? 100.0 * (double)st.hits / (double)st.gets : -1;
+}
+
+/*
+ * Issue 32's goal for the policy itself, in the simulator: LRU's hit ratio
+ * on every family, and 3 points more on scan and loop (where LRU is known
+ * to lose). Where recency is the better expert (shift) the policy follows
+ * it, and then only sampling separates it from exact LRU (0.2-0.4 points,
+ * docs/benchmarks.md): half a point is allowed there. The same code evicts
+ * in cache mode (client/evict.c).
+ */
+static void test_hkv_families(void)
+{
+	for (int k = 0; k < 4; k++) {
+		double lru = family_ratio((enum hkv_trace_family_kind)k, HKV_SIM_LRU);
+		double hkv = family_ratio((enum hkv_trace_family_kind)k, HKV_SIM_HKV);
+		double need = k == HKV_FAMILY_SCAN || k == HKV_FAMILY_LOOP ? 3
+			      : k == HKV_FAMILY_SHIFT			  ? -0.5
+									  : 0;
+
+		fprintf(stderr, "  %-5s lru %.2f%% hkv %.2f%%\n",
+		       hkv_trace_family_name((enum hkv_trace_family_kind)k), lru, hkv);
+		CHECK(lru > 0 && hkv >= lru + need);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1)
@@ -425,5 +575,8 @@ int main(int argc, char **argv)
 	RUN_TEST(test_csv_malformed);
 	RUN_TEST(test_csv_fixture);
 	RUN_TEST(test_families_seeded);
+	RUN_TEST(test_cpol_choose);
+	RUN_TEST(test_cpol_regret);
+	RUN_TEST(test_hkv_families);
 	return hkv_test_finish();
 }
