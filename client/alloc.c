@@ -356,6 +356,31 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 }
 
 /*
+ * When a freed block we claimed may be written: HKV_QUARANTINE_NS after the
+ * claim completed (t_done: after its free executed, so after the write of
+ * the incarnation it retired). If we freed it ourselves at this very
+ * generation, nobody wrote it since, and our note of the time (read after
+ * our mark completed, so after that incarnation's write) bounds the same
+ * rest: consecutive incarnations stay >= HKV_QUARANTINE_NS apart (the ABA
+ * horizon, docs/design.md). A set into a full cache claims back what its
+ * own eviction freed a moment ago: without the note each waited 200 us.
+ */
+static uint64_t rest_from(struct hkv_client *c, uint64_t off, uint64_t meta, uint64_t t_done)
+{
+	struct hkv_freed *f = &c->freed[off / HKV_BLOCK_ALIGN % HKV_FREED_SLOTS];
+
+	if (f->off == off && f->gen == hkv_meta_gen(meta) &&
+	    hkv_meta_state(meta) == HKV_BLK_OBSOLETE) {
+		uint64_t ready = f->ns + HKV_QUARANTINE_NS;
+
+		f->off = 0;
+		if (ready < t_done + HKV_QUARANTINE_NS)
+			return ready;
+	}
+	return t_done + HKV_QUARANTINE_NS;
+}
+
+/*
  * One claim from the class's last hint. 1: blocks are held now; 0: the
  * hint was stale (try again); <0: error.
  */
@@ -423,7 +448,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	c->hold_seq++;
 	*stamp = hkv_held_make(c->client_id, c->hold_seq);
 	for (uint32_t i = 0; i < nblk; i++) {
-		uint64_t meta;
+		uint64_t meta, off;
 		enum hkv_block_state st;
 		struct hkv_held hb;
 
@@ -437,10 +462,11 @@ static int claim(struct hkv_client *c, uint32_t cls)
 				 (unsigned long long)meta);
 			continue;
 		}
-		hb = (struct hkv_held){.off = seg_base(c, h->seg) + (uint64_t)blks[i] * csize,
-				       .gen = hkv_meta_gen(meta), .stamp = *stamp, .claim_ns = t_post,
+		off = seg_base(c, h->seg) + (uint64_t)blks[i] * csize;
+		hb = (struct hkv_held){.off = off, .gen = hkv_meta_gen(meta), .stamp = *stamp,
+				       .claim_ns = t_post,
 				       .ready_ns = st == HKV_BLK_UNUSED ? 0
-									: t_done + HKV_QUARANTINE_NS};
+									: rest_from(c, off, meta, t_done)};
 		if (push_held(ca, &hb))
 			return -ENOMEM;
 		wrs[got] = hkv_wr_write(c, stamp, hb.off + 16, 8);
@@ -615,6 +641,13 @@ void hkv_unalloc_block(struct hkv_client *c, uint64_t off, uint32_t cls)
 	}
 	c->cur.off = 0;
 	push_held(&c->classes[cls], &hb);
+}
+
+void hkv_free_retired(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t gen)
+{
+	c->freed[off / HKV_BLOCK_ALIGN % HKV_FREED_SLOTS] =
+		(struct hkv_freed){.off = off, .ns = hkv_now_ns(), .gen = gen};
+	hkv_free_block(c, off, cls);
 }
 
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls)

@@ -110,6 +110,8 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 
 
 /* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
+#define HKV_FREED_SLOTS 1024 /* power of two */
+
 struct hkv_held {
 	uint64_t off;
 	uint32_t gen;      /* generation in its meta when claimed: we write gen + 1 */
@@ -187,6 +189,15 @@ struct hkv_client {
 	uint64_t table_ns;  /* when (0: never) */
 	uint32_t table_free; /* FREE segments in it (UINT32_MAX: not read yet) */
 	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
+	/* blocks this handle freed lately after winning their mark (a table by
+	 * address, a later free taking an earlier one's place): the address,
+	 * the generation retired, and a clock read after the mark completed.
+	 * A claim that gets one back at that generation (nobody wrote it
+	 * since) counts its rest from then (alloc.c, rest_from) */
+	struct hkv_freed {
+		uint64_t off, ns;
+		uint32_t gen;
+	} freed[HKV_FREED_SLOTS];
 	uint64_t tidy_ns;   /* last pass over every class's held blocks */
 	uint64_t tidy_coarse_ns; /* ... by the coarse clock (hkv_alloc_tidy) */
 	struct hkv_cur_alloc cur;
@@ -357,6 +368,9 @@ int hkv_alloc_write_ok(struct hkv_client *c, uint64_t off);
 /* The block at off (class cls) is no longer referenced: set its bitmap bit
  * (one unsignaled FAA, posted now, no round trip). */
 void hkv_free_block(struct hkv_client *c, uint64_t off, uint32_t cls);
+/* The same for a block whose mark (LIVE gen -> OBSOLETE gen) we won: noted,
+ * so that our own claim of it rests from now rather than from the claim. */
+void hkv_free_retired(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t gen);
 /* The same for a block whose mark CAS we won at generation gen: kept for
  * our own next write of the class (no claim), or freed if we hold enough. */
 void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t gen);

@@ -207,7 +207,7 @@ int hkv_retire_outcome(struct hkv_client *c, const struct item *old, const uint6
 	if (marked && new_slot)
 		hkv_free_or_keep(c, old->blk_off, old->cls, old->gen);
 	else if (marked)
-		hkv_free_block(c, old->blk_off, old->cls);
+		hkv_free_retired(c, old->blk_off, old->cls, old->gen);
 	if (res[1] != old->slot)
 		return CONFLICT;
 	if (!marked && hkv_meta_gen(res[0]) != old->gen) {
@@ -331,8 +331,8 @@ int hkv_publish_remove(struct hkv_client *c, const struct item *old,
 	wrs[0] = hkv_wr_cas(c, &c->atom[1], old->slot_off, old->slot, 0);
 	if ((ret = hkv_exec(c, wrs, 1)))
 		return ret; /* (our marked block: the sweep's once no slot names it) */
-	if (c->atom[0] == live)
-		hkv_free_block(c, old->blk_off, old->cls); /* out of the index either way */
+	if (c->atom[0] == live) /* out of the index either way */
+		hkv_free_retired(c, old->blk_off, old->cls, old->gen);
 	return c->atom[1] == old->slot ? 0 : CONFLICT;
 }
 
