@@ -357,27 +357,28 @@ static void give_back(struct hkv_client *c, uint32_t cls, const struct hkv_held 
 
 /*
  * When a freed block we claimed may be written: HKV_QUARANTINE_NS after the
- * claim completed (t_done: after its free executed, so after the write of
- * the incarnation it retired). If we freed it ourselves at this very
- * generation, nobody wrote it since, and our note of the time (read after
- * our mark completed, so after that incarnation's write) bounds the same
- * rest: consecutive incarnations stay >= HKV_QUARANTINE_NS apart (the ABA
- * horizon, docs/design.md). A set into a full cache claims back what its
- * own eviction freed a moment ago: without the note each waited 200 us.
+ * claim completed (t_done: after its free executed, so after the slot
+ * stopped naming the incarnation it retired). If we freed it ourselves at
+ * this very generation - retired by us, nobody wrote it since - our note of
+ * the time, read after our mark and swing completed, is after that too and
+ * bounds the same rest: consecutive incarnations stay >= HKV_QUARANTINE_NS
+ * apart after their views could be taken (the ABA horizon, docs/design.md;
+ * a kept block rests from the same moment, hkv_free_or_keep). Only a note
+ * younger than a second counts (a generation cannot come round in that
+ * time). A set into a full cache claims back what its own eviction freed
+ * a moment before: without the note each waited 200 us.
  */
 static uint64_t rest_from(struct hkv_client *c, uint64_t off, uint64_t meta, uint64_t t_done)
 {
 	struct hkv_freed *f = &c->freed[off / HKV_BLOCK_ALIGN % HKV_FREED_SLOTS];
+	uint64_t full = t_done + HKV_QUARANTINE_NS;
 
-	if (f->off == off && f->gen == hkv_meta_gen(meta) &&
-	    hkv_meta_state(meta) == HKV_BLK_OBSOLETE) {
-		uint64_t ready = f->ns + HKV_QUARANTINE_NS;
-
-		f->off = 0;
-		if (ready < t_done + HKV_QUARANTINE_NS)
-			return ready;
-	}
-	return t_done + HKV_QUARANTINE_NS;
+	if (f->off != off || f->gen != hkv_meta_gen(meta) ||
+	    hkv_meta_state(meta) != HKV_BLK_OBSOLETE || hkv_meta_retired_by(meta) != c->client_id ||
+	    t_done - f->ns > 1000000000ull)
+		return full;
+	f->off = 0;
+	return f->ns + HKV_QUARANTINE_NS < full ? f->ns + HKV_QUARANTINE_NS : full;
 }
 
 /*

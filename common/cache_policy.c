@@ -11,6 +11,7 @@
 
 #define CPOL_WINDOW_DIV 16 /* the ghost's window: items / 16 nominations */
 #define SEQ_MASK        ((1u << 30) - 1)
+#define WINDOW_MAX      (1u << 19) /* a table of at most 2^20 entries, 8 MiB */
 
 void hkv_cpol_init(struct hkv_cpol *p, uint64_t mem_bytes)
 {
@@ -35,8 +36,8 @@ static void ghost_size(struct hkv_cpol *p)
 
 	if (w < 32)
 		w = 32;
-	if (w > SEQ_MASK / 2)
-		w = SEQ_MASK / 2;
+	if (w > WINDOW_MAX)
+		w = WINDOW_MAX;
 	p->window = (uint32_t)w;
 	while (n < 2 * w)
 		n <<= 1;
@@ -112,6 +113,8 @@ static int lowest(const int64_t *s, int n, int k, int *idx)
 {
 	int m = 0;
 
+	if (k <= 0)
+		return 0;
 	for (int i = 0; i < n; i++) {
 		int j;
 

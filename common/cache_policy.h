@@ -20,7 +20,8 @@
  * "Again" means soon: within the next items/16 nominations, items being
  * what the cache holds (estimated from the memory and the sizes evicted);
  * a longer window counts the re-use every kept item sees eventually and
- * cannot tell the experts apart (bench/sim.c measured 1/4 .. 1/64).
+ * cannot tell the experts apart (bench/sim.c measured 1/4 .. 1/64). The
+ * table is two entries per nomination in the window, at most 2^20 (8 MiB).
  *
  * The same code runs in the client (client/evict.c) and in the simulator
  * (bench/sim.c, policy "hkv"), so what the simulator says is this policy's.

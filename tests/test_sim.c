@@ -436,6 +436,8 @@ static void test_cpol_choose(void)
 	CHECK(got == 4 && nv == 4 && out[0] == 1 && out[3] == 0 && m[3] == 3);
 	got = hkv_cpol_choose(sc, 0, 2, HKV_EXPERT_LRU, out, m, &nv);
 	CHECK(got == 0 && nv == 0);
+	got = hkv_cpol_choose(sc, 4, 0, HKV_EXPERT_LFU, out, m, &nv); /* nothing wanted */
+	CHECK(got == 0 && nv == 0);
 	/* the count saturates; the other 24 bits stay */
 	CHECK(hkv_freq_touched(0) == 1 && hkv_freq_touched(0x1ff) == 0x1ff &&
 	      hkv_freq_touched(0x100) == 0x101);
