@@ -467,12 +467,15 @@ static void mget_found(struct hkv_client *c, struct hkv_mget_item *m, const stru
 		       const uint8_t *blk)
 {
 	const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)blk;
+	int gone = hkv_item_expired(c, it) || hkv_block_tomb(h);
 	struct key k;
-	int keyed = !hkv_key_init(c, &k, m->key, m->klen);
+	/* (the key's hash only when something needs it: no hash per found
+	 * item in a store) */
+	int keyed = (gone || c->pol) && !hkv_key_init(c, &k, m->key, m->klen);
 
 	if (keyed)
 		hkv_pol_access(c, k.h);
-	if (hkv_item_expired(c, it) || hkv_block_tomb(h)) {
+	if (gone) {
 		if (keyed)
 			hkv_cache_drop(c->cache, k.h);
 		m->status = HKV_ENOTFOUND;

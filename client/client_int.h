@@ -109,9 +109,9 @@ void hkv_cache_drop(struct hkv_cache *lc, uint64_t hash);
 /* ---- allocator (alloc.c) ------------------------------------------------------ */
 
 
-/* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
-#define HKV_FREED_SLOTS 1024 /* power of two */
+#define HKV_FREED_SLOTS 1024 /* struct hkv_client's freed[]: a power of two */
 
+/* A free block this handle claimed (its bit cleared by our CAS, stamped HELD). */
 struct hkv_held {
 	uint64_t off;
 	uint32_t gen;      /* generation in its meta when claimed: we write gen + 1 */

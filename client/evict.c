@@ -23,7 +23,7 @@
 #define EVICT_READ     320 /* header + the longest key, 64 B aligned */
 #define ATIME_FRESH_NS (10ull * 1000000ull) /* a GET's atime CAS only this soon after its READ */
 
-/* ---- cache mode: recency, frequency and eviction ------------------------------------------ */
+/* ---- cache mode: recency, frequency and eviction ------------------------------- */
 
 /* The handle's policy state, made on first use (NULL: no memory; the
  * choice is then recency's). */
@@ -46,10 +46,11 @@ void hkv_pol_share(struct hkv_client *c, struct hkv_client *from)
 	c->pol_owner = from;
 }
 
-/* A GET of key hash h in cache mode, hit or miss: the policy learns. */
+/* A GET of key hash h, hit or miss: the policy learns (a handle has one
+ * only in cache mode, once it evicted or shares a lane's). */
 void hkv_pol_access(struct hkv_client *c, uint64_t h)
 {
-	if (hkv_cache_mode(c) && c->pol)
+	if (c->pol)
 		hkv_cpol_accessed(c->pol, h);
 }
 
@@ -270,10 +271,7 @@ int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct
 	struct hkv_wr wrs[CANON_SLOTS];
 	int pos[CANON_SLOTS], n = 0, best = -1;
 	int64_t best_score = INT64_MAX;
-	struct hkv_cpol *pol = c->pol;
-	int expert = pol && pol->regret[HKV_EXPERT_LFU] < pol->regret[HKV_EXPERT_LRU]
-			     ? HKV_EXPERT_LFU
-			     : HKV_EXPERT_LRU;
+	int expert = c->pol ? hkv_cpol_favoured(c->pol) : HKV_EXPERT_LRU;
 
 	for (int p = 0; p < CANON_SLOTS; p++) {
 		/* never an entry that may be this key's own (an ADD must not evict

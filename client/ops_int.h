@@ -242,9 +242,8 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 
 /* ---- cache mode: recency and eviction (evict.c) ------------------------------- */
 
-/* Record an access in the block's atime (one unsignaled CAS, no round trip). */
+/* Record an access in the block's atime and count (one unsignaled CAS, no round trip). */
 void hkv_touch_atime(struct hkv_client *c, const struct item *it);
-
 /* Evict some of our own items of class cls. How many, or <0. */
 int hkv_evict(struct hkv_client *c, uint32_t cls);
 /* Move one of our segments of another class to cls. 0, HKV_EFULL or <0. */

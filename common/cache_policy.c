@@ -50,10 +50,15 @@ static void ghost_size(struct hkv_cpol *p)
 	p->ghost_mask = n - 1;
 }
 
+int hkv_cpol_favoured(const struct hkv_cpol *p)
+{
+	return p->regret[HKV_EXPERT_LFU] < p->regret[HKV_EXPERT_LRU] ? HKV_EXPERT_LFU
+								    : HKV_EXPERT_LRU;
+}
+
 int hkv_cpol_pick(struct hkv_cpol *p)
 {
-	int e = p->regret[HKV_EXPERT_LFU] < p->regret[HKV_EXPERT_LRU] ? HKV_EXPERT_LFU
-								     : HKV_EXPERT_LRU;
+	int e = hkv_cpol_favoured(p);
 
 	p->rounds[e]++;
 	return e;

@@ -83,7 +83,9 @@ struct hkv_cpol {
 /* For a cache of mem_bytes. No memory is taken until the first eviction. */
 void hkv_cpol_init(struct hkv_cpol *p, uint64_t mem_bytes);
 void hkv_cpol_fini(struct hkv_cpol *p);
-/* The expert this round follows. */
+/* The expert with fewer recent regrets (recency on a tie). */
+int hkv_cpol_favoured(const struct hkv_cpol *p);
+/* The expert this round follows: the favoured one, counted. */
 int hkv_cpol_pick(struct hkv_cpol *p);
 /* A key (hash h) nominated; mask: bit e set if expert e nominated it;
  * evicted_bytes: its block's size if it was evicted, else 0. */
