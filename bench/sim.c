@@ -1,5 +1,6 @@
 /* sim.c - see sim.h. */
 #include "bench/sim.h"
+#include "bench/ycsb.h"
 #include "common/cache_policy.h"
 
 #include <errno.h>
@@ -47,7 +48,7 @@ struct hkv_sim {
 	uint32_t nb, b_free, b_head; /* pool size, free list, lowest count */
 	uint32_t *res, nres;         /* hkv: the cached keys, to sample */
 	uint32_t clock;              /* hkv: requests so far, as the region's ms */
-	uint64_t rng;
+	struct ycsb_rng rng;         /* hkv: its samples */
 	struct hkv_cpol pol;
 };
 
@@ -264,21 +265,10 @@ static void s3_evict_main(struct hkv_sim *s)
 
 /* ---- hkv: cache mode's own policy (common/cache_policy.h), sampled ---- */
 
+/* A key's hash as the policy sees it (a client's is the key's SipHash). */
 static uint64_t key_hash(uint32_t k)
 {
-	uint64_t z = (uint64_t)k + 0x9E3779B97F4A7C15ull; /* splitmix64 */
-
-	z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9ull;
-	z = (z ^ z >> 27) * 0x94D049BB133111EBull;
-	return z ^ z >> 31;
-}
-
-static uint32_t sim_rand(struct hkv_sim *s, uint32_t n)
-{
-	s->rng ^= s->rng << 13;
-	s->rng ^= s->rng >> 7;
-	s->rng ^= s->rng << 17;
-	return (uint32_t)(s->rng % n);
+	return hkv_hash64(&k, sizeof(k));
 }
 
 static void res_add(struct hkv_sim *s, uint32_t k)
@@ -306,7 +296,7 @@ static void hkv_evict_round(struct hkv_sim *s)
 	unsigned masks[HKV_NEXPERTS * HKV_BATCH];
 
 	for (int i = 0; i < HKV_SAMPLES; i++) {
-		uint32_t k = s->res[sim_rand(s, s->nres)];
+		uint32_t k = s->res[ycsb_rand(&s->rng) % s->nres];
 		int dup = 0;
 
 		for (int j = 0; j < n && !dup; j++)
@@ -576,7 +566,7 @@ struct hkv_sim *hkv_sim_create(const struct hkv_sim_config *cfg)
 	list_init(&s->ghost);
 	s->small_cap = cfg->cap_bytes * S3_SMALL_PERCENT / 100;
 	s->b_free = s->b_head = NIL;
-	s->rng = 0x9E3779B97F4A7C15ull;
+	ycsb_rng_seed(&s->rng, 42);
 	hkv_cpol_init(&s->pol, cfg->cap_bytes);
 	if (cfg->policy == HKV_SIM_HKV &&
 	    !(s->res = malloc((size_t)cfg->nkeys * sizeof(*s->res)))) {
