@@ -9,6 +9,9 @@
  *   hatchkv-bench --server URI0,URI1[,URI2] --token-file F ...  (hatchkv-rN:
  *                 replicated over those servers, sharing the token file F)
  *   hatchkv-bench --system memcached --memcached HOST:PORT -w B ...
+ *   hatchkv-bench --compare --cache --memory MB --family scan|--trace FILE
+ *                 replay a request trace (workload T) against a cache-mode
+ *                 hatchkv-server and memcached -m MB: throughput and hit ratio
  *
  * A run = load phase (records inserted, split over threads) then run phase
  * per workload: operations chosen by the workload's mix and key chooser,
@@ -33,6 +36,7 @@
 
 #include "bench/drivers.h"
 #include "bench/hist.h"
+#include "bench/trace.h"
 #include "bench/ycsb.h"
 #include "common/cli.h"
 #include "common/etcd.h"
@@ -66,6 +70,12 @@ struct opts {
 	int gate_ready, gate_go;   /* child mode: the start gate's pipe ends (-1: none) */
 	pid_t server_pid;
 	struct hkv_etcd_sec etcd;  /* --etcd-*: a cluster's etcd */
+	/* workload T: a trace replayed (--trace FILE or --family NAME) */
+	const char *trace_file;
+	int family;                 /* enum hkv_trace_family_kind, -1: none */
+	struct hkv_trace_family f;  /* its parameters (seed, values, family options) */
+	int cache;                  /* --compare: hatchkv-server --cache */
+	uint64_t memory_mb;         /* --compare: both servers' memory (0: sized to the records) */
 };
 
 struct result {
@@ -80,6 +90,9 @@ struct result {
 	struct drv_counters cnt[YOP_N];
 	struct hkv_client_stats stats; /* hatchkv: the library's counters, summed */
 	int has_stats;
+	/* workload T: deletes (done, of absent keys) and requests not replayed
+	 * (a key or value the systems refuse) */
+	uint64_t deletes, deletes_nf, skipped;
 };
 
 struct run;
@@ -98,6 +111,7 @@ struct worker {
 	struct hkv_pipe *pipe; /* --depth: opened before the clock starts */
 	uint64_t end_ns;       /* when this worker's last operation ended */
 	int failed;
+	uint64_t deletes, deletes_nf, skipped; /* workload T */
 };
 
 struct run {
@@ -120,6 +134,13 @@ struct run {
 };
 
 static volatile sig_atomic_t stop_requested;
+/* Workload T: the trace every worker replays its share of, and its
+ * largest value replayed (larger ones are skipped). */
+static const struct ycsb_workload trace_workload = {.name = 'T'};
+static struct hkv_trace trace;
+static uint32_t trace_vmax;
+#define TRACE_VALUE_MAX (1u << 20) /* memcached's default item size limit */
+#define TRACE_KEY_MAX   250        /* memcached's key limit, and hatchkv's */
 static struct hkv_config *hkv_cfg; /* the hatchkv run's shared config */
 /* --compare --replicas: hatchkv-rN's servers, whose CPU use is summed */
 static pid_t repl_pids[3];
@@ -134,6 +155,12 @@ static int is_hkv(const char *system)
 static int is_repl(const char *system)
 {
 	return !strncmp(system, "hatchkv-r", 9);
+}
+
+/* A workload by letter: A-F, or T (the trace). */
+static const struct ycsb_workload *workload_of(char name)
+{
+	return name == 'T' ? &trace_workload : ycsb_workload(name);
 }
 
 /* The server URI(s) a hatchkv system runs on: hatchkv-rN's list in
@@ -252,6 +279,95 @@ static void *worker_done(struct worker *w)
 	w->end_ns = now_ns();
 	atomic_fetch_add(&w->run->finished, 1);
 	return NULL;
+}
+
+/*
+ * Workload T: one request of the trace. A get is look-aside, as a service
+ * in front of a database does: on a miss the value (the trace's size) is
+ * set. Gets time as reads (a hit is OK, a miss NOT_FOUND), sets and fills
+ * as updates, add's store as an insert, replace/cas/append/incr-like
+ * requests (only if present) as read-modify-writes.
+ */
+static void trace_op(struct worker *w, const struct hkv_trace_req *q)
+{
+	const struct driver_ops *d = w->drv->ops;
+	char key[TRACE_KEY_MAX + 1];
+	size_t klen = hkv_trace_key(&trace, q->key, key, sizeof(key) - 1), vlen;
+	struct drv_counters c0, c1;
+	enum ycsb_op op = YOP_READ;
+	uint64_t t0;
+	int ret;
+
+	for (size_t i = 0; i < klen; i++)
+		if ((unsigned char)key[i] <= ' ' || key[i] == 0x7f)
+			klen = 0; /* (the text protocol cannot carry it) */
+	if (!klen || q->value_size > trace_vmax) {
+		w->skipped++;
+		return;
+	}
+	d->counters(w->drv, &c0);
+	t0 = now_ns();
+	switch (q->op) {
+	case HKV_TRACE_GET:
+		ret = d->read(w->drv, key, klen, w->buf, trace_vmax + 64, &vlen);
+		hist_add(&w->h[YOP_READ], now_ns() - t0);
+		d->counters(w->drv, &c1);
+		drv_counters_add(&w->cnt[YOP_READ], &c1, &c0);
+		account(w, YOP_READ, ret);
+		if (ret != HKV_ENOTFOUND)
+			return;
+		d->counters(w->drv, &c0); /* the fill */
+		t0 = now_ns();
+		ret = d->write(w->drv, key, klen, w->val, q->value_size);
+		op = YOP_UPDATE;
+		break;
+	case HKV_TRACE_SET:
+		ret = d->write(w->drv, key, klen, w->val, q->value_size);
+		op = YOP_UPDATE;
+		break;
+	case HKV_TRACE_ADD: /* store if absent */
+		ret = d->read(w->drv, key, klen, w->buf, trace_vmax + 64, &vlen);
+		if (ret == HKV_ENOTFOUND)
+			ret = d->write(w->drv, key, klen, w->val, q->value_size);
+		else if (!ret)
+			ret = HKV_ENOTFOUND; /* (not stored: it was there) */
+		op = YOP_INSERT;
+		break;
+	case HKV_TRACE_UPDATE: /* only if present */
+		ret = d->read(w->drv, key, klen, w->buf, trace_vmax + 64, &vlen);
+		if (!ret)
+			ret = d->write(w->drv, key, klen, w->val, q->value_size);
+		op = YOP_RMW;
+		break;
+	default: /* HKV_TRACE_DELETE */
+		ret = d->del(w->drv, key, klen);
+		w->deletes++;
+		if (ret == HKV_ENOTFOUND)
+			w->deletes_nf++;
+		else if (ret && w->err[YOP_UPDATE]++ == 0)
+			fprintf(stderr, "hatchkv-bench: delete failed: %s\n", hkv_strerror(ret));
+		return;
+	}
+	hist_add(&w->h[op], now_ns() - t0);
+	d->counters(w->drv, &c1);
+	drv_counters_add(&w->cnt[op], &c1, &c0);
+	account(w, op, ret);
+}
+
+/* Workload T: this worker's share of the trace, in trace order - request i
+ * goes to worker i mod (threads x processes) - until it ends (or --duration). */
+static void trace_run(struct worker *w, uint64_t end)
+{
+	const struct opts *o = w->run->o;
+	uint64_t stride = (uint64_t)o->threads * (uint64_t)o->processes;
+
+	for (uint64_t i = (uint64_t)o->pidx * (uint64_t)o->threads + (uint64_t)w->id;
+	     i < trace.n && !stop_requested; i += stride) {
+		if (end && now_ns() >= end)
+			break;
+		trace_op(w, &trace.req[i]);
+		atomic_fetch_add(&w->run->done, 1);
+	}
 }
 
 static void *load_main(void *arg)
@@ -415,10 +531,14 @@ static void *run_main(void *arg)
 	double per_thread_rate = o->target > 0 ? o->target / o->threads / o->processes : 0;
 	uint64_t start, end;
 
-	for (uint64_t i = 0; i < o->warmup; i++)
+	for (uint64_t i = 0; w->run->w != &trace_workload && i < o->warmup; i++)
 		one_op(w, 0);
 	start = start_together(w->run);
 	end = o->duration > 0 ? start + (uint64_t)(o->duration * 1e9) : 0;
+	if (w->run->w == &trace_workload) {
+		trace_run(w, end);
+		return worker_done(w);
+	}
 	if (w->pipe) {
 		depth_run(w, start, end);
 		return worker_done(w);
@@ -559,12 +679,14 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 	r.o = o;
 	r.w = w;
 	r.system = system;
-	r.vlen = o->fieldcount * o->fieldlength;
+	r.vlen = w == &trace_workload ? trace_vmax : o->fieldcount * o->fieldlength;
 	/* processes insert into disjoint key ranges */
 	r.insert_base = o->records + (uint64_t)o->pidx * (o->operations + 1);
 	atomic_store(&r.next_insert, r.insert_base);
 	r.ops_per_thread = o->operations / (uint64_t)o->processes / (uint64_t)o->threads;
 	total = w ? (o->duration > 0 ? 0 : r.ops_per_thread * (uint64_t)o->threads) : o->records;
+	if (w == &trace_workload)
+		total = o->duration > 0 ? 0 : trace.n / (uint64_t)o->processes;
 	for (int i = 0; i < o->threads; i++) {
 		struct worker *wk = &r.wk[i];
 
@@ -584,7 +706,8 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		if (!wk->drv)
 			return -1;
 		wk->pipe = NULL;
-		if (w && o->depth > 1 && is_hkv(system)) { /* (others: one at a time) */
+		if (w && w != &trace_workload && o->depth > 1 && is_hkv(system)) {
+			/* (others, and traces: one at a time) */
 			int ret = hkv_pipe_open(hkv_cfg, o->depth, &wk->pipe);
 
 			if (ret) {
@@ -647,6 +770,11 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 		struct worker *wk = &r.wk[i];
 
 		failed |= wk->failed;
+		if (res) {
+			res->deletes += wk->deletes;
+			res->deletes_nf += wk->deletes_nf;
+			res->skipped += wk->skipped;
+		}
 		for (int k = 0; res && k < YOP_N; k++) {
 			hist_merge(&res->h[k], &wk->h[k]);
 			res->ok[k] += wk->ok[k];
@@ -669,6 +797,14 @@ static int phase(const struct opts *o, const char *system, const struct ycsb_wor
 static double us(uint64_t ns)
 {
 	return (double)ns / 1e3;
+}
+
+/* Workload T: hits among the gets, in percent. */
+static double hit_ratio(const struct result *r)
+{
+	uint64_t gets = r->ok[YOP_READ] + r->notfound[YOP_READ];
+
+	return gets ? 100.0 * (double)r->ok[YOP_READ] / (double)gets : 0;
 }
 
 static void report_text(const struct result *r)
@@ -709,6 +845,15 @@ static void report_text(const struct result *r)
 		if (r->err[k])
 			printf("[%s], Return=ERROR, %llu\n", n, (unsigned long long)r->err[k]);
 	}
+	if (r->workload != 'T')
+		return;
+	if (r->deletes)
+		printf("[DELETE], Operations, %llu\n[DELETE], Return=NOT_FOUND, %llu\n",
+		       (unsigned long long)r->deletes, (unsigned long long)r->deletes_nf);
+	printf("[TRACE], Gets, %llu\n", (unsigned long long)(r->ok[YOP_READ] + r->notfound[YOP_READ]));
+	printf("[TRACE], HitRatio(%%), %.2f\n", hit_ratio(r));
+	if (r->skipped)
+		printf("[TRACE], Skipped, %llu\n", (unsigned long long)r->skipped);
 }
 
 static void json_op(FILE *f, const struct result *r, int k, int *first)
@@ -820,7 +965,14 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 			r->throughput, r->server_cpu);
 		for (int k = 0; k < YOP_N; k++)
 			json_op(f, r, k, &first);
-		fprintf(f, "}}");
+		fprintf(f, "}");
+		if (r->workload == 'T')
+			fprintf(f, ",\n    \"trace\": {\"gets\": %llu, \"hit_ratio_percent\": %.2f, "
+				   "\"deletes\": %llu, \"skipped\": %llu}",
+				(unsigned long long)(r->ok[YOP_READ] + r->notfound[YOP_READ]),
+				hit_ratio(r), (unsigned long long)r->deletes,
+				(unsigned long long)r->skipped);
+		fprintf(f, "}");
 	}
 	fprintf(f, "\n]\n");
 	return fclose(f) ? -1 : 0;
@@ -934,6 +1086,9 @@ static int merge_child(pid_t pid, const char *file, struct result *r)
 	if (cr.end_ns > r->end_ns)
 		r->end_ns = cr.end_ns;
 	r->ops += cr.ops;
+	r->deletes += cr.deletes;
+	r->deletes_nf += cr.deletes_nf;
+	r->skipped += cr.skipped;
 	set_rate(r);
 	return 0;
 }
@@ -995,7 +1150,7 @@ static int child_main(const struct opts *o)
 	if (is_hkv(o->system) &&
 	    !(hkv_cfg = driver_hatchkv_config(o->uri, o->token_file, o->records * 2, &o->etcd)))
 		return 1;
-	ret = phase(o, o->system, ycsb_workload(o->workloads[0]), &r, 0);
+	ret = phase(o, o->system, workload_of(o->workloads[0]), &r, 0);
 	hkv_config_free(hkv_cfg);
 	f = fopen(o->child_result, "wb");
 	if (ret || !f || fwrite(&r, sizeof(r), 1, f) != 1) {
@@ -1016,18 +1171,25 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 	    !(hkv_cfg = driver_hatchkv_config(system_uris(o, system), o->token_file, o->records * 2,
 							&o->etcd)))
 		return -1;
-	printf("== %s: loading %llu records of %zu bytes with %d threads; runs with %d "
-	       "process(es) x %d threads\n", system, (unsigned long long)o->records,
-	       o->fieldcount * o->fieldlength, o->threads, o->processes, o->threads);
+	if (o->trace_file || o->family >= 0) { /* (it starts from an empty cache) */
+		printf("== %s: a trace replayed by %d process(es) x %d threads (no load phase)\n",
+		       system, o->processes, o->threads);
+	} else {
+		printf("== %s: loading %llu records of %zu bytes with %d threads; runs with %d "
+		       "process(es) x %d threads\n", system, (unsigned long long)o->records,
+		       o->fieldcount * o->fieldlength, o->threads, o->processes, o->threads);
+		fflush(stdout);
+		if (o->no_load)
+			printf("   (not loaded: --no-load)\n");
+		else if (phase(o, system, NULL, &load, server_pid))
+			goto out;
+		else
+			printf("   loaded in %.0f ms (%.0f inserts/s)\n", load.runtime_ms,
+			       load.throughput);
+	}
 	fflush(stdout);
-	if (o->no_load)
-		printf("   (not loaded: --no-load)\n");
-	else if (phase(o, system, NULL, &load, server_pid))
-		goto out;
-	else
-		printf("   loaded in %.0f ms (%.0f inserts/s)\n", load.runtime_ms, load.throughput);
 	for (const char *p = o->workloads; *p; p++) {
-		const struct ycsb_workload *w = ycsb_workload(*p);
+		const struct ycsb_workload *w = workload_of(*p);
 		struct result *r = &out[(*nout)++];
 
 		if (run_phase(o, system, w, r, server_pid))
@@ -1060,18 +1222,19 @@ static pid_t wait_text_protocol(pid_t pid, const char *port)
 	return -1;
 }
 
-static pid_t start_memcached(const char *port, int threads)
+static pid_t start_memcached(const char *port, int threads, uint64_t mb)
 {
-	char t[8];
+	char t[8], m[24];
 	pid_t pid;
 
 	snprintf(t, sizeof(t), "%d", threads);
+	snprintf(m, sizeof(m), "%llu", (unsigned long long)(mb ? mb : 2048));
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the bench */
-		execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-m",
-		       "2048", "-t", t, "-u", "root", (char *)NULL);
+		execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-m", m,
+		       "-t", t, "-u", "root", (char *)NULL);
 		_exit(127);
 	}
 	return wait_text_protocol(pid, port);
@@ -1135,6 +1298,10 @@ static void compare_table(const struct result *rs, int n, const char *workloads,
 		else
 			printf("%10s", "");
 		printf(" %8.2f\n", h->server_cpu);
+		if (*p == 'T')
+			printf("%-8s hit ratio %.2f %% (memcached %.2f %%), %llu gets each\n", "",
+			       hit_ratio(h), hit_ratio(m),
+			       (unsigned long long)(h->ok[YOP_READ] + h->notfound[YOP_READ]));
 	}
 }
 
@@ -1238,12 +1405,16 @@ static int compare(struct opts *o)
 	pid_t mc;
 	int n = 0, ret;
 	char mem[32];
+	const char *cache_args[] = {"--cache", NULL}, *const *extra = o->cache ? cache_args : NULL;
+	int trace_run = o->trace_file || o->family >= 0;
 
 	snprintf(mem, sizeof(mem), "%lluM",
-		 (unsigned long long)(o->records * (o->fieldcount * o->fieldlength + 200) * 3 / 1000000 + 64));
-	printf("== starting hatchkv-server (%s, %s) and memcached (loopback TCP)\n",
-	       o->verbs ? "verbs" : "shm", mem);
-	if (hkvserver_start(&srv, o->verbs, mem, "1M", NULL)) {
+		 (unsigned long long)(o->memory_mb ? o->memory_mb
+			: o->records * (o->fieldcount * o->fieldlength + 200) * 3 / 1000000 + 64));
+	printf("== starting hatchkv-server (%s, %s%s) and memcached (loopback TCP, -m %s)\n",
+	       o->verbs ? "verbs" : "shm", mem, o->cache ? ", cache mode" : "",
+	       o->memory_mb ? mem : "2048M");
+	if (hkvserver_start(&srv, o->verbs, mem, "1M", extra)) {
 		fprintf(stderr, "hatchkv-bench: cannot start hatchkv-server\n");
 		return 1;
 	}
@@ -1258,7 +1429,7 @@ static int compare(struct opts *o)
 		}
 		o->repl_uris = repl_uris;
 	}
-	mc = start_memcached(port, o->threads);
+	mc = start_memcached(port, o->threads, o->memory_mb);
 	if (mc < 0) {
 		fprintf(stderr, "hatchkv-bench: cannot start memcached (apt-get install memcached)\n");
 		for (int i = 0; i < nrepl_pids; i++)
@@ -1282,6 +1453,13 @@ static int compare(struct opts *o)
 		pid_t hm;
 
 		snprintf(port, sizeof(port), "%d", 21001 + (int)(getpid() % 20000));
+		/* a trace starts from an empty cache: a fresh server, not the one
+		 * hatchkv's run filled */
+		if (trace_run && hkvserver_restart(&srv, mem, "1M", extra)) {
+			fprintf(stderr, "hatchkv-bench: cannot restart hatchkv-server\n");
+			ret = -1;
+			goto stop;
+		}
 		hm = start_hkv_memcached(port, o->threads, srv.uri, srv.token_file);
 		if (hm < 0) {
 			fprintf(stderr, "hatchkv-bench: cannot start hatchkv-memcached\n");
@@ -1294,6 +1472,7 @@ static int compare(struct opts *o)
 			waitpid(hm, NULL, 0);
 		}
 	}
+stop:
 	kill(mc, SIGTERM);
 	waitpid(mc, NULL, 0);
 	for (int i = 0; i < nrepl_pids; i++)
@@ -1353,6 +1532,19 @@ static void usage(FILE *f)
 		"  --json FILE            write results as JSON\n"
 		"  --metrics-file FILE    write the runs' throughput and hatchkv's library\n"
 		"                         counters as Prometheus text (docs/metrics.md)\n"
+		"workload T, a request trace replayed (instead of A-F; no load phase):\n"
+		"  --trace FILE           CSV timestamp,key,key_size,value_size,client_id,op,ttl\n"
+		"                         (the public Twitter cache traces' layout)\n"
+		"  --family zipf|scan|shift|loop  a synthetic family over --records keys,\n"
+		"                         --operations requests (hatchkv-hitratio's, request\n"
+		"                         for request): --seed S (42) --value B (1000)\n"
+		"                         --value-max B (sizes log-uniform) --loop-keys N\n"
+		"                         (default 1.1x the items --memory holds, else keys/10)\n"
+		"  a get is look-aside (a miss sets the value); request i goes to worker\n"
+		"  i mod (threads x processes); the report adds the hit ratio\n"
+		"  --cache                with --compare: hatchkv-server in cache mode\n"
+		"  --memory MB            with --compare: hatchkv-server --memory MB and\n"
+		"                         memcached -m MB (default: sized to the records)\n"
 		HKV_CONFIG_USAGE
 		"a cluster's etcd (the client role's user over TLS, or --etcd-insecure):\n"
 		HKV_ETCD_USAGE);
@@ -1382,7 +1574,15 @@ static int parse(int argc, char **argv, struct opts *o)
 		{"child-gate", required_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 258},
-		{"metrics-file", required_argument, NULL, 'M'}, HKV_ETCD_LONGOPTS,
+		{"metrics-file", required_argument, NULL, 'M'},
+		{"trace", required_argument, NULL, 259},
+		{"family", required_argument, NULL, 260},
+		{"seed", required_argument, NULL, 261},
+		{"value", required_argument, NULL, 262},
+		{"value-max", required_argument, NULL, 263},
+		{"loop-keys", required_argument, NULL, 264},
+		{"cache", no_argument, NULL, 265},
+		{"memory", required_argument, NULL, 266}, HKV_ETCD_LONGOPTS,
 		{NULL, 0, NULL, 0}};
 	int c;
 
@@ -1423,6 +1623,20 @@ static int parse(int argc, char **argv, struct opts *o)
 			if (sscanf(optarg, "%d,%d", &o->gate_ready, &o->gate_go) != 2)
 				return -1;
 			break;
+		case 259: o->trace_file = optarg; break;
+		case 260:
+			if ((o->family = hkv_trace_family_parse(optarg)) < 0) {
+				fprintf(stderr, "hatchkv-bench: unknown family '%s' (zipf, scan, "
+						"shift or loop)\n", optarg);
+				return -1;
+			}
+			break;
+		case 261: o->f.seed = strtoull(optarg, NULL, 10); break;
+		case 262: o->f.value = (uint32_t)strtoul(optarg, NULL, 10); break;
+		case 263: o->f.value_max = (uint32_t)strtoul(optarg, NULL, 10); break;
+		case 264: o->f.loop_keys = strtoull(optarg, NULL, 10); break;
+		case 265: o->cache = 1; break;
+		case 266: o->memory_mb = strtoull(optarg, NULL, 10); break;
 		case 'h': usage(stdout); exit(0);
 		default:
 			if (hkv_etcd_sec_opt(&o->etcd, c, optarg) > 0)
@@ -1435,7 +1649,27 @@ static int parse(int argc, char **argv, struct opts *o)
 		o->records = 20000;
 		o->operations = 40000;
 	}
+	if (o->trace_file && o->family >= 0) {
+		fprintf(stderr, "hatchkv-bench: --trace or --family, not both\n");
+		return -1;
+	}
+	if (o->f.value > TRACE_VALUE_MAX || (o->f.value_max && o->f.value_max < o->f.value) ||
+	    o->f.value_max > TRACE_VALUE_MAX) {
+		fprintf(stderr, "hatchkv-bench: --value/--value-max: 1..%u bytes, max >= min\n",
+			TRACE_VALUE_MAX);
+		return -1;
+	}
+	if (o->trace_file || o->family >= 0) {
+		if (o->batch > 1 || o->depth > 1 || o->replicas) {
+			fprintf(stderr, "hatchkv-bench: a trace replays one request at a time "
+					"(no --batch, --depth or --replicas)\n");
+			return -1;
+		}
+		o->workloads = "T";
+	}
 	for (const char *p = o->workloads; *p; p++) {
+		if (*p == 'T' && (o->trace_file || o->family >= 0))
+			continue;
 		if (*p == 'E' || *p == 'e') {
 			fprintf(stderr, "hatchkv-bench: workload E needs range scans, which a hash "
 					"index cannot serve; run A, B, C, D or F\n");
@@ -1477,6 +1711,50 @@ static int parse(int argc, char **argv, struct opts *o)
 	return 0;
 }
 
+/* Workload T's trace into `trace` (every process of a run makes the same). */
+static int load_trace(struct opts *o)
+{
+	struct hkv_trace_family *f = &o->f;
+	char err[256];
+
+	if (o->trace_file) {
+		if (hkv_trace_load_csv(&trace, o->trace_file, err, sizeof(err)))
+			return fprintf(stderr, "hatchkv-bench: %s\n", err), -1;
+	} else {
+		f->kind = (enum hkv_trace_family_kind)o->family;
+		f->keys = o->records;
+		f->requests = o->operations;
+		hkv_trace_family_defaults(f);
+		if (f->kind == HKV_FAMILY_LOOP && !f->loop_keys) {
+			/* slightly more than fit: 1.1x the items the memory holds at
+			 * the mean item (key + value + a block header), or a tenth of
+			 * the keys without --memory */
+			double bytes = 0;
+
+			for (uint64_t k = 0; k < f->keys; k++)
+				bytes += 30.0 + 64.0 +
+					 (double)hkv_trace_value_size(k, f->value, f->value_max);
+			f->loop_keys = o->memory_mb ? (uint64_t)(1.1 * (double)(o->memory_mb << 20) /
+								 (bytes / (double)f->keys)) + 1
+						    : f->keys / 10 + 1;
+		}
+		if (hkv_trace_generate(&trace, f))
+			return fprintf(stderr, "hatchkv-bench: cannot generate the %s family: %s\n",
+				       hkv_trace_family_name(f->kind), strerror(errno)), -1;
+	}
+	if (!trace.n)
+		return fprintf(stderr, "hatchkv-bench: the trace has no requests\n"), -1;
+	trace_vmax = 1;
+	for (uint64_t i = 0; i < trace.n; i++)
+		if (trace.req[i].value_size > trace_vmax && trace.req[i].value_size <= TRACE_VALUE_MAX)
+			trace_vmax = trace.req[i].value_size;
+	if (!o->child_result)
+		printf("== trace: %s, %llu requests over %u keys, values up to %u B\n",
+		       o->trace_file ? o->trace_file : hkv_trace_family_name(f->kind),
+		       (unsigned long long)trace.n, trace.nkeys, trace_vmax);
+	return 0;
+}
+
 static void on_sigint(int sig)
 {
 	stop_requested = 1;
@@ -1487,7 +1765,8 @@ int main(int argc, char **argv)
 	static struct result rs[8];
 	struct opts o = {.workloads = "ABCFD", .records = 100000, .operations = 200000,
 			 .threads = 2, .fieldcount = 10, .fieldlength = 100, .system = "hatchkv",
-			 .warmup = 1000, .processes = 1, .gate_ready = -1, .gate_go = -1};
+			 .warmup = 1000, .processes = 1, .gate_ready = -1, .gate_go = -1,
+			 .family = -1, .f = {.seed = 42}};
 	int n = 0;
 
 	hkv_log_set_prog("hatchkv-bench");
@@ -1498,6 +1777,8 @@ int main(int argc, char **argv)
 	saved_argv = argv;
 	if (parse(argc, argv, &o))
 		return 2;
+	if ((o.trace_file || o.family >= 0) && load_trace(&o))
+		return 1;
 	if (o.child_result)
 		return child_main(&o);
 	if (o.compare)

@@ -33,6 +33,11 @@ static int hkvd_write(struct driver *d, const char *key, size_t klen, const uint
 	return hkv_set(((struct hkv_driver *)d)->c, key, klen, val, vlen, NULL);
 }
 
+static int hkvd_del(struct driver *d, const char *key, size_t klen)
+{
+	return hkv_delete(((struct hkv_driver *)d)->c, key, klen);
+}
+
 static int hkvd_mread(struct driver *d, const char *const *keys, const size_t *klens, int n,
 		      uint8_t *const *bufs, size_t cap, int *status)
 {
@@ -66,9 +71,9 @@ static void hkvd_close(struct driver *d)
 	free(d);
 }
 
-static const struct driver_ops hkv_driver_ops = {"hatchkv",     hkvd_read,  hkvd_write,
-						 hkvd_mread,    hkvd_counters, hkvd_stats,
-						 hkvd_close};
+static const struct driver_ops hkv_driver_ops = {"hatchkv",  hkvd_read,     hkvd_write,
+						 hkvd_del,   hkvd_mread,    hkvd_counters,
+						 hkvd_stats, hkvd_close};
 
 _Atomic unsigned driver_hatchkv_replicas_seen;
 
@@ -274,6 +279,19 @@ static int mcd_write(struct driver *d, const char *key, size_t klen, const uint8
 	return strcmp(line, "STORED") ? HKV_EPROTO : 0;
 }
 
+static int mcd_del(struct driver *d, const char *key, size_t klen)
+{
+	struct mc_driver *m = (struct mc_driver *)d;
+	char *line;
+	int n = snprintf(m->wbuf, m->wcap, "delete %.*s\r\n", (int)klen, key), ret;
+
+	if ((ret = mc_send(m, m->wbuf, (size_t)n)) || (ret = mc_line(m, &line)))
+		return ret;
+	if (!strcmp(line, "NOT_FOUND"))
+		return HKV_ENOTFOUND;
+	return strcmp(line, "DELETED") ? HKV_EPROTO : 0;
+}
+
 /* "get k1 k2 ...": hits come back in request order, misses are skipped. */
 static int mcd_mread(struct driver *d, const char *const *keys, const size_t *klens, int n,
 		     uint8_t *const *bufs, size_t cap, int *status)
@@ -329,8 +347,9 @@ static void mcd_close(struct driver *d)
 	free(m);
 }
 
-static const struct driver_ops mc_driver_ops = {"memcached", mcd_read,     mcd_write, mcd_mread,
-						mcd_counters, NULL,         mcd_close};
+static const struct driver_ops mc_driver_ops = {"memcached", mcd_read, mcd_write,
+						mcd_del,      mcd_mread, mcd_counters,
+						NULL,         mcd_close};
 
 struct driver *driver_open_memcached(const char *hostport)
 {

@@ -38,6 +38,8 @@ struct driver_ops {
 		    size_t *vlen);
 	int (*write)(struct driver *d, const char *key, size_t klen, const uint8_t *val,
 		     size_t vlen);
+	/* Remove a key: 0, or HKV_ENOTFOUND if it was not there. */
+	int (*del)(struct driver *d, const char *key, size_t klen);
 	/* Read n keys in one batch (status[i] per key); values land in bufs[i]. */
 	int (*mread)(struct driver *d, const char *const *keys, const size_t *klens, int n,
 		     uint8_t *const *bufs, size_t cap, int *status);
