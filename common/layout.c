@@ -43,6 +43,15 @@ static uint32_t build_classes(uint32_t *sizes, uint32_t max, uint32_t growth)
 	}
 }
 
+uint32_t hkv_seg_size_for(uint64_t total)
+{
+	uint32_t seg = HKV_SEG_SIZE_DEFAULT;
+
+	while (seg > (64u << 10) && total / seg < HKV_SEGS_MIN)
+		seg >>= 1;
+	return seg;
+}
+
 int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 		      uint64_t index_slots, uint32_t flags, uint32_t growth)
 {

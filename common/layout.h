@@ -140,6 +140,17 @@ _Static_assert(sizeof(struct hkv_geometry) <= HKV_CLOCK_OFF, "the clock word is 
 #define HKV_GROWTH_STORE 1125
 int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 		      uint64_t index_slots, uint32_t flags, uint32_t growth);
+/*
+ * The segment size a region of `total` bytes gets unless told: 1 MiB (the
+ * largest item), halved down to 64 KiB while the region would hold fewer
+ * than HKV_SEGS_MIN segments. Every size class in use needs a segment of
+ * its own, and a value range of 100 B - 8 KB uses about 20: a 16 MB cache
+ * of 1 MiB segments cannot give each one even one (hatchkv-hitratio, Zipf:
+ * 63 % against 83 % with 512 KiB; docs/design.md, "Segments").
+ */
+#define HKV_SEG_SIZE_DEFAULT (1u << 20)
+#define HKV_SEGS_MIN         32
+uint32_t hkv_seg_size_for(uint64_t total);
 /* Seal (compute sum) / check a geometry read from a region. 0 or HKV_ECORRUPT/EPROTO. */
 void hkv_geometry_seal(struct hkv_geometry *g);
 int hkv_geometry_check(const struct hkv_geometry *g, uint64_t region_len);

@@ -63,7 +63,8 @@ static void usage(FILE *f)
 		"                             $XDG_RUNTIME_DIR/hatchkv.sock or\n"
 		"                             /tmp/hatchkv-UID/hatchkv.sock)\n"
 		"  -m, --memory SIZE          region size, e.g. 512M, 4G (default 1G)\n"
-		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 1M);\n"
+		"  -S, --segment-size SIZE    allocation segment, power of two >= 64K (default 1M,\n"
+		"                             halved below 32 MiB of memory to keep >= 32 segments);\n"
 		"                             the largest item is one segment\n"
 		"  -F, --growth-factor F      each size class F x the one below (default 1.25 with\n"
 		"                             --cache as memcached's -f, else 1.125; a store moves\n"
@@ -944,7 +945,7 @@ int main(int argc, char **argv)
 		.port = "7700",
 		.socket_path = NULL, /* hkv_default_socket() */
 		.token_file = "hatchkv.token",
-		.store = {.memory = 1ull << 30, .seg_size = 1u << 20, .max_clients = 1024},
+		.store = {.memory = 1ull << 30, .max_clients = 1024}, /* seg_size 0: by memory */
 	};
 	struct hkv_ctl_opts co;
 	struct server sv = {0};

@@ -107,12 +107,13 @@ static int structures_fit(const struct hkv_store *s, const struct hkv_geometry *
 static int store_format(struct hkv_store *s, const struct hkv_store_opts *o)
 {
 	struct hkv_geometry g;
-	int ret = hkv_geometry_init(&g, s->region.length, o->seg_size, o->index_slots,
+	uint32_t seg = o->seg_size ? o->seg_size : hkv_seg_size_for(s->region.length);
+	int ret = hkv_geometry_init(&g, s->region.length, seg, o->index_slots,
 				    o->cache_mode ? HKV_GEOM_F_CACHE : 0, o->growth);
 
 	if (ret) {
 		hkv_err("store: --memory %llu is too small for --segment-size %u (or a bad "
-			"--growth-factor)", (unsigned long long)o->memory, o->seg_size);
+			"--growth-factor)", (unsigned long long)o->memory, seg);
 		return ret;
 	}
 	if (getrandom(&g.boot_id, sizeof(g.boot_id), 0) != sizeof(g.boot_id) ||

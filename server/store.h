@@ -21,7 +21,7 @@
 
 struct hkv_store_opts {
 	uint64_t memory;     /* region bytes */
-	uint32_t seg_size;   /* segment bytes (power of two) */
+	uint32_t seg_size;   /* segment bytes (power of two); 0: hkv_seg_size_for(memory) */
 	uint64_t index_slots;/* 0: derived from memory */
 	int cache_mode;      /* evict instead of failing when full */
 	uint32_t growth;     /* size classes' growth factor x 1000; 0: the mode's default */

@@ -115,9 +115,36 @@ static void test_geometry(void)
 	CHECK(missed == 0);
 }
 
+/* The default segment size keeps >= 32 segments down to 64 KiB, and every
+ * size it picks lays out a region that holds at least one segment per
+ * class a value of 100 B - 8 KB may need. */
+static void test_seg_size_for(void)
+{
+	static const struct {
+		uint64_t total;
+		uint32_t seg;
+	} want[] = {{1ull << 30, 1u << 20}, {64ull << 20, 1u << 20}, {32ull << 20, 1u << 20},
+		    {16ull << 20, 512u << 10}, {8ull << 20, 256u << 10},
+		    {2ull << 20, 64u << 10},   {1ull << 20, 64u << 10}};
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct hkv_geometry g;
+		uint32_t seg = hkv_seg_size_for(want[i].total);
+
+		CHECK(seg == want[i].seg);
+		if (want[i].total < (4ull << 20))
+			continue;
+		CHECK_RC(hkv_geometry_init(&g, want[i].total, seg, 0, HKV_GEOM_F_CACHE,
+					   HKV_GROWTH_CACHE), 0);
+		CHECK(g.nsegs >= 24 && g.nsegs >= (uint32_t)(hkv_class_for(&g, 8192 + 64) -
+							     hkv_class_for(&g, 100 + 64)));
+	}
+}
+
 int main(void)
 {
 	RUN_TEST(test_block_sum);
 	RUN_TEST(test_geometry);
+	RUN_TEST(test_seg_size_for);
 	return hkv_test_finish();
 }
