@@ -450,6 +450,20 @@ static int store(struct ctx *x, struct hkv_client *h)
 	}
 }
 
+/*
+ * A set the server refused as too big (its item over the region's largest
+ * class: a small region's segment, under -I) drops the old value, as
+ * memcached's refusal of an item over -I does (process_too_large): a
+ * client that set a new value never reads the old one back.
+ */
+static void drop_refused(struct ctx *x, struct hkv_client *h)
+{
+	int rc = hkv_delete(h, x->r->key, x->r->klen);
+
+	if (rc && rc != HKV_ENOTFOUND)
+		hkv_debug("a refused set's old value stays: %s", hkv_strerror(rc));
+}
+
 static void process_store(struct ctx *x)
 {
 	struct hkv_client *h = handle(x);
@@ -462,6 +476,8 @@ static void process_store(struct ctx *x)
 	if (is_cas)
 		count(rc == 0 ? &x->w->ctr.cas_hits : rc == HKV_EVERSION ? &x->w->ctr.cas_badval
 			      : &x->w->ctr.cas_misses, 1);
+	if (rc == HKV_ETOOBIG && x->r->cmd == MC_CMD_SET)
+		drop_refused(x, h);
 	switch (rc) {
 	case 0: reply(x, "STORED"); break;
 	case HKV_EEXISTS: reply(x, "NOT_STORED"); break;
@@ -1023,6 +1039,8 @@ static void process_ms(struct ctx *x)
 	rc = checked(x, ms_store(x, h));
 	if (rc == 0) /* c: the version this write stored (a get could see a later one) */
 		info.version = hkv_last_version(h);
+	if (rc == HKV_ETOOBIG) /* (in every mode, as process_too_large) */
+		drop_refused(x, h);
 	switch (rc) {
 	case 0: meta_status(x, "HD", &info, has(r, 'q')); break;
 	case HKV_EEXISTS: meta_status(x, "NS", NULL, 0); break;

@@ -294,6 +294,33 @@ def item_boundary(d, ref):
     c.s.close()
 
 
+def refused_set_drops_old(mc_bin, srv_bin, ref):
+    """A set whose item the server cannot hold - larger than a small
+    region's segment (8 MB: 256 KiB), though under -I - is refused as
+    memcached refuses one over -I, and like memcached's it drops the old
+    value (no stale read after a failed set); ms too. memcached itself is
+    asked the same with a value over its -I 1m."""
+    cases = (("set", lambda k, n: b"set %s 0 0 %d\r\n" % (k, n)),
+             ("ms", lambda k, n: b"ms %s %d\r\n" % (k, n)))
+    with Daemons(mc_bin, srv_bin, threads=1, memory="8M", cache=True,
+                 cache_segment=None) as small:
+        for port, big in ((small.port, 300000), (ref.port, 2 << 20)):
+            c = Conn(port)
+            for name, head in cases:
+                key = b"old-" + name.encode()
+                c.send(b"set %s 0 0 3\r\nold\r\n" % key)
+                check(c.line() == b"STORED", "%d: the old value stored" % port)
+                c.send(head(key, big) + b"v" * big + b"\r\n")
+                r = c.line()
+                check(r == b"SERVER_ERROR object too large for cache",
+                      "%d: %s of %d bytes refused: %r" % (port, name, big, r))
+                c.send(b"get %s\r\n" % key)
+                r = c.line()
+                check(r == b"END", "%d: after the refused %s, get says %r (memcached: END)"
+                      % (port, name, r))
+            c.s.close()
+
+
 def main():
     mc_bin, srv_bin = sys.argv[1], sys.argv[2]
     with RealMemcached() as ref, Daemons(mc_bin, srv_bin, threads=2) as d:
@@ -303,6 +330,7 @@ def main():
         flush_timers(d, ref)
         cheap_stats(d)
         http_lines(d, ref)
+        refused_set_drops_old(mc_bin, srv_bin, ref)
     no_flush(mc_bin, srv_bin)
     return 0
 
