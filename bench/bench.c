@@ -36,6 +36,7 @@
 
 #include "bench/drivers.h"
 #include "bench/hist.h"
+#include "bench/sim.h" /* (HKV_SIM_ITEM_OVERHEAD: what the simulators charge an item) */
 #include "bench/trace.h"
 #include "bench/ycsb.h"
 #include "common/cli.h"
@@ -157,6 +158,12 @@ static int is_repl(const char *system)
 	return !strncmp(system, "hatchkv-r", 9);
 }
 
+/* Workload T: a trace is replayed (--trace or --family) instead of A-F. */
+static int replays(const struct opts *o)
+{
+	return o->trace_file || o->family >= 0;
+}
+
 /* A workload by letter: A-F, or T (the trace). */
 static const struct ycsb_workload *workload_of(char name)
 {
@@ -199,6 +206,19 @@ static void account(struct worker *w, enum ycsb_op op, int ret)
 		fprintf(stderr, "hatchkv-bench: %s failed: %s\n", ycsb_op_names[op], hkv_strerror(ret));
 }
 
+/* One timed operation of kind op done: its latency since t0, the transport
+ * counters it moved since c0, its outcome. */
+static void record(struct worker *w, enum ycsb_op op, uint64_t t0,
+		   const struct drv_counters *c0, int ret)
+{
+	struct drv_counters c1;
+
+	hist_add(&w->h[op], now_ns() - t0);
+	w->drv->ops->counters(w->drv, &c1);
+	drv_counters_add(&w->cnt[op], &c1, c0);
+	account(w, op, ret);
+}
+
 static int do_write(struct worker *w, uint64_t keynum)
 {
 	char key[32];
@@ -229,7 +249,7 @@ static void one_op(struct worker *w, int measure)
 	struct run *r = w->run;
 	enum ycsb_op op = ycsb_next_op(r->w, &w->rng);
 	uint64_t latest = atomic_load(&r->next_insert), key, t0;
-	struct drv_counters c0, c1;
+	struct drv_counters c0;
 	int ret;
 
 	if (op == YOP_INSERT) {
@@ -255,12 +275,8 @@ static void one_op(struct worker *w, int measure)
 		ret = do_write(w, key);
 		break;
 	}
-	if (!measure)
-		return;
-	hist_add(&w->h[op], now_ns() - t0);
-	w->drv->ops->counters(w->drv, &c1);
-	drv_counters_add(&w->cnt[op], &c1, &c0);
-	account(w, op, ret);
+	if (measure)
+		record(w, op, t0, &c0, ret);
 }
 
 /* ---- phases ------------------------------------------------------------------ */
@@ -293,7 +309,7 @@ static void trace_op(struct worker *w, const struct hkv_trace_req *q)
 	const struct driver_ops *d = w->drv->ops;
 	char key[TRACE_KEY_MAX + 1];
 	size_t klen = hkv_trace_key(&trace, q->key, key, sizeof(key) - 1), vlen;
-	struct drv_counters c0, c1;
+	struct drv_counters c0;
 	enum ycsb_op op = YOP_READ;
 	uint64_t t0;
 	int ret;
@@ -310,10 +326,7 @@ static void trace_op(struct worker *w, const struct hkv_trace_req *q)
 	switch (q->op) {
 	case HKV_TRACE_GET:
 		ret = d->read(w->drv, key, klen, w->buf, trace_vmax + 64, &vlen);
-		hist_add(&w->h[YOP_READ], now_ns() - t0);
-		d->counters(w->drv, &c1);
-		drv_counters_add(&w->cnt[YOP_READ], &c1, &c0);
-		account(w, YOP_READ, ret);
+		record(w, YOP_READ, t0, &c0, ret);
 		if (ret != HKV_ENOTFOUND)
 			return;
 		d->counters(w->drv, &c0); /* the fill */
@@ -348,10 +361,7 @@ static void trace_op(struct worker *w, const struct hkv_trace_req *q)
 			fprintf(stderr, "hatchkv-bench: delete failed: %s\n", hkv_strerror(ret));
 		return;
 	}
-	hist_add(&w->h[op], now_ns() - t0);
-	d->counters(w->drv, &c1);
-	drv_counters_add(&w->cnt[op], &c1, &c0);
-	account(w, op, ret);
+	record(w, op, t0, &c0, ret);
 }
 
 /* Workload T: this worker's share of the trace, in trace order - request i
@@ -799,10 +809,16 @@ static double us(uint64_t ns)
 	return (double)ns / 1e3;
 }
 
-/* Workload T: hits among the gets, in percent. */
+/* Workload T: the gets replayed (a hit is OK, a miss NOT_FOUND), and the
+ * hits among them in percent. */
+static uint64_t trace_gets(const struct result *r)
+{
+	return r->ok[YOP_READ] + r->notfound[YOP_READ];
+}
+
 static double hit_ratio(const struct result *r)
 {
-	uint64_t gets = r->ok[YOP_READ] + r->notfound[YOP_READ];
+	uint64_t gets = trace_gets(r);
 
 	return gets ? 100.0 * (double)r->ok[YOP_READ] / (double)gets : 0;
 }
@@ -850,7 +866,7 @@ static void report_text(const struct result *r)
 	if (r->deletes)
 		printf("[DELETE], Operations, %llu\n[DELETE], Return=NOT_FOUND, %llu\n",
 		       (unsigned long long)r->deletes, (unsigned long long)r->deletes_nf);
-	printf("[TRACE], Gets, %llu\n", (unsigned long long)(r->ok[YOP_READ] + r->notfound[YOP_READ]));
+	printf("[TRACE], Gets, %llu\n", (unsigned long long)trace_gets(r));
 	printf("[TRACE], HitRatio(%%), %.2f\n", hit_ratio(r));
 	if (r->skipped)
 		printf("[TRACE], Skipped, %llu\n", (unsigned long long)r->skipped);
@@ -969,7 +985,7 @@ static int report_json(const char *path, const struct result *rs, int n, const s
 		if (r->workload == 'T')
 			fprintf(f, ",\n    \"trace\": {\"gets\": %llu, \"hit_ratio_percent\": %.2f, "
 				   "\"deletes\": %llu, \"skipped\": %llu}",
-				(unsigned long long)(r->ok[YOP_READ] + r->notfound[YOP_READ]),
+				(unsigned long long)trace_gets(r),
 				hit_ratio(r), (unsigned long long)r->deletes,
 				(unsigned long long)r->skipped);
 		fprintf(f, "}");
@@ -1171,7 +1187,7 @@ static int run_system(const struct opts *o, const char *system, pid_t server_pid
 	    !(hkv_cfg = driver_hatchkv_config(system_uris(o, system), o->token_file, o->records * 2,
 							&o->etcd)))
 		return -1;
-	if (o->trace_file || o->family >= 0) { /* (it starts from an empty cache) */
+	if (replays(o)) { /* (it starts from an empty cache) */
 		printf("== %s: a trace replayed by %d process(es) x %d threads (no load phase)\n",
 		       system, o->processes, o->threads);
 	} else {
@@ -1301,7 +1317,7 @@ static void compare_table(const struct result *rs, int n, const char *workloads,
 		if (*p == 'T')
 			printf("%-8s hit ratio %.2f %% (memcached %.2f %%), %llu gets each\n", "",
 			       hit_ratio(h), hit_ratio(m),
-			       (unsigned long long)(h->ok[YOP_READ] + h->notfound[YOP_READ]));
+			       (unsigned long long)trace_gets(h));
 	}
 }
 
@@ -1406,7 +1422,7 @@ static int compare(struct opts *o)
 	int n = 0, ret;
 	char mem[32];
 	const char *cache_args[] = {"--cache", NULL}, *const *extra = o->cache ? cache_args : NULL;
-	int trace_run = o->trace_file || o->family >= 0;
+	int trace_run = replays(o);
 
 	snprintf(mem, sizeof(mem), "%lluM",
 		 (unsigned long long)(o->memory_mb ? o->memory_mb
@@ -1659,7 +1675,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			TRACE_VALUE_MAX);
 		return -1;
 	}
-	if (o->trace_file || o->family >= 0) {
+	if (replays(o)) {
 		if (o->batch > 1 || o->depth > 1 || o->replicas) {
 			fprintf(stderr, "hatchkv-bench: a trace replays one request at a time "
 					"(no --batch, --depth or --replicas)\n");
@@ -1668,7 +1684,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		o->workloads = "T";
 	}
 	for (const char *p = o->workloads; *p; p++) {
-		if (*p == 'T' && (o->trace_file || o->family >= 0))
+		if (*p == 'T' && replays(o))
 			continue;
 		if (*p == 'E' || *p == 'e') {
 			fprintf(stderr, "hatchkv-bench: workload E needs range scans, which a hash "
@@ -1725,19 +1741,10 @@ static int load_trace(struct opts *o)
 		f->keys = o->records;
 		f->requests = o->operations;
 		hkv_trace_family_defaults(f);
-		if (f->kind == HKV_FAMILY_LOOP && !f->loop_keys) {
-			/* slightly more than fit: 1.1x the items the memory holds at
-			 * the mean item (key + value + a block header), or a tenth of
-			 * the keys without --memory */
-			double bytes = 0;
-
-			for (uint64_t k = 0; k < f->keys; k++)
-				bytes += 30.0 + 64.0 +
-					 (double)hkv_trace_value_size(k, f->value, f->value_max);
-			f->loop_keys = o->memory_mb ? (uint64_t)(1.1 * (double)(o->memory_mb << 20) /
-								 (bytes / (double)f->keys)) + 1
+		if (f->kind == HKV_FAMILY_LOOP && !f->loop_keys) /* (as hatchkv-hitratio's) */
+			f->loop_keys = o->memory_mb ? hkv_trace_loop_keys_for(f, o->memory_mb << 20,
+									      HKV_SIM_ITEM_OVERHEAD)
 						    : f->keys / 10 + 1;
-		}
 		if (hkv_trace_generate(&trace, f))
 			return fprintf(stderr, "hatchkv-bench: cannot generate the %s family: %s\n",
 				       hkv_trace_family_name(f->kind), strerror(errno)), -1;
@@ -1777,7 +1784,7 @@ int main(int argc, char **argv)
 	saved_argv = argv;
 	if (parse(argc, argv, &o))
 		return 2;
-	if ((o.trace_file || o.family >= 0) && load_trace(&o))
+	if (replays(&o) && load_trace(&o))
 		return 1;
 	if (o.child_result)
 		return child_main(&o);

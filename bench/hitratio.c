@@ -202,13 +202,9 @@ static int parse(int argc, char **argv, struct hr_opts *o)
 /* Bytes the simulators charge for the ids [0, n) of a family. */
 static uint64_t family_footprint(const struct hr_opts *o, uint64_t n)
 {
-	uint64_t sum = 0;
-	char key[32];
+	struct hkv_trace_family f = {.value = o->value, .value_max = o->value_max};
 
-	for (uint64_t k = 0; k < n; k++)
-		sum += ycsb_key(k, key, sizeof(key)) +
-		       hkv_trace_value_size(k, o->value, o->value_max) + HKV_SIM_ITEM_OVERHEAD;
-	return sum;
+	return hkv_trace_family_bytes(&f, n, HKV_SIM_ITEM_OVERHEAD);
 }
 
 /* Bytes the simulators charge for every key a trace names, at its largest. */
@@ -253,13 +249,11 @@ static int load_trace(struct hr_opts *o, struct hkv_trace *t)
 	f->theta = o->theta;
 	hkv_trace_family_defaults(f);
 	if (f->kind == HKV_FAMILY_LOOP && !f->loop_keys) {
-		/* slightly more keys than fit: 1.1x the cache over the mean item */
 		uint64_t cap = o->cache_bytes ? o->cache_bytes
 					      : (uint64_t)(o->fraction *
 							   (double)family_footprint(o, o->keys));
 
-		f->loop_keys = (uint64_t)(1.1 * (double)cap * (double)o->keys /
-					  (double)family_footprint(o, o->keys)) + 1;
+		f->loop_keys = hkv_trace_loop_keys_for(f, cap, HKV_SIM_ITEM_OVERHEAD);
 	}
 	if (hkv_trace_generate(t, f))
 		return fprintf(stderr, "hatchkv-hitratio: cannot generate the %s family: %s\n",

@@ -44,6 +44,25 @@ void hkv_trace_family_defaults(struct hkv_trace_family *f)
 	 * the cache, which the caller knows */
 }
 
+uint64_t hkv_trace_family_bytes(const struct hkv_trace_family *f, uint64_t n,
+				uint32_t item_overhead)
+{
+	uint64_t sum = 0;
+	char key[32];
+
+	for (uint64_t k = 0; k < n; k++)
+		sum += ycsb_key(k, key, sizeof(key)) +
+		       hkv_trace_value_size(k, f->value, f->value_max) + item_overhead;
+	return sum;
+}
+
+uint64_t hkv_trace_loop_keys_for(const struct hkv_trace_family *f, uint64_t cap_bytes,
+				 uint32_t item_overhead)
+{
+	return (uint64_t)(1.1 * (double)cap_bytes * (double)f->keys /
+			  (double)hkv_trace_family_bytes(f, f->keys, item_overhead)) + 1;
+}
+
 uint32_t hkv_trace_value_size(uint64_t key, uint32_t value, uint32_t value_max)
 {
 	double u = (double)(ycsb_fnv64(key ^ 0x5bd1e995ull) % 1000000) / 1e6;

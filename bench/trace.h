@@ -110,6 +110,15 @@ size_t hkv_trace_key(const struct hkv_trace *t, uint32_t key, char *buf, size_t 
  * [value, value_max]). */
 uint32_t hkv_trace_value_size(uint64_t key, uint32_t value, uint32_t value_max);
 
+/* Bytes the ids [0, n) of family f cost at item_overhead bytes per item
+ * beyond key and value (the simulators charge HKV_SIM_ITEM_OVERHEAD). */
+uint64_t hkv_trace_family_bytes(const struct hkv_trace_family *f, uint64_t n,
+				uint32_t item_overhead);
+/* The loop family's default cycle, slightly more than fits: 1.1x the items
+ * cap_bytes holds at f's mean item (f->keys keys, item_overhead each). */
+uint64_t hkv_trace_loop_keys_for(const struct hkv_trace_family *f, uint64_t cap_bytes,
+				 uint32_t item_overhead);
+
 void hkv_trace_free(struct hkv_trace *t);
 
 #endif
