@@ -451,14 +451,14 @@ static int store(struct ctx *x, struct hkv_client *h)
 }
 
 /*
- * A set the server refused as too big (its item over the region's largest
- * class: a small region's segment, under -I) drops the old value, as
- * memcached's refusal of an item over -I does (process_too_large): a
- * client that set a new value never reads the old one back.
+ * A set refused as too big drops the old value, as memcached's does: a
+ * client that set a new value never reads the old one back. Refused here
+ * (over -I: process_too_large) or by the server (over the region's
+ * largest class: a small region's segment, under -I).
  */
 static void drop_refused(struct ctx *x, struct hkv_client *h)
 {
-	int rc = hkv_delete(h, x->r->key, x->r->klen);
+	int rc = checked(x, hkv_delete(h, x->r->key, x->r->klen));
 
 	if (rc && rc != HKV_ENOTFOUND)
 		hkv_debug("a refused set's old value stays: %s", hkv_strerror(rc));
@@ -499,7 +499,7 @@ static void process_too_large(struct ctx *x)
 	struct hkv_client *h;
 
 	if (is_set && (h = handle(x)) != NULL)
-		checked(x, hkv_delete(h, r->key, r->klen));
+		drop_refused(x, h);
 	reply_error(x, mc_strerror(r->err));
 }
 
