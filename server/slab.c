@@ -146,13 +146,17 @@ static int named(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cl
 /*
  * Is h (its bit clear) a free block someone may have left behind: held
  * under a HELD stamp (1), or retired by a client that has disconnected
- * since and so will never post its free or write it (2)? 0 otherwise. A
- * retired block a slot still names (its retirer died between its meta CAS
- * and its slot CAS) is left alone: freeing it would leave the slot naming
- * a reused block.
+ * since and so will never post its free or write it (2)? With `for_move`,
+ * also a block retired by a connected client (2): one it keeps for its next
+ * write (a replace's or an eviction's, client/alloc.c hkv_free_or_keep),
+ * or whose free it has not posted yet - taken back only once that client
+ * is fenced (reclaim_held), as a holder's. 0 otherwise. A retired block a
+ * slot still names (its retirer died or stopped between its meta CAS and
+ * its slot CAS) is left alone: freeing it would leave the slot naming a
+ * reused block.
  */
 static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cls,
-		     uint64_t *meta, uint64_t *stamp)
+		     uint64_t *meta, uint64_t *stamp, int for_move)
 {
 	enum hkv_block_state st;
 	uint32_t by;
@@ -165,25 +169,28 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: not ours) */
 		return hkv_held_by_one(*stamp);
 	by = hkv_meta_retired_by(*meta);
-	return st == HKV_BLK_OBSOLETE && by && !s->clients[by].connected && !named(s, h, cls) ? 2
-													: 0;
+	return st == HKV_BLK_OBSOLETE && by && by <= HKV_MAX_CLIENTS &&
+			       (for_move || !s->clients[by].connected) && !named(s, h, cls)
+		       ? 2
+		       : 0;
 }
 
 /*
  * Take back a block left behind, once it has stood unchanged long enough
- * (see the top): a HELD stamp is CASed away, or a gone client's name in
- * the meta, so that exactly one take-back wins; then its bit is set. 1 if
+ * (see the top): a HELD stamp is CASed away, or its retirer's name in the
+ * meta, so that exactly one take-back wins; then its bit is set. 1 if
  * taken.
  */
 static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
 			uint64_t stamp, uint64_t meta, int kind, int may_fence)
 {
-	uint32_t holder = hkv_held_holder(stamp);
+	uint32_t holder = kind == 1 ? hkv_held_holder(stamp) : hkv_meta_retired_by(meta);
 
 	/* A connected holder may still write the block it holds, however long
-	 * ago it claimed it (stopped between its hold check and its post): its
-	 * block comes back only once it is fenced - when a move needs it. */
-	if (kind == 1 && holder <= HKV_MAX_CLIENTS && s->clients[holder].connected &&
+	 * ago it claimed it (stopped between its hold check and its post), and
+	 * a connected retirer the block it keeps, or post its free: the block
+	 * comes back only once they are fenced - when a move needs it. */
+	if (holder <= HKV_MAX_CLIENTS && s->clients[holder].connected &&
 	    (!may_fence || hkv_store_fence(s, holder)))
 		return 0;
 	hkv_failpoint("take-back");
@@ -354,7 +361,7 @@ static void sweep_segment(struct hkv_store *s, uint32_t seg, uint64_t now)
 			uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(clear);
 			struct hkv_block_hdr *h = block(s, seg, cls, b);
 			uint64_t meta, stamp, off = (uint64_t)((uint8_t *)h - base(s));
-			int kind = held_free(s, h, cls, &meta, &stamp);
+			int kind = held_free(s, h, cls, &meta, &stamp, 0);
 
 			if (!kind)
 				continue;
@@ -958,7 +965,7 @@ static int drain_step(struct hkv_store *s)
 			int kind;
 
 			all = 0;
-			if (!(kind = held_free(s, h, cls, &meta, &stamp)) &&
+			if (!(kind = held_free(s, h, cls, &meta, &stamp, 1)) &&
 			    !(kind = left_behind(s, h, cls, &meta, &stamp, &slot, &sl)))
 				continue;
 			off = (uint64_t)((uint8_t *)h - base(s));

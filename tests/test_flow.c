@@ -36,7 +36,11 @@
  *                          segment; a cas with the version read before the
  *                          move still succeeds (nobody wrote), one read
  *                          before a write fails, even a write of the same
- *                          bytes; a touch keeps the version, as memcached's.
+ *                          bytes; a touch keeps the version, as memcached's;
+ *   test_idle_keepers_move cache mode: handles that evicted keep blocks and
+ *                          go idle; sets that need a segment emptied still
+ *                          succeed (the keepers are fenced, their blocks
+ *                          taken back), nothing is lost.
  */
 #include <errno.h>
 #include <signal.h>
@@ -987,6 +991,103 @@ static void test_hold_stall_fenced(void)
 }
 
 /*
+ * Cache mode: writers that evicted keep the blocks their evictions retired
+ * (unstamped, OBSOLETE, retired by them) for their next writes - and then
+ * go idle. A class with no segment makes the server empty one; a kept block
+ * in it must not stop that move until it is undone (its keeper is fenced,
+ * as a holder of claimed blocks is, and the block taken back). 8 keepers
+ * fill a 1 MB cache of 16 segments with 1000 B items until each has
+ * evicted, then idle; another handle sets values of 5 sizes that each need
+ * a class of their own: every set succeeds and reads back, as does every
+ * keeper item still there (or it is a miss), and a keeper's next set works.
+ */
+#define KEEPERS 8
+static void test_idle_keepers_move(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	static const uint32_t big[] = {20000, 24000, 30000, 40000, 60000};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *k[KEEPERS], *b;
+	char *v = malloc(MAXV), *got = malloc(MAXV), key[48];
+	int fails = 0, bad = 0, read = 0, missed = 0, n[KEEPERS] = {0};
+	uint64_t slowest = 0;
+
+	CHECK(v && got);
+	CHECK(hkvserver_start(&s, use_verbs, "1M", "64K", cache) == 0);
+	cfg = hkvserver_config(&s);
+	for (int i = 0; i < KEEPERS; i++)
+		CHECK_RC(hkv_open(cfg, &k[i]), 0);
+	CHECK_RC(hkv_open(cfg, &b), 0);
+	for (int i = 0; i < KEEPERS; i++) {
+		struct hkv_client_stats st;
+
+		do {
+			snprintf(key, sizeof(key), "keep-%d-%d", i, n[i]++);
+			fill_value(v, 1000, key, 3);
+			CHECK_RC(hkv_set(k[i], key, strlen(key), v, 1000, NULL), 0);
+			hkv_client_stats(k[i], &st);
+		} while (st.evictions < 64 || n[i] < 200);
+	}
+	/* the keepers are idle from here on */
+	for (size_t j = 0; j < sizeof(big) / sizeof(big[0]); j++) {
+		uint64_t t0 = now_ms(), ms;
+		int ret;
+
+		snprintf(key, sizeof(key), "big-%u", big[j]);
+		fill_value(v, big[j], key, 5);
+		ret = hkv_set(b, key, strlen(key), v, big[j], NULL);
+		ms = now_ms() - t0;
+		slowest = ms > slowest ? ms : slowest;
+		if (ret) {
+			fprintf(stderr, "set of %u B: %s after %llu ms\n", big[j], hkv_strerror(ret),
+				(unsigned long long)ms);
+			fails++;
+		}
+	}
+	for (size_t j = 0; j < sizeof(big) / sizeof(big[0]); j++) {
+		size_t len = 0;
+
+		snprintf(key, sizeof(key), "big-%u", big[j]);
+		fill_value(v, big[j], key, 5);
+		if (hkv_get(b, key, strlen(key), got, MAXV, &len, NULL) == HKV_ENOTFOUND)
+			missed++; /* (evicted by a later big set: allowed) */
+		else
+			bad += len != big[j] || memcmp(got, v, len);
+	}
+	for (int i = 0; i < KEEPERS; i++)
+		for (int j = 0; j < n[i]; j++) {
+			size_t len = 0;
+			int ret;
+
+			snprintf(key, sizeof(key), "keep-%d-%d", i, j);
+			fill_value(v, 1000, key, 3);
+			ret = hkv_get(b, key, strlen(key), got, MAXV, &len, NULL);
+			if (ret == HKV_ENOTFOUND)
+				continue;
+			read++;
+			bad += ret != 0 || len != 1000 || memcmp(got, v, len);
+		}
+	printf("# %d keepers evicted (%d-%d sets each) and went idle; 5 sets that each needed a "
+	       "segment emptied: %d failed, slowest %llu ms; the server fenced %d client(s); "
+	       "%d big values missed later, %d keeper items read back, %d wrong\n",
+	       KEEPERS, n[0], n[KEEPERS - 1], fails, (unsigned long long)slowest,
+	       hkvserver_log_count(&s, "fenced"), missed, read, bad);
+	CHECK(fails == 0);
+	CHECK(bad == 0);
+	for (int i = 0; i < KEEPERS; i++) { /* a keeper fenced meanwhile connects again */
+		snprintf(key, sizeof(key), "after-%d", i);
+		CHECK_RC(hkv_set(k[i], key, strlen(key), "x", 1, NULL), 0);
+		hkv_close(k[i]);
+	}
+	hkv_close(b);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+	free(got);
+}
+
+/*
  * shm: a client the server drops while its process lives (it sent data
  * after its accept) still has the region mapped. Its gate is shut at the
  * drop (common/transport_shm.c), so it is fenced: its held blocks come back
@@ -1249,6 +1350,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_hold_stall_store);
 	RUN_TEST(test_hold_stall_cache);
 	RUN_TEST(test_hold_stall_fenced);
+	RUN_TEST(test_idle_keepers_move);
 	RUN_TEST(test_shm_dropped_fenced);
 	RUN_TEST(test_shm_dropped_in_chain);
 	return hkv_test_finish();
