@@ -36,6 +36,8 @@
  * With --max-gap it exits 1 if hatchkv's hit ratio is more than POINTS below
  * exact LRU's (a check, not a timing: the ratios do not depend on speed; a
  * negative POINTS asks for at least that many points above);
+ * with --max-set-rt N, if a set (eviction included) took more than N round
+ * trips on average (a count, not a timing);
  * with --expect A>B, if A's hit ratio is not above B's (names as printed).
  */
 #include <errno.h>
@@ -62,7 +64,7 @@
 struct hr_opts {
 	uint64_t keys, requests, seed, cache_bytes;
 	uint32_t value, value_max;
-	double fraction, theta, max_gap;
+	double fraction, theta, max_gap, max_set_rt;
 	int have_gap;
 	int verbs, family;
 	const char *trace, *memcached, *expect;
@@ -83,7 +85,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: hatchkv-hitratio [--keys N] [--requests N] [--value BYTES] [--value-max BYTES]\n"
 		"         [--fraction F] [--theta T] [--seed S] [--verbs] [--max-gap POINTS]\n"
-		"         [--trace FILE | --family zipf|scan|shift|loop [family options]]\n"
+		"         [--max-set-rt N] [--trace FILE | --family zipf|scan|shift|loop [family options]]\n"
 		"         [--policy lru,lfu,s3fifo,hkv] [--cache-bytes N[K|M|G]] [--s3fifo-promote N]\n"
 		"         [--memcached HOST:PORT[,HOST:PORT...]] [--expect NAME>NAME]\n"
 		"  defaults: 100000 keys, 2000000 requests, 1000-byte values, cache = 0.10 of\n"
@@ -149,6 +151,7 @@ static int parse(int argc, char **argv, struct hr_opts *o)
 		{"shift-every", required_argument, NULL, 3}, {"shift-by", required_argument, NULL, 4},
 		{"loop-keys", required_argument, NULL, 5}, {"loop-frac", required_argument, NULL, 6},
 		{"s3fifo-promote", required_argument, NULL, 7},
+		{"max-set-rt", required_argument, NULL, 8},
 		{NULL, 0, NULL, 0}};
 	int ch;
 
@@ -164,6 +167,7 @@ static int parse(int argc, char **argv, struct hr_opts *o)
 		case 's': o->seed = strtoull(optarg, NULL, 10); break;
 		case 'V': o->verbs = 1; break;
 		case 'g': o->max_gap = strtod(optarg, NULL); o->have_gap = 1; break;
+		case 8: o->max_set_rt = strtod(optarg, NULL); break;
 		case 'x': o->value_max = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 'T': o->trace = optarg; break;
 		case 'F':
@@ -826,6 +830,11 @@ static int run_server(const struct hr_opts *o, const struct hkv_trace *t)
 	free(isz);
 	free(val);
 	free(buf);
+	if (o->max_set_rt > 0 && st.op[HKV_OP_SET].count &&
+	    (double)st.op[HKV_OP_SET].round_trips / (double)st.op[HKV_OP_SET].count > o->max_set_rt) {
+		printf("FAIL: sets took more than %.2f round trips each\n", o->max_set_rt);
+		return 1;
+	}
 	if (o->have_gap && 100.0 * ((double)hits_lru - (double)hits_hkv) / (double)gets >
 				   o->max_gap) {
 		if (o->max_gap >= 0)

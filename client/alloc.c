@@ -299,17 +299,64 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
 
 /* Blocks of class cls we may hold at once (claimed or kept): 64 KiB worth,
  * at least 1, at most 64 - enough for a rotation of small blocks resting
- * 200 us each between a writer's updates; 16 KiB worth (at least 2) while
- * the class evicts, 2 while a survey finds it scarce. */
+ * 200 us each between a writer's updates; 2 while a survey finds it scarce.
+ * While the class is pressed (hkv_class_pressed), what the writer refills
+ * ahead rests here: its reserve - at first 16 KiB worth, less in a small
+ * cache (1/4096 of the region: what each writer keeps out of every class
+ * is room the items lack), at least 4 (refilled at 2: fewer made a
+ * mixed-size cache's sets cost over a round trip more); grown up to 64 KiB
+ * worth while its writes still wait (a class written faster than its
+ * reserve rests: update_reserve). */
 uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
 {
+	const struct hkv_class_alloc *ca = &c->classes[cls];
 	uint32_t n = HOLD_BYTES / c->g.class_size[cls];
 
-	if (c->classes[cls].pressure) /* evicting: what evicts ahead rests here */
-		n = CLAIM_BYTES / c->g.class_size[cls] < 2 ? 2 : CLAIM_BYTES / c->g.class_size[cls];
-	else if (c->classes[cls].scarce) /* memory is short: take little out of the pool */
+	if (hkv_class_pressed(ca, hkv_coarse_ns())) {
+		uint64_t bytes = (uint64_t)c->g.nsegs * c->g.seg_size / 4096;
+		uint32_t max = n;
+
+		n = (uint32_t)((bytes < CLAIM_BYTES ? bytes : CLAIM_BYTES) / c->g.class_size[cls]);
+		n = ca->reserve > n ? ca->reserve : n;
+		n = n > max ? max : n;
+		n = n < 4 ? 4 : n;
+	} else if (ca->scarce) { /* memory is short: take little out of the pool */
 		n = n < 2 ? n : 2;
+	}
 	return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
+/* A write took a held block of class cls; `waited`: the class was pressed
+ * and no block it held had rested. The reserve doubles on a wait and
+ * halves after a second without one; what the reserves of all classes
+ * grew by stays within 1/1024 of the region (one busy class grows, a
+ * mixed-size cache's many classes would lose items to them). */
+static void update_reserve(struct hkv_client *c, uint32_t cls, uint64_t now, int waited)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+	uint64_t budget = (uint64_t)c->g.nsegs * c->g.seg_size / 1024, size = c->g.class_size[cls];
+	uint32_t max = HOLD_BYTES / c->g.class_size[cls], from, to;
+
+	if (!waited) {
+		if (ca->reserve && now - ca->reserve_ns > 1000000000ull) {
+			c->reserve_bytes -= (ca->reserve - ca->reserve / 2) * size;
+			ca->reserve /= 2;
+			ca->reserve_ns = now;
+		}
+		return;
+	}
+	ca->reserve_ns = now;
+	max = max > 64 ? 64 : max < 4 ? 4 : max;
+	from = hkv_alloc_hold_cap(c, cls);
+	to = 2 * from < max ? 2 * from : max;
+	if (ca->reserve < from) { /* (growth counts from the cap it had) */
+		c->reserve_bytes += (from - ca->reserve) * size;
+		ca->reserve = from;
+	}
+	if (to > ca->reserve && c->reserve_bytes + (to - ca->reserve) * size <= budget) {
+		c->reserve_bytes += (to - ca->reserve) * size;
+		ca->reserve = to;
+	}
 }
 
 /*
@@ -482,8 +529,23 @@ static int claim(struct hkv_client *c, uint32_t cls)
 		ca->nhints--;
 	c->stats.claims++;
 	c->stats.blocks_claimed += (uint64_t)got;
-	ca->evict_pending = ca->evict_pending > (uint32_t)got ? ca->evict_pending - (uint32_t)got : 0;
 	return got > 0;
+}
+
+/* Refill ahead (cache mode, client/write.c): claims from the class's hints
+ * while it has some, up to 4 chains, until one brings blocks. 1 if it did,
+ * 0 if not (no hints, or every claim lost), <0 on error. */
+int hkv_alloc_refill(struct hkv_client *c, uint32_t cls)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+
+	for (int i = 0; i < 4 && ca->nhints; i++) {
+		int ret = claim(c, cls);
+
+		if (ret)
+			return ret;
+	}
+	return 0;
 }
 
 /*
@@ -556,14 +618,18 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 					break;
 				}
 			}
-			/* (evicting: what is held is what eviction freed ahead, resting;
+			int pressed = hkv_class_pressed(ca, hkv_coarse_ns());
+
+			/* (pressed: what is held is what we refilled ahead, resting;
 			 * a claim would only bring blocks that rest as long) */
 			if (pick == ca->n && first != ca->n &&
-			    (ca->n - ca->head >= hkv_alloc_hold_cap(c, cls) || tries || ca->pressure)) {
+			    (ca->n - ca->head >= hkv_alloc_hold_cap(c, cls) || tries || pressed)) {
 				while (hkv_now_ns() < ca->held[first].ready_ns)
 					;
 				pick = first;
 			}
+			if (pick != ca->n)
+				update_reserve(c, cls, now, pressed && ca->held[pick].ready_ns > now);
 			if (pick != ca->n) {
 				struct hkv_held hb = ca->held[pick];
 
@@ -692,13 +758,13 @@ void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t
 	ca = &c->classes[cls];
 	max = hkv_alloc_hold_cap(c, cls);
 	if (ca->n - ca->head >= max) {
-		hkv_free_block(c, off, cls);
+		hkv_free_retired(c, off, cls, gen); /* (ours: its rest counts from now) */
 		return;
 	}
 	hb = (struct hkv_held){.off = off, .gen = gen, .claim_ns = now,
 			       .ready_ns = now + HKV_QUARANTINE_NS};
 	if (push_held(ca, &hb)) {
-		hkv_free_block(c, off, cls);
+		hkv_free_retired(c, off, cls, gen); /* (ours: its rest counts from now) */
 		return;
 	}
 	c->stats.blocks_freed++;

@@ -132,8 +132,15 @@ struct hkv_class_alloc {
 	struct hkv_hint *hints;
 	uint32_t nhints, caphints;
 	uint32_t scarce;        /* the last survey found under 1/8 of the class free */
-	uint32_t pressure;      /* cache mode: this class had to evict */
-	uint32_t evict_pending; /* blocks evicted since the last claim */
+	/* cache mode: when this class last found nothing free and evicted to
+	 * make room (0: never); for HKV_PRESSURE_NS after, its writes refill
+	 * ahead (hkv_class_pressed, client/write.c) */
+	uint64_t pressure_ns;
+	/* ... and how far ahead it refills (blocks; 0: the hold cap's floor):
+	 * doubled when a write still waited out a rest, halved after a second
+	 * without one (alloc.c, update_reserve) */
+	uint32_t reserve;
+	uint64_t reserve_ns;
 	uint64_t empty_survey_ns; /* the last survey found nothing to claim */
 	uint64_t survey_ns;       /* the last survey */
 	uint64_t last_claim_ns;
@@ -206,6 +213,7 @@ struct hkv_client {
 	uint64_t last_version; /* the write id the last successful write stored */
 	uint64_t stuck_slot_off, stuck_slot, stuck_since_ns; /* see find_rival() */
 	uint32_t stuck_gen;
+	uint64_t reserve_bytes; /* what the classes' reserves add up to (alloc.c) */
 	uint64_t pub_ns; /* when the last chain that published a block of ours was posted */
 	/* the region's clock (ops_int.h, hkv_region_ns): region ns - our coarse
 	 * monotonic ns, learned at clock_at_ns (coarse; 0: never) */
@@ -380,6 +388,14 @@ int hkv_alloc_init(struct hkv_client *c);
 /* How many blocks of class cls a handle holds at most (claimed or kept);
  * in cache mode also how far eviction runs ahead of allocation. */
 uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls);
+int hkv_alloc_refill(struct hkv_client *c, uint32_t cls);
+/* A class stays pressed this long after it last had to evict with nothing
+ * free (then a write finds nothing held, nothing in the pool, and renews it) */
+#define HKV_PRESSURE_NS (1000ull * 1000000ull)
+static inline int hkv_class_pressed(const struct hkv_class_alloc *ca, uint64_t coarse_ns)
+{
+	return ca->pressure_ns && coarse_ns - ca->pressure_ns < HKV_PRESSURE_NS;
+}
 /* Held blocks that waited long go back (cheap unless 50 ms passed). */
 void hkv_alloc_tidy(struct hkv_client *c);
 /* Give every block this handle holds back to the shared pool (at close). */

@@ -135,7 +135,7 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
 	if ((ret = hkv_exec(c, wrs, 2 * n)))
 		return ret;
 	for (int i = 0; i < n; i++) { /* replaced or removed meanwhile: not an eviction */
-		int ok = hkv_retire_outcome(c, &it[i], &c->atom[8 + 2 * i], 0) == 0;
+		int ok = hkv_retire_outcome(c, &it[i], &c->atom[8 + 2 * i], 0, 1) == 0;
 
 		evicted += ok;
 		if (ok && c->op_key && key[own[i]].len == c->op_klen &&
@@ -214,16 +214,16 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
  * Memory is full in class cls (cache mode): evict some items of that class,
  * whoever wrote them. Samples EVICT_SAMPLES blocks of the class's segments
  * (the table as read at most 100 ms ago) and evicts the EVICT_BATCH oldest
- * (3 round trips); their bits are set as they go, for any writer to claim.
+ * (3 round trips). The blocks it retires are kept for our own next writes
+ * of the class (resting, hkv_free_or_keep) up to the hold cap; the rest
+ * are freed, their words our hints (so our next claim takes them back).
  * Returns how many were evicted, or <0.
  */
 int hkv_evict(struct hkv_client *c, uint32_t cls)
 {
-	struct hkv_class_alloc *ca = &c->classes[cls];
 	struct victim v[EVICT_SAMPLES];
 	uint32_t segs[EVICT_SAMPLES], nseg = 0, nb = c->g.seg_size / c->g.class_size[cls];
 	uint32_t start;
-	uint64_t kept;
 	int n = 0, ret;
 
 	if ((size_t)EVICT_SAMPLES * EVICT_READ + EVICT_BATCH * 2 * HKV_BUCKET_SIZE > c->read_cap)
@@ -245,15 +245,9 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 		v[n++].off = c->g.data_off + (uint64_t)seg * c->g.seg_size +
 			     (uint64_t)b * c->g.class_size[cls];
 	}
-	kept = c->stats.blocks_kept;
 	n = evict_offs(c, cls, v, n, EVICT_BATCH);
-	if (n > 0) {
-		ca->pressure = 1;
-		/* (the ones we kept are held already; the rest went to the pool) */
-		kept = c->stats.blocks_kept - kept;
-		ca->evict_pending += (uint32_t)n > kept ? (uint32_t)(n - (int)kept) : 0;
-		ca->empty_survey_ns = 0;
-	}
+	if (n > 0) /* (what we did not keep went to the pool) */
+		c->classes[cls].empty_survey_ns = 0;
 	return n;
 }
 

@@ -226,9 +226,10 @@ int hkv_append_block_write(struct hkv_client *c, struct hkv_wr *wrs, int n, uint
 int hkv_append_retire(struct hkv_client *c, struct hkv_wr *wrs, int n, const struct item *old,
 		      uint64_t new_slot, uint64_t *res);
 /* After an hkv_append_retire() pair ran: 0 (swung), CONFLICT or STALE; frees
- * the old block if our mark won. */
+ * the old block if our mark won, or with `keep` holds it for our next write
+ * of its class (hkv_free_or_keep). */
 int hkv_retire_outcome(struct hkv_client *c, const struct item *old, const uint64_t *res,
-		       uint64_t new_slot);
+		       uint64_t new_slot, int keep);
 /* Publish our block in old's place (new_slot 0: remove). 0, CONFLICT, STALE,
  * YIELDED or <0. */
 int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t new_slot,

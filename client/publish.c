@@ -197,14 +197,13 @@ static int undo_copy(struct hkv_client *c, const struct item *old, uint64_t new_
  * what we saw).
  */
 int hkv_retire_outcome(struct hkv_client *c, const struct item *old, const uint64_t *res,
-		       uint64_t new_slot)
+		       uint64_t new_slot, int keep)
 {
 	int marked = res[0] == hkv_meta_live(old);
 
-	/* (kept only by a replace, which goes on writing blocks of the class;
-	 * a delete or an eviction frees: keeping what eviction frees starves
-	 * the small classes of a mixed-size cache, 13 points of hit ratio) */
-	if (marked && new_slot)
+	/* (kept by a replace and an eviction, which go on writing blocks of
+	 * the class; a delete frees) */
+	if (marked && keep)
 		hkv_free_or_keep(c, old->blk_off, old->cls, old->gen);
 	else if (marked)
 		hkv_free_retired(c, old->blk_off, old->cls, old->gen);
@@ -265,7 +264,7 @@ int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t n
 	ret = hkv_exec(c, wrs, n);
 	if (ret)
 		return ret;
-	ret = hkv_retire_outcome(c, old, c->atom, new_slot);
+	ret = hkv_retire_outcome(c, old, c->atom, new_slot, new_slot != 0);
 	if (ret == STALE && new_slot) {
 		withdraw_ours(c, new_slot, HKV_BLK_LIVE);
 		return YIELDED;
@@ -528,7 +527,7 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 	if (victim) {
 		int marked = c->atom[0] == hkv_meta_live(victim);
 
-		ret = hkv_retire_outcome(c, victim, c->atom, new_slot);
+		ret = hkv_retire_outcome(c, victim, c->atom, new_slot, new_slot != 0);
 		if (ret == STALE) { /* undone: our PENDING block is named nowhere */
 			withdraw_ours(c, new_slot, HKV_BLK_PENDING);
 			return YIELDED;
