@@ -607,6 +607,7 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 		 * rest) rather than wait; else wait for the first (<= 200 us) */
 		{
 			uint32_t pick = ca->n, first = ca->n;
+			int pressed = hkv_class_pressed(ca, hkv_coarse_ns());
 
 			for (uint32_t i = ca->head; i < ca->n; i++) {
 				if (now - ca->held[i].claim_ns >= HOLD_USE_NS)
@@ -618,8 +619,6 @@ int hkv_alloc_block(struct hkv_client *c, uint32_t cls, uint64_t *off, uint32_t 
 					break;
 				}
 			}
-			int pressed = hkv_class_pressed(ca, hkv_coarse_ns());
-
 			/* (pressed: what is held is what we refilled ahead, resting;
 			 * a claim would only bring blocks that rest as long) */
 			if (pick == ca->n && first != ca->n &&
