@@ -784,7 +784,8 @@ void hkv_alloc_release(struct hkv_client *c)
 
 /*
  * No free block of class cls anywhere: ask the server for a segment of it
- * (control plane). After a refusal, none for the class for 100 ms, so a
+ * (control plane), or with `move` (a cache) for one emptied for it. After
+ * a refusal, no plain carve for the class for 100 ms (a cache: 1 s), so a
  * full store stays quick to say so and a full cache evicts without asking.
  */
 int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
@@ -793,7 +794,10 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 	uint32_t seg = 0;
 	int ret;
 
-	if (now < c->classes[cls].no_carve_until_ns)
+	/* (a refused plain carve holds back plain ones; a move is a different
+	 * question - empty a segment for us - held back only by its own
+	 * refusal: a class that just lost its only segment must not wait) */
+	if (now < (move ? c->classes[cls].no_move_until_ns : c->classes[cls].no_carve_until_ns))
 		return HKV_EFULL;
 	/* what we hold of other classes goes back first: a block of ours must
 	 * not keep a segment from being wholly free */
@@ -804,7 +808,9 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 	c->stats.carves++;
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)
 		ret = HKV_EAGAIN; /* a segment move that would not finish: try later */
-	if (ret == HKV_EFULL) /* (a full cache evicts meanwhile) */
+	if (ret == HKV_EFULL && move) /* (nothing to empty: rare) */
+		c->classes[cls].no_move_until_ns = hkv_now_ns() + 100ull * 1000000ull;
+	else if (ret == HKV_EFULL) /* (a full cache evicts meanwhile) */
 		c->classes[cls].no_carve_until_ns =
 			hkv_now_ns() + (c->g.flags & HKV_GEOM_F_CACHE ? 1000ull : 100ull) * 1000000ull;
 	if (ret)

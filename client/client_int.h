@@ -145,6 +145,7 @@ struct hkv_class_alloc {
 	uint64_t survey_ns;       /* the last survey */
 	uint64_t last_claim_ns;
 	uint64_t no_carve_until_ns; /* the server had no memory for us lately */
+	uint64_t no_move_until_ns;  /* ... nor a segment to empty for us */
 	uint32_t batch;           /* blocks the last claim asked for */
 };
 

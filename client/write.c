@@ -71,9 +71,11 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 	 * Nothing free in the class: the server first (a FREE segment, or a
 	 * wholly free one of another class: free memory is never left while
 	 * items are evicted); then, in a full cache, evict in the class, or if
-	 * the class has no segment at all, the server empties one for it.
+	 * the class has no segment at all, or eviction in it found nothing
+	 * live (idle handles hold every block it has), the server empties one
+	 * for it: a cache never answers "full" while it holds items.
 	 */
-	for (int carves = 0;; carves++) {
+	for (int carves = 0, starved = 0;; carves++) {
 		uint32_t nseg;
 
 		ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
@@ -82,7 +84,8 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		if ((ret = hkv_alloc_table(c, 0)))
 			break;
 		nseg = hkv_alloc_class_segs(c, (uint32_t)cls);
-		ret = carves < 4 ? hkv_alloc_carve(c, (uint32_t)cls, hkv_cache_mode(c) && !nseg)
+		ret = carves < 4 ? hkv_alloc_carve(c, (uint32_t)cls,
+						   hkv_cache_mode(c) && (!nseg || starved))
 				 : HKV_EFULL;
 		if (ret != HKV_EFULL) {
 			if (ret)
@@ -101,6 +104,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 			ret = hkv_alloc_block(c, (uint32_t)cls, &off, &gen);
 			if (ret != HKV_EFULL)
 				break;
+			starved = empty >= 4;
 		}
 		if (ret != HKV_EFULL || carves >= 4)
 			break;

@@ -1088,6 +1088,82 @@ static void test_idle_keepers_move(void)
 }
 
 /*
+ * A cache never answers "full" while it holds items it could evict. A set
+ * of a class whose only segment the server had just moved to another class
+ * did (CI, stop 42: test_many_sizes): the server had refused this handle a
+ * plain carve for the class a moment before, and that refusal held back
+ * the next carve - the one that asks for a segment to be emptied - for a
+ * second.
+ */
+
+static int set_sized(struct hkv_client *h, char *v, const char *prefix, int i, uint32_t len)
+{
+	char key[48];
+
+	snprintf(key, sizeof(key), "%s-%d", prefix, i);
+	fill_value(v, len, key, (uint32_t)i + 7);
+	return hkv_set(h, key, strlen(key), v, len, NULL);
+}
+
+/* 0 if the item reads back as set_sized() wrote it */
+static int get_sized(struct hkv_client *h, char *v, const char *prefix, int i, uint32_t len)
+{
+	char key[48], *got = malloc(MAXV);
+	size_t glen = 0;
+	int ret;
+
+	snprintf(key, sizeof(key), "%s-%d", prefix, i);
+	fill_value(v, len, key, (uint32_t)i + 7);
+	ret = got ? hkv_get(h, key, strlen(key), got, MAXV, &glen, NULL) : -ENOMEM;
+	if (!ret && (glen != len || memcmp(got, v, len)))
+		ret = HKV_EPROTO; /* (not what was set) */
+	free(got);
+	return ret;
+}
+
+static void test_class_without_room(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *a;
+	struct hkv_client_stats st;
+	char *v = malloc(MAXV), key[48];
+	int n = 0, ret;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &a), 0);
+	/* one segment of 6000 B blocks, the rest 1000 B items, full */
+	CHECK_RC(set_sized(a, v, "mid", 0, 6000), 0);
+	do {
+		CHECK_RC(set_sized(a, v, "small", n++, 1000), 0);
+		hkv_client_stats(a, &st);
+	} while (st.evictions < 32);
+	/* a fills its class (the server refuses it a segment: full), then
+	 * deletes them all; a set of a class with no segment takes that
+	 * segment (wholly free); then a set of the 6000 B class again */
+	for (int i = 1; i < 40; i++)
+		CHECK_RC(set_sized(a, v, "mid", i, 6000), 0);
+	for (int i = 0; i < 40; i++) {
+		snprintf(key, sizeof(key), "mid-%d", i);
+		ret = hkv_delete(a, key, strlen(key));
+		CHECK(ret == 0 || ret == HKV_ENOTFOUND);
+	}
+	CHECK_RC(set_sized(a, v, "big", 0, 30000), 0);
+	ret = set_sized(a, v, "mid", 100, 6000);
+	printf("# a class that lost its segment to a move: the next set of it: %s\n",
+	       ret ? hkv_strerror(ret) : "stored");
+	CHECK_RC(ret, 0);
+	CHECK_RC(get_sized(a, v, "mid", 100, 6000), 0);
+	hkv_close(a);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+}
+
+/*
  * shm: a client the server drops while its process lives (it sent data
  * after its accept) still has the region mapped. Its gate is shut at the
  * drop (common/transport_shm.c), so it is fenced: its held blocks come back
@@ -1351,6 +1427,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_hold_stall_cache);
 	RUN_TEST(test_hold_stall_fenced);
 	RUN_TEST(test_idle_keepers_move);
+	RUN_TEST(test_class_without_room);
 	RUN_TEST(test_shm_dropped_fenced);
 	RUN_TEST(test_shm_dropped_in_chain);
 	return hkv_test_finish();
