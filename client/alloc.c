@@ -804,8 +804,20 @@ int hkv_alloc_carve(struct hkv_client *c, uint32_t cls, int move)
 	for (uint32_t k = 0; k < c->g.nclasses; k++)
 		if (k != cls)
 			drop_class(c, k, now, 1);
+	if (hkv_test_hook)
+		hkv_test_hook(c, HKV_TP_CARVE);
 	ret = hkv_ctl_carve(c, cls, c->protect_off, move ? HKV_CARVE_F_MOVE : 0, &seg);
 	c->stats.carves++;
+	if (ret == HKV_EAUTH) {
+		/* the server no longer knows our id: it fenced or dropped this
+		 * connection since the operation began (revive looked then). Say
+		 * so if the data path agrees - the next operation connects again -
+		 * not "authentication refused" */
+		struct hkv_wr wr = hkv_wr_read(c, c->atom, c->g.seg_table_off, 8);
+
+		if (hkv_exec(c, &wr, 1))
+			return HKV_EDISCONNECTED;
+	}
 	if (ret == -EINPROGRESS || ret == HKV_ETIMEDOUT)
 		ret = HKV_EAGAIN; /* a segment move that would not finish: try later */
 	if (ret == HKV_EFULL && move) /* (nothing to empty: rare) */

@@ -441,6 +441,7 @@ enum hkv_test_point {
 				    * view, their mark CASes not posted */
 	HKV_TP_REMOVE_SLOT,        /* a remove's mark won (or found a retire in progress), its
 				    * slot CAS not posted */
+	HKV_TP_CARVE,              /* a CARVE request about to go out on the control plane */
 	HKV_TP_COUNT
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);

@@ -1280,6 +1280,77 @@ static void fenced_after(struct hkv_client *c, int fd)
 		_exit(1);
 }
 
+/*
+ * Fenced between an operation's start and its CARVE: the server no longer
+ * knows the id the request names, so it refuses it; the set says the
+ * connection is gone (it was: the data path agrees), not "authentication
+ * refused", and the next set connects again and works. (The child's hook
+ * has the server drop it just before the CARVE goes out.)
+ */
+static char carve_sock[600];
+static int carve_dropped;
+
+static void drop_at_carve(struct hkv_client *c, enum hkv_test_point point)
+{
+	(void)c;
+	if (point != HKV_TP_CARVE || carve_dropped++)
+		return;
+	if (send_on_data_socket(carve_sock, 0) == 0)
+		usleep(500 * 1000); /* (the server's loop drops it meanwhile) */
+}
+
+static void test_shm_fenced_at_carve(void)
+{
+	struct hkvserver s;
+	struct hkv_client *probe;
+	int p[2], st[4] = {-1, -1, -1, -1};
+	char v[20000], got[20000];
+	size_t vlen = 0;
+	pid_t pid;
+
+	if (use_verbs) { /* (shm: the server drops a client that writes on its socket) */
+		printf("# shm only\n");
+		return;
+	}
+	CHECK(hkvserver_start(&s, 0, "4M", "64K", NULL) == 0);
+	probe = hkvserver_client(&s);
+	snprintf(carve_sock, sizeof(carve_sock), "%.550s.data", s.uri + 4);
+	memset(v, 'c', sizeof(v));
+	CHECK(pipe(p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		struct hkv_client *c;
+
+		send_on_data_socket(carve_sock, 1); /* (the parent's: not ours) */
+		st[0] = hkv_open(hkvserver_config(&s), &c);
+		if (!st[0]) {
+			hkv_test_hook = drop_at_carve;
+			/* a class with no segment yet: its set asks for one */
+			st[1] = hkv_set(c, "big1", 4, v, sizeof(v), NULL);
+			hkv_test_hook = NULL;
+			st[2] = hkv_set(c, "big2", 4, v, sizeof(v), NULL);
+			st[3] = (int)c->stats.reconnects;
+		}
+		_exit(write(p[1], st, sizeof(st)) == sizeof(st) ? 0 : 1);
+	}
+	CHECK(pid > 0);
+	CHECK(read(p[0], st, sizeof(st)) == sizeof(st));
+	waitpid(pid, NULL, 0);
+	close(p[0]);
+	close(p[1]);
+	printf("# dropped just before its CARVE: that set: %s; the next set: %s after %d "
+	       "reconnect(s)\n", hkv_strerror(st[1]), hkv_strerror(st[2]), st[3]);
+	CHECK_RC(st[0], 0);
+	CHECK_RC(st[1], HKV_EDISCONNECTED);
+	CHECK_RC(st[2], 0);
+	CHECK(st[3] == 1);
+	CHECK_RC(hkv_get(probe, "big2", 4, got, sizeof(got), &vlen, NULL), 0);
+	CHECK(vlen == sizeof(v) && !memcmp(got, v, vlen));
+	CHECK(hkv_get(probe, "big1", 4, got, sizeof(got), &vlen, NULL) == HKV_ENOTFOUND);
+	hkv_close(probe);
+	hkvserver_stop(&s);
+}
+
 static void test_shm_dropped_fenced(void)
 {
 	struct hkvserver s;
@@ -1429,6 +1500,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_idle_keepers_move);
 	RUN_TEST(test_class_without_room);
 	RUN_TEST(test_shm_dropped_fenced);
+	RUN_TEST(test_shm_fenced_at_carve);
 	RUN_TEST(test_shm_dropped_in_chain);
 	return hkv_test_finish();
 }
