@@ -1087,15 +1087,6 @@ static void test_idle_keepers_move(void)
 	free(got);
 }
 
-/*
- * A cache never answers "full" while it holds items it could evict. A set
- * of a class whose only segment the server had just moved to another class
- * did (CI, stop 42: test_many_sizes): the server had refused this handle a
- * plain carve for the class a moment before, and that refusal held back
- * the next carve - the one that asks for a segment to be emptied - for a
- * second.
- */
-
 static int set_sized(struct hkv_client *h, char *v, const char *prefix, int i, uint32_t len)
 {
 	char key[48];
@@ -1120,6 +1111,59 @@ static int get_sized(struct hkv_client *h, char *v, const char *prefix, int i, u
 	free(got);
 	return ret;
 }
+
+/*
+ * A writer that has been evicting in a full cache refills ahead for a
+ * second after (client/write.c): after a flush_all it must not go on
+ * evicting the items written since. One handle fills a 4 MB cache with
+ * 1000 B items (evicting), flushes, and at once sets 2 MB of new ones:
+ * every one of them reads back, none was evicted.
+ */
+#define FLUSH_NEW 2000
+static void test_flush_while_pressed(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *a;
+	struct hkv_client_stats st0, st1;
+	char *v = malloc(MAXV);
+	int n = 0, missed = 0;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &a), 0);
+	do {
+		CHECK_RC(set_sized(a, v, "old", n++, 1000), 0);
+		hkv_client_stats(a, &st0);
+	} while (st0.evictions < 2000);
+	CHECK_RC(hkv_flush_all(a), 0);
+	hkv_client_stats(a, &st0);
+	for (int i = 0; i < FLUSH_NEW; i++)
+		CHECK_RC(set_sized(a, v, "new", i, 1000), 0);
+	hkv_client_stats(a, &st1);
+	for (int i = 0; i < FLUSH_NEW; i++)
+		missed += get_sized(a, v, "new", i, 1000) != 0;
+	printf("# a full cache's writer flushes, then sets %d new items of 1000 B at once: %llu "
+	       "evicted, %d not read back\n", FLUSH_NEW,
+	       (unsigned long long)(st1.evictions - st0.evictions), missed);
+	CHECK(st1.evictions == st0.evictions);
+	CHECK(missed == 0);
+	hkv_close(a);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+}
+
+/*
+ * A cache never answers "full" while it holds items it could evict. A set
+ * of a class whose only segment the server had just moved to another class
+ * did (CI, stop 42: test_many_sizes): the server had refused this handle a
+ * plain carve for the class a moment before, and that refusal held back
+ * the next carve - the one that asks for a segment to be emptied - for a
+ * second.
+ */
 
 static void test_class_without_room(void)
 {
@@ -1499,6 +1543,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_hold_stall_fenced);
 	RUN_TEST(test_idle_keepers_move);
 	RUN_TEST(test_class_without_room);
+	RUN_TEST(test_flush_while_pressed);
 	RUN_TEST(test_shm_dropped_fenced);
 	RUN_TEST(test_shm_fenced_at_carve);
 	RUN_TEST(test_shm_dropped_in_chain);
