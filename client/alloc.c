@@ -331,6 +331,17 @@ uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
  * halves after a second without one; what the reserves of all classes
  * grew by stays within 1/1024 of the region (one busy class grows, a
  * mixed-size cache's many classes would lose items to them). */
+static void decay_reserve(struct hkv_client *c, uint32_t cls, uint64_t now)
+{
+	struct hkv_class_alloc *ca = &c->classes[cls];
+
+	if (ca->reserve && now - ca->reserve_ns > 1000000000ull) {
+		c->reserve_bytes -= (uint64_t)(ca->reserve - ca->reserve / 2) * c->g.class_size[cls];
+		ca->reserve /= 2;
+		ca->reserve_ns = now;
+	}
+}
+
 static void update_reserve(struct hkv_client *c, uint32_t cls, uint64_t now, int waited)
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
@@ -338,11 +349,7 @@ static void update_reserve(struct hkv_client *c, uint32_t cls, uint64_t now, int
 	uint32_t max = HOLD_BYTES / c->g.class_size[cls], from, to;
 
 	if (!waited) {
-		if (ca->reserve && now - ca->reserve_ns > 1000000000ull) {
-			c->reserve_bytes -= (ca->reserve - ca->reserve / 2) * size;
-			ca->reserve /= 2;
-			ca->reserve_ns = now;
-		}
+		decay_reserve(c, cls, now);
 		return;
 	}
 	ca->reserve_ns = now;
@@ -565,14 +572,18 @@ static void drop_class(struct hkv_client *c, uint32_t cls, uint64_t now, int all
 }
 
 /* Every 50 ms (from every operation's end, and allocation): held blocks of
- * every class that have waited long go. */
+ * every class that have waited long go, and the reserve of a class no
+ * longer written halves each second (else it kept the growth budget from
+ * the classes written now). */
 static void tidy(struct hkv_client *c, uint64_t now)
 {
 	if (now - c->tidy_ns < 50ull * 1000000ull)
 		return;
 	c->tidy_ns = now;
-	for (uint32_t cls = 0; cls < c->g.nclasses; cls++)
+	for (uint32_t cls = 0; cls < c->g.nclasses; cls++) {
 		drop_class(c, cls, now, 0);
+		decay_reserve(c, cls, now);
+	}
 }
 
 /* From every operation's end: the coarse clock says whether a pass is due

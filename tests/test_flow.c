@@ -1157,6 +1157,58 @@ static void test_flush_while_pressed(void)
 }
 
 /*
+ * A class's reserve (how far a pressed writer refills ahead) grows while
+ * its writes wait out a rest, within a budget shared by all classes, and
+ * halves each second without one. A class no longer written gave its
+ * growth back only at its next write: until then the budget stayed spent
+ * and the classes written now could not grow. One handle sets 1000 B
+ * items into a full 4 MB cache until its reserves grew, then only reads
+ * for 4 s: what the class's reserve grew by has gone back, halved each
+ * second (every operation's end tidies, every 50 ms).
+ */
+static void test_idle_reserve(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *a;
+	char *v = malloc(MAXV);
+	uint64_t grown = 0, idle, t0;
+	int n = 0, cls;
+
+	if (use_verbs) { /* (the client's own bookkeeping; in the slow guest few writes wait) */
+		printf("# shm only\n");
+		free(v);
+		return;
+	}
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "4M", "64K", cache) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &a), 0);
+	cls = hkv_class_for(&a->g, (uint32_t)(HKV_BLOCK_HDR + 12 + 1000));
+	for (t0 = now_ms(); now_ms() - t0 < 20000 && n < 200000 && !grown; n++) {
+		CHECK_RC(set_sized(a, v, "grow", n, 1000), 0);
+		if (a->classes[cls].reserve > hkv_alloc_hold_cap(a, (uint32_t)cls) / 2 &&
+		    a->reserve_bytes)
+			grown = a->reserve_bytes;
+	}
+	for (t0 = now_ms(); now_ms() - t0 < 4000;) {
+		CHECK(get_sized(a, v, "grow", n - 1, 1000) == 0);
+		usleep(10 * 1000);
+	}
+	idle = a->reserve_bytes;
+	printf("# reserves: grown to %llu B after %d sets of 1000 B; after 4 s of reads only: "
+	       "%llu B (class reserve %u)\n", (unsigned long long)grown, n,
+	       (unsigned long long)idle, a->classes[cls].reserve);
+	CHECK(grown > 0);
+	CHECK(idle <= grown / 4);
+	hkv_close(a);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+}
+
+/*
  * A cache never answers "full" while it holds items it could evict. A set
  * of a class whose only segment the server had just moved to another class
  * did (CI, stop 42: test_many_sizes): the server had refused this handle a
@@ -1544,6 +1596,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_idle_keepers_move);
 	RUN_TEST(test_class_without_room);
 	RUN_TEST(test_flush_while_pressed);
+	RUN_TEST(test_idle_reserve);
 	RUN_TEST(test_shm_dropped_fenced);
 	RUN_TEST(test_shm_fenced_at_carve);
 	RUN_TEST(test_shm_dropped_in_chain);
