@@ -193,9 +193,18 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	 * ago it claimed it (stopped between its hold check and its post), and
 	 * a connected retirer the block it keeps, or post its free: the block
 	 * comes back only once they are fenced - when a move needs it. */
-	if (holder <= HKV_MAX_CLIENTS && s->clients[holder].connected &&
-	    (!may_fence || hkv_store_fence(s, holder)))
-		return 0;
+	if (holder <= HKV_MAX_CLIENTS && s->clients[holder].connected) {
+		if (!may_fence || hkv_store_fence(s, holder))
+			return 0;
+		/* Fenced: nothing of it lands from now on - but what we saw, we
+		 * saw before. A keeper may have given the block back meanwhile
+		 * (its stamp and bit change; a kept block's meta, which our CAS
+		 * expects, does not) and another client claimed it since: look
+		 * again. (A stamp CAS needs no look: a give-back changes it.) */
+		if (kind == 2 && (load(&bitmap(s, seg)[b / 64]) >> (b % 64) & 1 ||
+				  load(stamp_word(h)) != stamp || load(&h->meta) != meta))
+			return 0;
+	}
 	hkv_failpoint("take-back");
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
 		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp()))
