@@ -304,7 +304,8 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
  * ahead rests here: its reserve - at first 16 KiB worth, less in a small
  * cache (1/4096 of the region: what each writer keeps out of every class
  * is room the items lack), at least 4 (refilled at 2: fewer made a
- * mixed-size cache's sets cost over a round trip more); grown up to 64 KiB
+ * mixed-size cache's sets cost over a round trip more) within 256 KiB;
+ * grown up to 64 KiB
  * worth while its writes still wait (a class written faster than its
  * reserve rests: update_reserve). */
 uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
@@ -320,6 +321,11 @@ uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
 		n = ca->reserve > n ? ca->reserve : n;
 		n = n > max ? max : n;
 		n = n < 4 ? 4 : n;
+		/* (but within 256 KiB: a large class's 4 could be 4 whole
+		 * segments kept from the items) */
+		n = (uint64_t)n * c->g.class_size[cls] > 4 * HOLD_BYTES
+			    ? 4 * HOLD_BYTES / c->g.class_size[cls]
+			    : n;
 	} else if (ca->scarce) { /* memory is short: take little out of the pool */
 		n = n < 2 ? n : 2;
 	}
@@ -354,6 +360,8 @@ static void update_reserve(struct hkv_client *c, uint32_t cls, uint64_t now, int
 	}
 	ca->reserve_ns = now;
 	max = max > 64 ? 64 : max < 4 ? 4 : max;
+	max = (uint64_t)max * size > 4 * HOLD_BYTES ? (uint32_t)(4 * HOLD_BYTES / size) : max;
+	max = max < 1 ? 1 : max;
 	from = hkv_alloc_hold_cap(c, cls);
 	to = 2 * from < max ? 2 * from : max;
 	if (ca->reserve < from) { /* (growth counts from the cap it had) */
@@ -767,6 +775,14 @@ void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t
 		return; /* not a block we could have validated: never touch it */
 	ca = &c->classes[cls];
 	max = hkv_alloc_hold_cap(c, cls);
+	{
+		/* its segment being moved (as the table last read says): a block
+		 * kept there would only be evicted again, or hold up the move */
+		uint64_t e = c->table_ns ? c->table[(off - c->g.data_off) / c->g.seg_size] : 0;
+
+		if (c->table_ns && (hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) != cls))
+			max = 0;
+	}
 	if (ca->n - ca->head >= max) {
 		hkv_free_retired(c, off, cls, gen); /* (ours: its rest counts from now) */
 		return;

@@ -152,7 +152,8 @@ static int evict_group(struct hkv_client *c, uint32_t cls, const struct victim *
  * picks them (expired first); what both experts nominated goes to the
  * policy's ghost. Returns how many were evicted, or <0.
  */
-static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int n, int max)
+static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int n, int max,
+		      int ahead)
 {
 	uint32_t sz = c->g.class_size[cls], rd = sz < EVICT_READ ? sz : EVICT_READ;
 	uint32_t now_ms = hkv_region_ms32(c), now_s = hkv_region_s(c);
@@ -173,6 +174,24 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	}
 	if (n && (ret = hkv_exec(c, wrs, n)))
 		return ret;
+	if (ahead) { /* a quarter of the sample free: room after all (deletes, a flush) */
+		int nfree = 0;
+
+		for (int i = 0; i < n; i++) {
+			const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
+			uint64_t w16;
+
+			memcpy(&w16, v[i].hdr + 16, 8);
+			nfree += hkv_meta_state(h->meta) != HKV_BLK_LIVE && w16 == hkv_freed_stamp();
+		}
+		if (nfree * 4 >= n) {
+			c->classes[cls].pressure_ns = 0;
+			c->classes[cls].survey_ns = 0; /* (the next allocation looks) */
+			c->classes[cls].empty_survey_ns = 0;
+			c->stats.evictions_spared++;
+			return 0;
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		const struct hkv_block_hdr *h = (const struct hkv_block_hdr *)v[i].hdr;
 
@@ -219,7 +238,7 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
  * are freed, their words our hints (so our next claim takes them back).
  * Returns how many were evicted, or <0.
  */
-int hkv_evict(struct hkv_client *c, uint32_t cls)
+int hkv_evict(struct hkv_client *c, uint32_t cls, int ahead)
 {
 	struct victim v[EVICT_SAMPLES];
 	uint32_t segs[EVICT_SAMPLES], nseg = 0, nb = c->g.seg_size / c->g.class_size[cls];
@@ -245,7 +264,7 @@ int hkv_evict(struct hkv_client *c, uint32_t cls)
 		v[n++].off = c->g.data_off + (uint64_t)seg * c->g.seg_size +
 			     (uint64_t)b * c->g.class_size[cls];
 	}
-	n = evict_offs(c, cls, v, n, EVICT_BATCH);
+	n = evict_offs(c, cls, v, n, EVICT_BATCH, ahead);
 	if (n > 0) /* (what we did not keep went to the pool) */
 		c->classes[cls].empty_survey_ns = 0;
 	return n;

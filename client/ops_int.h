@@ -245,8 +245,10 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 
 /* Record an access in the block's atime and count (one unsignaled CAS, no round trip). */
 void hkv_touch_atime(struct hkv_client *c, const struct item *it);
-/* Evict some of our own items of class cls. How many, or <0. */
-int hkv_evict(struct hkv_client *c, uint32_t cls);
+/* Evict some items of class cls (whoever wrote them). How many, or <0.
+ * `ahead` (a refill ahead): evict nothing if a quarter of the sampled
+ * blocks are free - the class has room again: its pressure ends. */
+int hkv_evict(struct hkv_client *c, uint32_t cls, int ahead);
 /* Move one of our segments of another class to cls. 0, HKV_EFULL or <0. */
 /* Both buckets full: the position of a slot to take over (*victim), or -1. */
 int hkv_pick_victim_slot(struct hkv_client *c, const struct key *k, const struct view *view,

@@ -62,7 +62,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 		    ca->n - ca->head <= hkv_alloc_hold_cap(c, (uint32_t)cls) / 2) {
 			ret = hkv_alloc_refill(c, (uint32_t)cls);
 			if (!ret)
-				ret = hkv_evict(c, (uint32_t)cls);
+				ret = hkv_evict(c, (uint32_t)cls, 1);
 			if (ret < 0)
 				return ret;
 		}
@@ -96,7 +96,7 @@ static int fill_block(struct hkv_client *c, const struct key *k, const struct va
 			break;
 		c->classes[cls].pressure_ns = hkv_coarse_ns();
 		for (int round = 0, empty = 0; round < 64 && empty < 4; round++) {
-			int n = hkv_evict(c, (uint32_t)cls);
+			int n = hkv_evict(c, (uint32_t)cls, 0);
 
 			if (n < 0)
 				return n;

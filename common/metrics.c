@@ -480,6 +480,8 @@ static const struct client_total client_totals[] = {
 	   "replaced, done again on the new map."),
 	CT(fail_fast, "fail_fast", "Cluster operations failed at once on a server found dead "
 	   "(within its retry interval)."),
+	CT(evictions_spared, "evictions_spared", "Refills ahead that evicted nothing: a quarter "
+	   "of the blocks sampled were free (another client's flush or deletes)."),
 };
 
 /* "a=1,b=2" and "op=..." joined: the labels of one sample. */

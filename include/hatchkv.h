@@ -306,6 +306,9 @@ struct hkv_client_stats {
 	/* cluster: operations failed at once (HKV_EUNAVAILABLE) on a server
 	 * found dead, within its retry interval (hkv_config_set_retry_ms) */
 	uint64_t fail_fast;
+	/* cache mode: refills ahead that evicted nothing because a quarter of
+	 * the blocks sampled were free (another client's flush or deletes) */
+	uint64_t evictions_spared;
 };
 
 /* Counters of this handle since hkv_open(). */
