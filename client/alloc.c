@@ -297,6 +297,21 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
 	ca->hints[0] = (struct hkv_hint){seg, word, 1ull << (blk % 64)};
 }
 
+/* The most a pressed class's reserve may be: 64 KiB worth, 4 to 64
+ * blocks - but within 256 KiB (a large class's 4 could be 4 whole segments
+ * kept from the items), at least 1. */
+#define PRESSED_HOLD_BYTES (4 * HOLD_BYTES)
+
+static uint32_t pressed_max(const struct hkv_client *c, uint32_t cls)
+{
+	uint32_t size = c->g.class_size[cls], n = HOLD_BYTES / size;
+
+	n = n > 64 ? 64 : n < 4 ? 4 : n;
+	if ((uint64_t)n * size > PRESSED_HOLD_BYTES)
+		n = PRESSED_HOLD_BYTES / size;
+	return n < 1 ? 1 : n;
+}
+
 /* Blocks of class cls we may hold at once (claimed or kept): 64 KiB worth,
  * at least 1, at most 64 - enough for a rotation of small blocks resting
  * 200 us each between a writer's updates; 2 while a survey finds it scarce.
@@ -304,10 +319,9 @@ static void note_free(struct hkv_client *c, uint32_t cls, uint32_t seg, uint32_t
  * ahead rests here: its reserve - at first 16 KiB worth, less in a small
  * cache (1/4096 of the region: what each writer keeps out of every class
  * is room the items lack), at least 4 (refilled at 2: fewer made a
- * mixed-size cache's sets cost over a round trip more) within 256 KiB;
- * grown up to 64 KiB
- * worth while its writes still wait (a class written faster than its
- * reserve rests: update_reserve). */
+ * mixed-size cache's sets cost over a round trip more); grown while its
+ * writes still wait (a class written faster than its reserve rests:
+ * update_reserve), up to pressed_max(). */
 uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
 {
 	const struct hkv_class_alloc *ca = &c->classes[cls];
@@ -321,11 +335,7 @@ uint32_t hkv_alloc_hold_cap(const struct hkv_client *c, uint32_t cls)
 		n = ca->reserve > n ? ca->reserve : n;
 		n = n > max ? max : n;
 		n = n < 4 ? 4 : n;
-		/* (but within 256 KiB: a large class's 4 could be 4 whole
-		 * segments kept from the items) */
-		n = (uint64_t)n * c->g.class_size[cls] > 4 * HOLD_BYTES
-			    ? 4 * HOLD_BYTES / c->g.class_size[cls]
-			    : n;
+		n = n > pressed_max(c, cls) ? pressed_max(c, cls) : n;
 	} else if (ca->scarce) { /* memory is short: take little out of the pool */
 		n = n < 2 ? n : 2;
 	}
@@ -352,16 +362,13 @@ static void update_reserve(struct hkv_client *c, uint32_t cls, uint64_t now, int
 {
 	struct hkv_class_alloc *ca = &c->classes[cls];
 	uint64_t budget = (uint64_t)c->g.nsegs * c->g.seg_size / 1024, size = c->g.class_size[cls];
-	uint32_t max = HOLD_BYTES / c->g.class_size[cls], from, to;
+	uint32_t max = pressed_max(c, cls), from, to;
 
 	if (!waited) {
 		decay_reserve(c, cls, now);
 		return;
 	}
 	ca->reserve_ns = now;
-	max = max > 64 ? 64 : max < 4 ? 4 : max;
-	max = (uint64_t)max * size > 4 * HOLD_BYTES ? (uint32_t)(4 * HOLD_BYTES / size) : max;
-	max = max < 1 ? 1 : max;
 	from = hkv_alloc_hold_cap(c, cls);
 	to = 2 * from < max ? 2 * from : max;
 	if (ca->reserve < from) { /* (growth counts from the cap it had) */
@@ -775,12 +782,14 @@ void hkv_free_or_keep(struct hkv_client *c, uint64_t off, uint32_t cls, uint32_t
 		return; /* not a block we could have validated: never touch it */
 	ca = &c->classes[cls];
 	max = hkv_alloc_hold_cap(c, cls);
-	{
+	if (c->table_ns) {
 		/* its segment being moved (as the table last read says): a block
 		 * kept there would only be evicted again, or hold up the move */
-		uint64_t e = c->table_ns ? c->table[(off - c->g.data_off) / c->g.seg_size] : 0;
+		uint32_t seg, blk;
 
-		if (c->table_ns && (hkv_seg_state(e) != HKV_SEG_SHARED || hkv_seg_class(e) != cls))
+		block_pos(c, off, cls, &seg, &blk);
+		if (hkv_seg_state(c->table[seg]) != HKV_SEG_SHARED ||
+		    hkv_seg_class(c->table[seg]) != cls)
 			max = 0;
 	}
 	if (ca->n - ca->head >= max) {
