@@ -131,13 +131,15 @@ static struct hkv_wr free_bit(struct hkv_client *c, uint64_t off, uint32_t cls)
  * A free's chain, both unsignaled: WRITE the freed stamp over bytes 16..23
  * (layout.h, hkv_freed_stamp: what tells the sweep this block was freed, so
  * that a claimer stopped before its own stamps is never taken for a gone
- * retirer), then FAA the bit. RC runs them in order. The stamp comes from
+ * retirer; ours and counted, so that no two frees of a block leave the
+ * same), then FAA the bit. RC runs them in order. The stamp comes from
  * atom[59], which holds nothing else (atom[48..56) are the claims' stamps,
  * read by their unsignaled WRITEs until they execute).
  */
 static void freed_stamp(struct hkv_client *c, uint64_t off, uint32_t cls, struct hkv_wr *wr)
 {
-	c->atom[59] = hkv_freed_stamp(); /* (always the same value) */
+	/* (inline: the WRITE takes the value when posted) */
+	c->atom[59] = hkv_freed_stamp(c->client_id, ++c->free_seq);
 	wr[0] = hkv_wr_write(c, &c->atom[59], off + 16, 8);
 	wr[0].flags = HKV_WR_F_NO_COMPLETION;
 	wr[1] = free_bit(c, off, cls);
@@ -462,8 +464,8 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	uint32_t want = claim_batch(c, cls, hkv_now_ns()), nblk = 0, blks[CLAIM_MAX];
 	uint64_t bits = h->bits & word_mask(nb, h->word), mask = 0, t_post, t_done;
 	uint64_t *stamp = &c->atom[48 + (c->hold_seq & 7)];
-	struct hkv_wr wrs[2 + CLAIM_MAX];
-	int ret, got = 0;
+	struct hkv_wr wrs[3 + CLAIM_MAX];
+	int ret, got = 0, pre = 0;
 
 	if (h->seg >= c->g.nsegs || h->word * 64 >= nb || !bits) {
 		ca->nhints--;
@@ -481,14 +483,21 @@ static int claim(struct hkv_client *c, uint32_t cls)
 			blks[nblk++] = h->word * 64 + x;
 		}
 	}
-	wrs[0] = hkv_wr_cas(c, &c->atom[60], bitmap_word(c, h->seg, h->word), h->bits,
-			    h->bits & ~mask);
-	wrs[1] = hkv_wr_read(c, &c->atom[61], c->g.seg_table_off + (uint64_t)h->seg * 8, 8);
+	/* [WRITE our intent record, CAS, READ the entry, READ the headers]: the
+	 * record names the word before the CAS can win (layout.h) */
+	if (c->g.nintents) {
+		c->atom[58] = bitmap_word(c, h->seg, h->word);
+		wrs[pre] = hkv_wr_write(c, &c->atom[58], hkv_intent_rec(&c->g, c->client_id), 8);
+		wrs[pre++].flags = HKV_WR_F_NO_COMPLETION;
+	}
+	wrs[pre] = hkv_wr_cas(c, &c->atom[60], bitmap_word(c, h->seg, h->word), h->bits,
+			      h->bits & ~mask);
+	wrs[pre + 1] = hkv_wr_read(c, &c->atom[61], c->g.seg_table_off + (uint64_t)h->seg * 8, 8);
 	for (uint32_t i = 0; i < nblk; i++)
-		wrs[2 + i] = hkv_wr_read(c, c->scr + (size_t)i * 32,
-					 seg_base(c, h->seg) + (uint64_t)blks[i] * csize, 24);
+		wrs[pre + 2 + i] = hkv_wr_read(c, c->scr + (size_t)i * 32,
+					       seg_base(c, h->seg) + (uint64_t)blks[i] * csize, 24);
 	t_post = hkv_now_ns();
-	ret = hkv_exec(c, wrs, 2 + (int)nblk);
+	ret = hkv_exec(c, wrs, pre + 2 + (int)nblk);
 	if (ret)
 		return ret;
 	t_done = hkv_now_ns();
@@ -501,12 +510,36 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	}
 	h->bits &= ~mask;
 	if (hkv_seg_state(c->atom[61]) != HKV_SEG_SHARED || hkv_seg_class(c->atom[61]) != cls) {
-		/* the server is moving the segment (or the table is garbage): give
-		 * the blocks back, forget its hints */
-		struct hkv_wr wr = hkv_wr_faa(c, &c->atom[62], bitmap_word(c, h->seg, h->word), mask);
+		/* the server is moving the segment: give the blocks back - a free
+		 * block's freed stamp first, as a free does, so that none comes
+		 * back to a free bit under the stamp it had when the claim took it
+		 * (server/slab.c, reclaim_unstamped) - and forget its hints. In
+		 * another class (the word came back to what we saw) or a garbage
+		 * table, our offsets mean nothing: the sweep takes the bits back
+		 * once our next claim's intent no longer names the word. */
+		uint32_t n = 0;
 
-		wr.flags = HKV_WR_F_NO_COMPLETION;
-		(void)hkv_conn_post(c->conn, &wr, 1);
+		if (hkv_seg_state(c->atom[61]) == HKV_SEG_DRAINING &&
+		    hkv_seg_class(c->atom[61]) == cls) {
+			c->atom[59] = hkv_freed_stamp(c->client_id, ++c->free_seq);
+			for (uint32_t i = 0; i < nblk; i++) {
+				uint64_t meta;
+
+				memcpy(&meta, c->scr + (size_t)i * 32, 8);
+				if ((hkv_meta_state(meta) != HKV_BLK_UNUSED &&
+				     hkv_meta_state(meta) != HKV_BLK_OBSOLETE) ||
+				    hkv_meta_class(meta) != cls)
+					continue; /* (garbage: its bit back, its bytes as they are) */
+				wrs[n] = hkv_wr_write(c, &c->atom[59],
+						      seg_base(c, h->seg) + (uint64_t)blks[i] * csize +
+							      16,
+						      8);
+				wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+			}
+			wrs[n] = hkv_wr_faa(c, &c->atom[62], bitmap_word(c, h->seg, h->word), mask);
+			wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+			(void)hkv_conn_post(c->conn, wrs, (int)n);
+		}
 		for (uint32_t i = 0; i < ca->nhints;)
 			if (ca->hints[i].seg == h->seg)
 				ca->hints[i] = ca->hints[--ca->nhints];

@@ -197,6 +197,7 @@ struct hkv_client {
 	uint64_t table_ns;  /* when (0: never) */
 	uint32_t table_free; /* FREE segments in it (UINT32_MAX: not read yet) */
 	uint32_t hold_seq;  /* claims posted: each stamps HELD(id, seq) */
+	uint32_t free_seq;  /* frees posted: each stamps freed(id, seq) */
 	/* blocks this handle freed lately after winning their mark (a table by
 	 * address, a later free taking an earlier one's place): the address,
 	 * the generation retired, and a clock read after the mark completed.

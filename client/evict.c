@@ -182,7 +182,7 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 			uint64_t w16;
 
 			memcpy(&w16, v[i].hdr + 16, 8);
-			nfree += hkv_meta_state(h->meta) != HKV_BLK_LIVE && w16 == hkv_freed_stamp();
+			nfree += hkv_meta_state(h->meta) != HKV_BLK_LIVE && hkv_freed_is(w16);
 		}
 		if (nfree * 4 >= n) {
 			c->classes[cls].pressure_ns = 0;

@@ -63,8 +63,10 @@
 #include <stdint.h>
 
 #define HKV_CTL_MAGIC    0x4c54434bu /* "KCTL" */
-#define HKV_CTL_VERSION  3 /* 3: GRANT/CARVE MACed under the session (2: with the
-			    * ticket in clear; 1: AUTH with the token) */
+#define HKV_CTL_VERSION  4 /* 4: writers post claim intents (layout.h), which a
+			    * server's sweep relies on; 3: GRANT/CARVE MACed under
+			    * the session (2: with the ticket in clear; 1: AUTH
+			    * with the token) */
 #define HKV_CTL_BODY_MAX 1024
 #define HKV_TOKEN_MAX    256
 #define HKV_TICKET_LEN   16

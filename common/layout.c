@@ -77,7 +77,8 @@ int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 	g->seg_size = seg_size;
 	g->nbuckets = nb;
 	g->bitmap_bytes = (uint32_t)ALIGN_UP(seg_size / HKV_BLOCK_ALIGN / 8, 8);
-	fixed = HKV_HEADER_SIZE + ALIGN_UP(nb * HKV_BUCKET_SIZE, 4096) + 3 * 4096;
+	fixed = HKV_HEADER_SIZE + ALIGN_UP(nb * HKV_BUCKET_SIZE, 4096) + 3 * 4096 +
+		HKV_NINTENTS * 8;
 	per_seg = (uint64_t)seg_size + 8 + g->bitmap_bytes;
 	if (total < fixed + per_seg)
 		return -EINVAL;
@@ -87,13 +88,15 @@ int hkv_geometry_init(struct hkv_geometry *g, uint64_t total, uint32_t seg_size,
 		g->bitmap_off = ALIGN_UP(g->seg_table_off + (uint64_t)g->nsegs * 8, 4096);
 		g->index_off = ALIGN_UP(g->bitmap_off + (uint64_t)g->nsegs * g->bitmap_bytes, 4096);
 		g->data_off = ALIGN_UP(g->index_off + nb * HKV_BUCKET_SIZE, 4096);
-		avail = g->data_off + (uint64_t)g->nsegs * seg_size;
+		avail = g->data_off + (uint64_t)g->nsegs * seg_size + HKV_NINTENTS * 8;
 		if (avail <= total || g->nsegs == 0)
 			break;
 		g->nsegs--;
 	}
 	if (!g->nsegs)
 		return -EINVAL;
+	g->intent_off = g->data_off + (uint64_t)g->nsegs * seg_size; /* (past the last segment) */
+	g->nintents = HKV_NINTENTS;
 	g->nclasses = build_classes(g->class_size, seg_size, growth);
 	return 0;
 }
@@ -123,6 +126,13 @@ static int geometry_parts_fit(const struct hkv_geometry *g)
 	u128 index_end = (u128)g->index_off + (u128)g->nbuckets * HKV_BUCKET_SIZE;
 	u128 data_end = (u128)g->data_off + (u128)g->nsegs * g->seg_size;
 
+	u128 intent_end = (u128)g->intent_off + (u128)g->nintents * 8;
+
+	if (g->intent_off ? (g->nintents & (g->nintents - 1)) || !g->nintents ||
+				    g->intent_off % 8 || g->intent_off < data_end ||
+				    intent_end > g->total_size
+			  : g->nintents != 0)
+		return 0; /* (intents: none in a region made before them) */
 	return (g->seg_table_off | g->bitmap_off | g->index_off | g->data_off) % 4096 == 0 &&
 	       g->seg_table_off >= HKV_HEADER_SIZE && table_end <= g->bitmap_off &&
 	       bitmap_end <= g->index_off && index_end <= g->data_off &&

@@ -15,6 +15,8 @@
  *   | hash index     |  nbuckets x 128 B buckets of 16 slots
  *   +----------------+ data_off
  *   | segments       |  nsegs x seg_size, each carved into one size class
+ *   +----------------+ intent_off (0: a region made before claim intents)
+ *   | claim intents  |  nintents x 8 B: a writer's claims name their bitmap word
  *   +----------------+ total_size
  *
  * Slot (8 B, the CAS word of the index; 0 = empty):
@@ -115,12 +117,20 @@ struct hkv_geometry {
 	uint32_t bitmap_bytes; /* per segment */
 	uint32_t nclasses;
 	uint64_t boot_id;   /* random per server start */
-	uint64_t rsv_segs; /* unused since layout 3 (was: segments per client) */
+	/* Claim intents (since 2026-12, layout 7; 0 in older regions: none):
+	 * nintents 8-byte records at intent_off, after the last segment and
+	 * inside every writer's WRITE window. Record id % nintents is the
+	 * writer's (the server gives no two connected writers one record); a
+	 * claim WRITEs there the offset of the bitmap word it CASes, before
+	 * the CAS (hkv_intent_of; docs/design.md, "Memory that flows"). */
+	uint64_t intent_off;
 	/* SipHash-2-4 key of this region's key hash (hkv_key_hash): random when
 	 * the region is made, kept across warm restarts. Only clients that
 	 * passed AUTH can read it, so nobody else can aim keys at a bucket. */
 	uint8_t hash_key[16];
-	uint64_t reserved[3];
+	uint32_t nintents; /* a power of two, or 0 with intent_off 0 */
+	uint32_t rsv32;
+	uint64_t reserved[2];
 	uint32_t class_size[HKV_NCLASSES_MAX];
 	uint32_t pad;
 	uint32_t sum; /* XXH64 of everything above, folded to 32 bits */
@@ -349,16 +359,47 @@ static inline int hkv_held_by_one(uint64_t word16)
 
 /*
  * Bytes 16..23 of a block whose free (or give-back) a client posted: HELD
- * form with no holder, WRITTEN just before the bit's FAA. The sweep takes
+ * form with no holder and, as its seq, the freer's id and a count of its
+ * frees (so that two frees of one block leave different stamps), WRITTEN
+ * just before the bit's FAA. The sweep takes
  * back a retired block whose retirer left (its free never posted) only
  * when these bytes are not HELD form; a block freed and then claimed by a
  * writer not yet stamping it keeps this, so a stopped claimer's blocks are
  * never mistaken for a gone retirer's (issue 27). No holder: never taken as
  * held either.
  */
-static inline uint64_t hkv_freed_stamp(void)
+static inline uint64_t hkv_freed_stamp(uint32_t freer, uint32_t n)
 {
-	return hkv_held_make(0, 0);
+	return hkv_held_make(0, (freer & 0xffff) << 16 | (n & 0xffff));
+}
+
+static inline int hkv_freed_is(uint64_t word16)
+{
+	return hkv_held_is(word16) && !hkv_held_holder(word16);
+}
+
+/* Who posted the free a freed stamp records (0: the server). */
+static inline uint32_t hkv_freed_by(uint64_t word16)
+{
+	return (uint32_t)(word16 >> 16) & 0xffff;
+}
+
+/*
+ * Claim intents. A claim's chain is [WRITE the bitmap word's offset into
+ * the claimer's intent record, CAS the word, ...]: RC runs the WRITE first,
+ * so whenever a claim's CAS has won, the record names its word until the
+ * claimer's next claim - which it posts only after the stamps of this one,
+ * on the same queue pair. A block with its bit clear under a freed stamp
+ * (or a fresh carve's zero) is thus a claim not yet stamped by a writer
+ * whose record names the word, or one whose claimer (or freer, for a free
+ * cut between its stamp and its FAA) is fenced: the sweep takes it back
+ * only then (server/slab.c, kind 5).
+ */
+#define HKV_NINTENTS 4096u
+
+static inline uint64_t hkv_intent_rec(const struct hkv_geometry *g, uint32_t client_id)
+{
+	return g->intent_off + (uint64_t)(client_id & (g->nintents - 1)) * 8;
 }
 
 /* ---- hashing ----------------------------------------------------------------- */

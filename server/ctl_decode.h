@@ -66,6 +66,9 @@ static inline enum hkv_ctl_verdict hkv_ctl_decode(const void *buf, size_t len,
 	else if (h.version == 1 || (h.version == HKV_CTL_VERSION && h.type == HKV_CTL_AUTH))
 		req->why = "control protocol 1 (the token sent in clear) is no longer served: "
 			   "upgrade the client";
+	else if (h.version == 2 || h.version == 3)
+		req->why = "control protocol 2-3 (a client that posts no claim intents) is no "
+			   "longer served: upgrade the client";
 	else if (h.version != HKV_CTL_VERSION)
 		req->why = "unsupported control protocol version";
 	else if (h.type == HKV_CTL_HELLO   ? h.len != sizeof(struct hkv_ctl_hello)

@@ -145,8 +145,9 @@ static int named(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_t cl
 
 /*
  * Is h (its bit clear) a free block someone may have left behind: held
- * under a HELD stamp (1), or retired by a client that has disconnected
- * since and so will never post its free or write it (2)? With `for_move`
+ * under a HELD stamp (1), retired by a client that has disconnected
+ * since and so will never post its free or write it (2), or claimed and
+ * not stamped (5: a freed stamp or a carve's zero; reclaim_unstamped)? With `for_move`
  * (a cache's move), also a block retired by a connected client (2): one it
  * keeps for its next write (a replace's or an eviction's, client/alloc.c
  * hkv_free_or_keep), or whose free it has not posted yet - taken back only
@@ -169,13 +170,54 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	st = hkv_meta_state(*meta);
 	if (st != HKV_BLK_UNUSED && st != HKV_BLK_OBSOLETE)
 		return 0;
-	if (hkv_held_is(*stamp)) /* (holder 0: freed, maybe claimed since: not ours) */
-		return hkv_held_by_one(*stamp);
+	if (hkv_held_is(*stamp)) /* (holder 0: freed, then claimed and not stamped yet) */
+		return hkv_held_by_one(*stamp) ? 1 : s->geom->nintents ? 5 : 0;
+	if (st == HKV_BLK_UNUSED && !*stamp) /* (as carved, claimed and not stamped) */
+		return s->geom->nintents ? 5 : 0;
 	by = hkv_meta_retired_by(*meta);
 	return st == HKV_BLK_OBSOLETE && by && by <= HKV_MAX_CLIENTS &&
 			       (for_move || !s->clients[by].connected) && !named(s, h, cls)
 		       ? 2
 		       : 0;
+}
+
+/*
+ * Kind 5: a block whose bit a claim cleared and nobody stamped since, seen
+ * unchanged (bit clear, freed stamp s or a carve's 0, meta) long enough.
+ * Its owner is the claimer, or - a free cut between its stamp and its FAA -
+ * the freer s names. In order: (1) that freer is not connected: fenced, so
+ * its FAA either landed already or never will; (2) the bit is still clear
+ * and the block as seen; (3) no connected writer's intent record names the
+ * word (layout.h): a claimer's record named it from before its CAS until
+ * its next claim, which it posts after this claim's stamps - so either the
+ * claimer is fenced, or it has stamped the block, or it never will (a
+ * garbage block it left alone); (4) CAS the stamp s -> a server freed stamp,
+ * which fails if anyone stamped or freed the block since (every stamp is new:
+ * HELD stamps by holder and seq, freed ones by freer and count); (5) set
+ * the bit. Between (2) and (5) nobody else can set the bit: its only owner
+ * is fenced, or would have changed the stamp first. 1 if taken.
+ */
+static int reclaim_unstamped(struct hkv_store *s, uint32_t seg, uint32_t b, struct hkv_block_hdr *h,
+			     uint64_t stamp, uint64_t meta)
+{
+	uint64_t *w = &bitmap(s, seg)[b / 64], bit = 1ull << (b % 64);
+	uint32_t freer = hkv_freed_is(stamp) ? hkv_freed_by(stamp) : 0;
+
+	if (freer && (freer > HKV_MAX_CLIENTS || s->clients[freer].connected))
+		return 0;
+	if ((load(w) & bit) || load(stamp_word(h)) != stamp || load(&h->meta) != meta)
+		return 0;
+	if (hkv_store_intent_covers(s, (uint64_t)((uint8_t *)w - base(s))))
+		return 0;
+	hkv_failpoint("take-back");
+	if (!cas(s, stamp_word(h), stamp, hkv_freed_stamp(0, ++s->slab.free_seq)))
+		return 0;
+	set_free(s, seg, b);
+	s->slab.held_reclaimed++;
+	s->slab.unstamped_reclaimed++;
+	hkv_info("slab: took back block %u of segment %u, claimed and never stamped by a "
+		 "writer that is gone", b, seg);
+	return 1;
 }
 
 /*
@@ -189,6 +231,8 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 {
 	uint32_t holder = kind == 1 ? hkv_held_holder(stamp) : hkv_meta_retired_by(meta);
 
+	if (kind == 5)
+		return reclaim_unstamped(s, seg, b, h, stamp, meta);
 	/* A connected holder may still write the block it holds, however long
 	 * ago it claimed it (stopped between its hold check and its post), and
 	 * a connected retirer the block it keeps, or post its free: the block
@@ -207,7 +251,7 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	}
 	hkv_failpoint("take-back");
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
-		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp()))
+		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp(0, ++s->slab.free_seq)))
 		return 0;
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
@@ -988,7 +1032,7 @@ static int drain_step(struct hkv_store *s)
 			if (now - sighting(&s->slab.dcur, &s->slab.dprev, off, stamp, meta, now,
 					   since) < RECLAIM_NS)
 				continue;
-			if (kind <= 2)
+			if (kind <= 2 || kind == 5)
 				reclaim_held(s, seg, b, h, stamp, meta, kind, 1);
 			else
 				reclaim_left(s, seg, b, h, cls, meta, kind, slot, sl);
@@ -1416,7 +1460,7 @@ int hkv_slab_rebuild(struct hkv_store *s)
 								hkv_meta_gen(h->meta)) |
 						  (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
 				if (st != HKV_BLK_UNUSED) /* free, as a client's free leaves it */
-					*stamp_word(h) = hkv_freed_stamp();
+					*stamp_word(h) = hkv_freed_stamp(0, ++s->slab.free_seq);
 				else if (hkv_held_is(*stamp_word(h)))
 					*stamp_word(h) = 0;
 				bits |= 1ull << (b % 64);

@@ -269,6 +269,35 @@ static void pend_end(struct hkv_store *s, struct hkv_client_rec *c)
 	c->ticket_expiry_ns = 0;
 }
 
+/* Is id's claim-intent record another writer's (connected or holding a
+ * ticket)? A writer that left, fenced, lands nothing there any more. */
+static int intent_taken(const struct hkv_store *s, uint32_t id, uint64_t now)
+{
+	uint32_t o;
+
+	if (!s->geom->nintents)
+		return 0;
+	o = s->intent_owner[id & (s->geom->nintents - 1)];
+	return o && o != id && (s->clients[o].connected || s->clients[o].ticket_expiry_ns > now);
+}
+
+int hkv_store_intent_covers(const struct hkv_store *s, uint64_t word_off)
+{
+	const uint64_t *rec;
+
+	if (!s->geom->nintents)
+		return 1; /* (a region made before intents: nobody can tell) */
+	rec = (const uint64_t *)((const uint8_t *)s->region.base + s->geom->intent_off);
+	for (uint32_t i = 0; i < s->geom->nintents; i++) {
+		uint32_t o = s->intent_owner[i];
+
+		if (__atomic_load_n(&rec[i], __ATOMIC_ACQUIRE) == word_off && o &&
+		    s->clients[o].connected && !s->clients[o].readonly)
+			return 1;
+	}
+	return 0;
+}
+
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
 		    uint64_t source, const uint8_t req_key[32])
 {
@@ -300,6 +329,8 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 		s->next_id = id % HKV_MAX_CLIENTS + 1; /* round robin: ids are reused late */
 		if (c->connected || c->ticket_expiry_ns > now)
 			continue;
+		if (!readonly && intent_taken(s, id, now))
+			continue;
 		if (c->ticket_expiry_ns) /* expired, not yet seen by the tick */
 			pend_end(s, c);
 		if (getrandom(c->ticket, HKV_TICKET_LEN, 0) != HKV_TICKET_LEN)
@@ -311,6 +342,13 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 		s->npending_ro += !!readonly;
 		c->ticket_expiry_ns = now + TICKET_TTL_NS;
 		c->readonly = !!readonly;
+		if (!readonly && s->geom->nintents) { /* its claim-intent record, emptied */
+			s->intent_owner[id & (s->geom->nintents - 1)] = (uint16_t)id;
+			__atomic_store_n((uint64_t *)((uint8_t *)s->region.base +
+						      hkv_intent_rec(s->geom, id)),
+					 0,
+					 __ATOMIC_RELEASE);
+		}
 		c->source = source;
 		memcpy(c->req_key, req_key, sizeof(c->req_key));
 		c->req_seq = 0;

@@ -82,6 +82,8 @@ struct hkv_slab {
 	uint64_t *named; /* warm restart: blocks a slot names, one bit per 64 B */
 	struct hkv_moved_in *moved_in; /* per segment: its last move, when and from which class */
 	uint64_t carved, moved, drains_aborted, evicted, held_reclaimed, relocated;
+	uint64_t unstamped_reclaimed; /* of held_reclaimed: claims nobody stamped (kind 5) */
+	uint32_t free_seq; /* the count in the freed stamps the server writes */
 	/* the region's fill, summed by the sweep as it passes each segment and
 	 * published when a pass ends (fill_ns: CLOCK_REALTIME then, 0: none yet) */
 	struct hkv_slab_fill {
@@ -128,6 +130,9 @@ struct hkv_store {
 	uint64_t header_restores; /* times the header differed and was put back */
 	uint64_t header_log_ns;
 	struct hkv_client_rec *clients; /* indexed by client id (1..HKV_MAX_CLIENTS) */
+	/* the writer given each claim-intent record last (client id, 0: none);
+	 * no two writers with a ticket or a connection share one (layout.h) */
+	uint16_t intent_owner[HKV_NINTENTS];
 	uint32_t next_id;
 	uint32_t nconnected;
 	uint32_t npending; /* tickets handed out, not yet redeemed or expired by the tick */
@@ -153,6 +158,9 @@ void hkv_store_fini(struct hkv_store *s);
 #define HKV_TICKET_TTL_S 5
 int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly,
 		    uint64_t source, const uint8_t req_key[32]);
+/* Does a connected writer's claim-intent record name bitmap word word_off
+ * (its region offset)? 1 too in a region without intents (layout.h). */
+int hkv_store_intent_covers(const struct hkv_store *s, uint64_t word_off);
 /* Is body (a GRANT or CARVE of client id) from the session we welcomed it
  * in - its MAC by that session's request key matches - and newer than any
  * before (seq above the last: a request seen on the way cannot be sent

@@ -81,7 +81,7 @@ def rdma_addr():
     sys.exit(77)
 
 
-CTL_VERSION = 3  # common/ctl_proto.h HKV_CTL_VERSION
+CTL_VERSION = 4  # common/ctl_proto.h HKV_CTL_VERSION
 
 
 def ctl_auth(sock_path, token):
