@@ -20,6 +20,7 @@
 /* cache mode (EVICT_BATCH: client/ops_int.h) */
 #define ATIME_STEP_MS  1  /* a block's access time is refreshed at most this often */
 #define EVICT_SAMPLES  64 /* blocks sampled per eviction round */
+#define EVICT_BATCH_BYTES (256u << 10) /* ... and evicted per round, at most */
 #define EVICT_READ     320 /* header + the longest key, 64 B aligned */
 #define ATIME_FRESH_NS (10ull * 1000000ull) /* a GET's atime CAS only this soon after its READ */
 
@@ -229,11 +230,21 @@ static int evict_offs(struct hkv_client *c, uint32_t cls, struct victim *v, int 
 	return evicted;
 }
 
+/* Items one round evicts: EVICT_BATCH, or as many blocks of the class as
+ * make EVICT_BATCH_BYTES (>= 1): a write of one 1 MiB item once evicted
+ * 8 MiB - most of a small cache's items of that size - to keep one. */
+static int evict_batch(const struct hkv_client *c, uint32_t cls)
+{
+	uint32_t n = EVICT_BATCH_BYTES / c->g.class_size[cls];
+
+	return n < 1 ? 1 : n > EVICT_BATCH ? EVICT_BATCH : (int)n;
+}
+
 /*
  * Memory is full in class cls (cache mode): evict some items of that class,
  * whoever wrote them. Samples EVICT_SAMPLES blocks of the class's segments
  * (the table as read at most 100 ms ago) and evicts the EVICT_BATCH oldest
- * (3 round trips). The blocks it retires are kept for our own next writes
+ * (fewer of blocks over 32 KiB: evict_batch) (3 round trips). The blocks it retires are kept for our own next writes
  * of the class (resting, hkv_free_or_keep) up to the hold cap; the rest
  * are freed, their words our hints (so our next claim takes them back).
  * Returns how many were evicted, or <0.
@@ -264,7 +275,7 @@ int hkv_evict(struct hkv_client *c, uint32_t cls, int ahead)
 		v[n++].off = c->g.data_off + (uint64_t)seg * c->g.seg_size +
 			     (uint64_t)b * c->g.class_size[cls];
 	}
-	n = evict_offs(c, cls, v, n, EVICT_BATCH, ahead);
+	n = evict_offs(c, cls, v, n, evict_batch(c, cls), ahead);
 	if (n > 0) /* (what we did not keep went to the pool) */
 		c->classes[cls].empty_survey_ns = 0;
 	return n;

@@ -1266,6 +1266,54 @@ static void test_class_without_room(void)
 }
 
 /*
+ * Large items into a full cache: an eviction round evicts what makes 256
+ * KiB of the class (at least one item), not 8 items whatever their size.
+ * A 16 MB cache of 1 MiB segments, values of 200 000 B (4 to a segment):
+ * 120 of them, set one after another. Before, each round that made room
+ * for one item evicted up to 8 of the class's ~60 at once, and the
+ * blocks of the 7 it did not need stood empty until the next sets: the
+ * cache held fewer items than fit.
+ */
+static void test_large_evictions(void)
+{
+	static const char *const cache[] = {"--cache", NULL};
+	struct hkvserver s;
+	struct hkv_config *cfg;
+	struct hkv_client *a;
+	struct hkv_client_stats st;
+	char *v = malloc(MAXV);
+	int first_full = -1, last_there = 0, there = 0, n = 120;
+
+	CHECK(v != NULL);
+	CHECK(hkvserver_start(&s, use_verbs, "16M", "1M", cache) == 0);
+	cfg = hkvserver_config(&s);
+	CHECK_RC(hkv_open(cfg, &a), 0);
+	for (int i = 0; i < n; i++) {
+		CHECK_RC(set_sized(a, v, "large", i, 200000), 0);
+		hkv_client_stats(a, &st);
+		if (first_full < 0 && st.evictions)
+			first_full = i;
+	}
+	hkv_client_stats(a, &st);
+	for (int i = 0; i < n; i++) {
+		int ret = get_sized(a, v, "large", i, 200000);
+
+		there += ret == 0;
+		last_there += ret == 0 && i >= n - 8;
+	}
+	printf("# %d sets of 200000 B into a 16 MB cache: the first eviction at set %d, %llu "
+	       "evictions in all; %d items there at the end, %d of the last 8\n",
+	       n, first_full, (unsigned long long)st.evictions, there, last_there);
+	CHECK(first_full > 8);
+	CHECK(there >= first_full - 1); /* (what fits, less the one being replaced) */
+	CHECK(last_there == 8);
+	hkv_close(a);
+	hkv_config_free(cfg);
+	hkvserver_stop(&s);
+	free(v);
+}
+
+/*
  * shm: a client the server drops while its process lives (it sent data
  * after its accept) still has the region mapped. Its gate is shut at the
  * drop (common/transport_shm.c), so it is fenced: its held blocks come back
@@ -1601,6 +1649,7 @@ int main(int argc, char **argv)
 	RUN_TEST(test_hold_stall_fenced);
 	RUN_TEST(test_idle_keepers_move);
 	RUN_TEST(test_class_without_room);
+	RUN_TEST(test_large_evictions);
 	RUN_TEST(test_flush_while_pressed);
 	RUN_TEST(test_idle_reserve);
 	RUN_TEST(test_shm_dropped_fenced);
