@@ -453,6 +453,77 @@ static uint64_t rest_from(struct hkv_client *c, uint64_t off, uint64_t meta, uin
 }
 
 /*
+ * Post wrs[0..n) (a claim's stamps, or nothing) and then a WRITE of 0 over
+ * our intent record (layout.h): RC lands it after them, so once the record
+ * no longer names the word, every block we took from it is stamped. A post
+ * that fails breaks the connection: the server fences us, so nothing of
+ * this claim lands later, and the sweep may take its blocks back.
+ */
+static void intent_clear(struct hkv_client *c, struct hkv_wr *wrs, int n)
+{
+	if (c->g.nintents) {
+		c->atom[25] = 0;
+		wrs[n] = hkv_wr_write(c, &c->atom[25], hkv_intent_rec(&c->g, c->client_id), 8);
+		wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+	}
+	if (n && hkv_conn_post(c->conn, wrs, n) && !c->conn->error)
+		c->conn->error = HKV_ETRANSPORT;
+}
+
+/*
+ * Give back the blocks a won claim took from a segment that is no longer
+ * SHARED in class cls: the server is moving it (DRAINING), or carved it for
+ * another class since our survey (the word had come back to what we saw).
+ * In the class its entry names now, a free block gets our freed stamp first,
+ * as a free does (so that none comes back to a free bit under the stamp it
+ * had when the claim took it: server/slab.c, reclaim_unstamped) - read
+ * there first if that is not the class we read - then the bits' FAA, then
+ * our intent record emptied. In a FREE segment or under a garbage entry,
+ * the FAA alone (a carve sets every bit anyway). 0 or <0.
+ */
+static int give_back_claim(struct hkv_client *c, uint32_t seg, uint32_t word, uint64_t mask,
+			   uint32_t cls, const uint32_t *blks, uint32_t nblk, struct hkv_wr *wrs)
+{
+	uint64_t e = c->atom[61];
+	uint32_t ec = hkv_seg_class(e), n = 0;
+	int stamped = (hkv_seg_state(e) == HKV_SEG_SHARED || hkv_seg_state(e) == HKV_SEG_DRAINING) &&
+		      ec < c->g.nclasses;
+	uint32_t esize = stamped ? c->g.class_size[ec] : 0, enb = stamped ? seg_blocks(c, ec) : 0;
+	int ret;
+
+	if (stamped && ec != cls) { /* (what we read is at the other class's offsets) */
+		for (uint32_t i = 0; i < nblk; i++)
+			if (blks[i] < enb) /* (stray bits past its last block: no block) */
+				wrs[n++] = hkv_wr_read(c, c->scr + (size_t)i * 32,
+						       seg_base(c, seg) + (uint64_t)blks[i] * esize,
+						       24);
+		if (n && (ret = hkv_exec(c, wrs, (int)n)))
+			return ret;
+		n = 0;
+	}
+	if (stamped) {
+		c->atom[59] = hkv_freed_stamp(c->client_id, ++c->free_seq);
+		for (uint32_t i = 0; i < nblk; i++) {
+			uint64_t meta;
+
+			memcpy(&meta, c->scr + (size_t)i * 32, 8);
+			if (blks[i] >= enb ||
+			    (hkv_meta_state(meta) != HKV_BLK_UNUSED &&
+			     hkv_meta_state(meta) != HKV_BLK_OBSOLETE) ||
+			    hkv_meta_class(meta) != ec)
+				continue; /* (garbage: its bit back, its bytes as they are) */
+			wrs[n] = hkv_wr_write(c, &c->atom[59],
+					      seg_base(c, seg) + (uint64_t)blks[i] * esize + 16, 8);
+			wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+		}
+	}
+	wrs[n] = hkv_wr_faa(c, &c->atom[62], bitmap_word(c, seg, word), mask);
+	wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+	intent_clear(c, wrs, (int)n);
+	return 0;
+}
+
+/*
  * One claim from the class's last hint. 1: blocks are held now; 0: the
  * hint was stale (try again); <0: error.
  */
@@ -465,6 +536,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	uint64_t bits = h->bits & word_mask(nb, h->word), mask = 0, t_post, t_done;
 	uint64_t *stamp = &c->atom[48 + (c->hold_seq & 7)];
 	struct hkv_wr wrs[3 + CLAIM_MAX];
+	struct hkv_held hbs[CLAIM_MAX];
 	int ret, got = 0, pre = 0;
 
 	if (h->seg >= c->g.nsegs || h->word * 64 >= nb || !bits) {
@@ -486,8 +558,8 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	/* [WRITE our intent record, CAS, READ the entry, READ the headers]: the
 	 * record names the word before the CAS can win (layout.h) */
 	if (c->g.nintents) {
-		c->atom[58] = bitmap_word(c, h->seg, h->word);
-		wrs[pre] = hkv_wr_write(c, &c->atom[58], hkv_intent_rec(&c->g, c->client_id), 8);
+		c->atom[24] = bitmap_word(c, h->seg, h->word);
+		wrs[pre] = hkv_wr_write(c, &c->atom[24], hkv_intent_rec(&c->g, c->client_id), 8);
 		wrs[pre++].flags = HKV_WR_F_NO_COMPLETION;
 	}
 	wrs[pre] = hkv_wr_cas(c, &c->atom[60], bitmap_word(c, h->seg, h->word), h->bits,
@@ -506,54 +578,27 @@ static int claim(struct hkv_client *c, uint32_t cls)
 		c->stats.claims_lost++;
 		if (!(h->bits & word_mask(nb, h->word)))
 			ca->nhints--;
+		intent_clear(c, wrs, 0);
 		return 0;
 	}
 	h->bits &= ~mask;
 	if (hkv_seg_state(c->atom[61]) != HKV_SEG_SHARED || hkv_seg_class(c->atom[61]) != cls) {
-		/* the server is moving the segment: give the blocks back - a free
-		 * block's freed stamp first, as a free does, so that none comes
-		 * back to a free bit under the stamp it had when the claim took it
-		 * (server/slab.c, reclaim_unstamped) - and forget its hints. In
-		 * another class (the word came back to what we saw) or a garbage
-		 * table, our offsets mean nothing: the sweep takes the bits back
-		 * once our next claim's intent no longer names the word. */
-		uint32_t n = 0;
-
-		if (hkv_seg_state(c->atom[61]) == HKV_SEG_DRAINING &&
-		    hkv_seg_class(c->atom[61]) == cls) {
-			c->atom[59] = hkv_freed_stamp(c->client_id, ++c->free_seq);
-			for (uint32_t i = 0; i < nblk; i++) {
-				uint64_t meta;
-
-				memcpy(&meta, c->scr + (size_t)i * 32, 8);
-				if ((hkv_meta_state(meta) != HKV_BLK_UNUSED &&
-				     hkv_meta_state(meta) != HKV_BLK_OBSOLETE) ||
-				    hkv_meta_class(meta) != cls)
-					continue; /* (garbage: its bit back, its bytes as they are) */
-				wrs[n] = hkv_wr_write(c, &c->atom[59],
-						      seg_base(c, h->seg) + (uint64_t)blks[i] * csize +
-							      16,
-						      8);
-				wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
-			}
-			wrs[n] = hkv_wr_faa(c, &c->atom[62], bitmap_word(c, h->seg, h->word), mask);
-			wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
-			(void)hkv_conn_post(c->conn, wrs, (int)n);
-		}
+		/* the server is moving the segment, or carved it for another
+		 * class since our survey: give the blocks back, forget its hints */
+		ret = give_back_claim(c, h->seg, h->word, mask, cls, blks, nblk, wrs);
 		for (uint32_t i = 0; i < ca->nhints;)
 			if (ca->hints[i].seg == h->seg)
 				ca->hints[i] = ca->hints[--ca->nhints];
 			else
 				i++;
 		c->table_ns = 0;
-		return 0;
+		return ret;
 	}
 	c->hold_seq++;
 	*stamp = hkv_held_make(c->client_id, c->hold_seq);
 	for (uint32_t i = 0; i < nblk; i++) {
 		uint64_t meta, off;
 		enum hkv_block_state st;
-		struct hkv_held hb;
 
 		memcpy(&meta, c->scr + (size_t)i * 32, 8);
 		st = hkv_meta_state(meta);
@@ -566,20 +611,25 @@ static int claim(struct hkv_client *c, uint32_t cls)
 			continue;
 		}
 		off = seg_base(c, h->seg) + (uint64_t)blks[i] * csize;
-		hb = (struct hkv_held){.off = off, .gen = hkv_meta_gen(meta), .stamp = *stamp,
-				       .claim_ns = t_post,
-				       .ready_ns = st == HKV_BLK_UNUSED ? 0
-									: rest_from(c, off, meta, t_done)};
-		if (push_held(ca, &hb))
-			return -ENOMEM;
-		wrs[got] = hkv_wr_write(c, stamp, hb.off + 16, 8);
+		hbs[got] = (struct hkv_held){.off = off, .gen = hkv_meta_gen(meta), .stamp = *stamp,
+					     .claim_ns = t_post,
+					     .ready_ns = st == HKV_BLK_UNUSED
+								 ? 0
+								 : rest_from(c, off, meta, t_done)};
+		wrs[got] = hkv_wr_write(c, stamp, off + 16, 8);
 		wrs[got].flags = HKV_WR_F_NO_COMPLETION;
 		got++;
 	}
 	if (hkv_test_hook)
 		hkv_test_hook(c, HKV_TP_CLAIM_STAMP);
-	if (got)
-		(void)hkv_conn_post(c->conn, wrs, got); /* (a failure shows on the next round trip) */
+	/* the stamps, then our intent record emptied (RC: after the stamps) -
+	 * posted whatever follows: an unstamped block we held could be taken
+	 * back while we write it (a failed post breaks the connection, which
+	 * fences us) */
+	intent_clear(c, wrs, got);
+	for (int i = 0; i < got; i++)
+		if (push_held(ca, &hbs[i]))
+			return -ENOMEM; /* (stamped ours: back when we disconnect) */
 	if (!(h->bits & word_mask(nb, h->word)))
 		ca->nhints--;
 	c->stats.claims++;

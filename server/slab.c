@@ -87,6 +87,17 @@ static void set_free(struct hkv_store *s, uint32_t seg, uint32_t b)
 	hkv_satom_or1(&s->atom, &bitmap(s, seg)[b / 64], 1ull << (b % 64));
 }
 
+/* Block h, ours to free (we won its meta CAS, or claimed it), gets a freed
+ * stamp of ours before its bit is set: every free of a block leaves a stamp
+ * no earlier one left, as a client's does (reclaim_unstamped relies on it).
+ * A plain store: no client CASes these bytes, and nobody else may write a
+ * block whose bit is clear and whose meta we own. */
+static void stamp_freed(struct hkv_store *s, struct hkv_block_hdr *h)
+{
+	__atomic_store_n((uint64_t *)((uint8_t *)h + 16), hkv_freed_stamp(0, ++s->slab.free_seq),
+			 __ATOMIC_RELEASE);
+}
+
 /* CAS *w from expect to swap through the store's atomics; 1 if it won. */
 static int cas(struct hkv_store *s, uint64_t *w, uint64_t expect, uint64_t swap)
 {
@@ -171,9 +182,11 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
 	if (st != HKV_BLK_UNUSED && st != HKV_BLK_OBSOLETE)
 		return 0;
 	if (hkv_held_is(*stamp)) /* (holder 0: freed, then claimed and not stamped yet) */
-		return hkv_held_by_one(*stamp) ? 1 : s->geom->nintents ? 5 : 0;
+		return hkv_held_by_one(*stamp)			       ? 1
+		       : s->geom->nintents && hkv_meta_class(*meta) == cls ? 5
+									     : 0;
 	if (st == HKV_BLK_UNUSED && !*stamp) /* (as carved, claimed and not stamped) */
-		return s->geom->nintents ? 5 : 0;
+		return s->geom->nintents && hkv_meta_class(*meta) == cls ? 5 : 0;
 	by = hkv_meta_retired_by(*meta);
 	return st == HKV_BLK_OBSOLETE && by && by <= HKV_MAX_CLIENTS &&
 			       (for_move || !s->clients[by].connected) && !named(s, h, cls)
@@ -203,7 +216,7 @@ static int reclaim_unstamped(struct hkv_store *s, uint32_t seg, uint32_t b, stru
 	uint64_t *w = &bitmap(s, seg)[b / 64], bit = 1ull << (b % 64);
 	uint32_t freer = hkv_freed_is(stamp) ? hkv_freed_by(stamp) : 0;
 
-	if (freer && (freer > HKV_MAX_CLIENTS || s->clients[freer].connected))
+	if (freer && s->clients[freer].connected)
 		return 0;
 	if ((load(w) & bit) || load(stamp_word(h)) != stamp || load(&h->meta) != meta)
 		return 0;
@@ -253,6 +266,8 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
 		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp(0, ++s->slab.free_seq)))
 		return 0;
+	if (kind == 2)
+		stamp_freed(s, h);
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
 	return 1;
@@ -339,6 +354,7 @@ static int reclaim_left(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	if (kind == 4 && hkv_satom_run(&s->atom, &(struct hkv_satom_op){slot, sl, 0, 0, HKV_WR_CAS},
 				       1))
 		return 0; /* (not known done: the block stays out, named maybe; leaked) */
+	stamp_freed(s, h);
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
 	hkv_debug("slab: segment %u block %u: %s taken back", seg, b,
@@ -556,6 +572,7 @@ static uint32_t evict_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
 	if (hkv_satom_run(&s->atom, op, k))
 		return 0;
 	for (int i = 0; i < k; i++) {
+		stamp_freed(s, ev[i].h);
 		w[i] = &bitmap(s, seg)[ev[i].b / 64];
 		m[i] = 1ull << (ev[i].b % 64);
 	}
@@ -833,6 +850,7 @@ static uint32_t relocate_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
 				break;
 			default: /* R_WITHDRAW */
 				if (won) {
+					stamp_freed(s, r->to);
 					w[nw] = &bitmap(s, r->to_seg)[r->to_b / 64];
 					m[nw++] = 1ull << (r->to_b % 64);
 				}
@@ -843,6 +861,7 @@ static uint32_t relocate_batch(struct hkv_store *s, uint32_t seg, uint32_t cls,
 	}
 	for (int i = 0; i < n; i++)
 		if (rv[i].free_old) {
+			stamp_freed(s, rv[i].from);
 			w[nw] = &bitmap(s, seg)[rv[i].from_b / 64];
 			m[nw++] = 1ull << (rv[i].from_b % 64);
 		}
@@ -908,8 +927,10 @@ static int relocate_live(struct hkv_store *s, uint32_t seg, uint32_t cls)
 						&r->to_meta)))
 				break;
 		if (!r->to) { /* no room: give back what we claimed */
-			for (uint32_t i = 0; i < n; i++)
+			for (uint32_t i = 0; i < n; i++) {
+				stamp_freed(s, rv[i].to);
 				set_free(s, rv[i].to_seg, rv[i].to_b);
+			}
 			claims_return(s, cursor, g->nclasses);
 			hkv_free(cursor);
 			hkv_free(rv);

@@ -278,7 +278,8 @@ static int intent_taken(const struct hkv_store *s, uint32_t id, uint64_t now)
 	if (!s->geom->nintents)
 		return 0;
 	o = s->intent_owner[id & (s->geom->nintents - 1)];
-	return o && o != id && (s->clients[o].connected || s->clients[o].ticket_expiry_ns > now);
+	return o && o != id && !s->clients[o].readonly &&
+	       (s->clients[o].connected || s->clients[o].ticket_expiry_ns >= now);
 }
 
 int hkv_store_intent_covers(const struct hkv_store *s, uint64_t word_off)
@@ -304,6 +305,11 @@ int hkv_store_admit(struct hkv_store *s, struct hkv_ctl_welcome *w, int readonly
 	uint64_t now = hkv_now_ns();
 	uint32_t quarter = (s->max_clients ? s->max_clients : HKV_MAX_CLIENTS) / 4;
 	struct hkv_pend_src *e;
+
+	/* (a writer needs one of the claim-intent records too: no one source
+	 * may hold more than a quarter of them in tickets either) */
+	if (!readonly && s->geom->nintents && quarter > s->geom->nintents / 4)
+		quarter = s->geom->nintents / 4;
 
 	if (s->fenced)
 		return HKV_EDISCONNECTED;

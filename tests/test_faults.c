@@ -2700,7 +2700,8 @@ static void test_holder_killed(void)
  * claimer's: they stayed out of use until a warm restart. Now: while the
  * claimer is only stopped (3 s, twice the sweep's bound) not one of them
  * comes back - its intent record names their word - and within 10 s of the
- * kill every one is free again.
+ * kill every one is free again, though another writer that claimed in the
+ * same word stays connected and idle.
  */
 static void claimer_round(struct hkvserver *s, struct raw *r, size_t vlen, int id,
 			  uint64_t *f0, uint64_t *f1, uint64_t *f_stopped, uint64_t *f2,
@@ -2732,7 +2733,7 @@ static void test_claimer_killed(void)
 {
 	static uint8_t val[4000];
 	struct hkvserver s;
-	struct hkv_client *c;
+	struct hkv_client *c, *idle;
 	struct raw r;
 	uint64_t f0[2], f1[2], fs[2], f2[2], waited[2];
 	char key[32];
@@ -2754,11 +2755,17 @@ static void test_claimer_killed(void)
 		CHECK_RC(hkv_delete(c, key, strlen(key)), 0);
 	}
 	hkv_close(c);
+	/* a writer that claimed in the 4000 B class's word (15 blocks to a
+	 * segment: one word) and then idles, connected: its claim's intent must
+	 * not shelter another's for ever (it is emptied after the stamps) */
+	idle = hkvserver_client(&s);
+	CHECK_RC(hkv_set(idle, "idle", 4, val, sizeof(val), NULL), 0);
 	CHECK_RC(raw_open(&r, s.uri, s.token_file), 0);
 	before = hkvserver_log_count(&s, "never stamped");
 	claimer_round(&s, &r, sizeof(val), 1, &f0[0], &f1[0], &fs[0], &f2[0], &waited[0]);
 	claimer_round(&s, &r, 1500, 2, &f0[1], &f1[1], &fs[1], &f2[1], &waited[1]);
 	raw_close(&r);
+	hkv_close(idle);
 	for (int i = 0; i < 2; i++)
 		printf("# claimer killed at its stamps (%s): free bits %llu before it, %llu "
 		       "claimed, still %llu after 3 s stopped, %llu %.1f s after the SIGKILL\n",
