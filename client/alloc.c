@@ -452,19 +452,27 @@ static uint64_t rest_from(struct hkv_client *c, uint64_t off, uint64_t meta, uin
 	return f->ns + HKV_QUARANTINE_NS < full ? f->ns + HKV_QUARANTINE_NS : full;
 }
 
+/* An unsignaled WRITE of *src over our claim-intent record (layout.h). */
+static struct hkv_wr intent_write(struct hkv_client *c, uint64_t *src)
+{
+	struct hkv_wr wr = hkv_wr_write(c, src, hkv_intent_rec(&c->g, c->client_id), 8);
+
+	wr.flags = HKV_WR_F_NO_COMPLETION;
+	return wr;
+}
+
 /*
  * Post wrs[0..n) (a claim's stamps, or nothing) and then a WRITE of 0 over
- * our intent record (layout.h): RC lands it after them, so once the record
- * no longer names the word, every block we took from it is stamped. A post
- * that fails breaks the connection: the server fences us, so nothing of
- * this claim lands later, and the sweep may take its blocks back.
+ * our intent record: RC lands it after them, so once the record no longer
+ * names the word, every block we took from it is stamped. A post that fails
+ * breaks the connection: the server fences us, so nothing of this claim
+ * lands later, and the sweep may take its blocks back.
  */
 static void intent_clear(struct hkv_client *c, struct hkv_wr *wrs, int n)
 {
 	if (c->g.nintents) {
 		c->atom[25] = 0;
-		wrs[n] = hkv_wr_write(c, &c->atom[25], hkv_intent_rec(&c->g, c->client_id), 8);
-		wrs[n++].flags = HKV_WR_F_NO_COMPLETION;
+		wrs[n++] = intent_write(c, &c->atom[25]);
 	}
 	if (n && hkv_conn_post(c->conn, wrs, n) && !c->conn->error)
 		c->conn->error = HKV_ETRANSPORT;
@@ -559,8 +567,7 @@ static int claim(struct hkv_client *c, uint32_t cls)
 	 * record names the word before the CAS can win (layout.h) */
 	if (c->g.nintents) {
 		c->atom[24] = bitmap_word(c, h->seg, h->word);
-		wrs[pre] = hkv_wr_write(c, &c->atom[24], hkv_intent_rec(&c->g, c->client_id), 8);
-		wrs[pre++].flags = HKV_WR_F_NO_COMPLETION;
+		wrs[pre++] = intent_write(c, &c->atom[24]);
 	}
 	wrs[pre] = hkv_wr_cas(c, &c->atom[60], bitmap_word(c, h->seg, h->word), h->bits,
 			      h->bits & ~mask);

@@ -122,7 +122,7 @@ struct hkv_geometry {
 	 * inside every writer's WRITE window. Record id % nintents is the
 	 * writer's (the server gives no two connected writers one record); a
 	 * claim WRITEs there the offset of the bitmap word it CASes, before
-	 * the CAS (hkv_intent_of; docs/design.md, "Memory that flows"). */
+	 * the CAS (hkv_intent_rec; docs/design.md, "Memory that flows"). */
 	uint64_t intent_off;
 	/* SipHash-2-4 key of this region's key hash (hkv_key_hash): random when
 	 * the region is made, kept across warm restarts. Only clients that
@@ -388,7 +388,7 @@ static inline uint32_t hkv_freed_by(uint64_t word16)
  * Claim intents. A claim's chain is [WRITE the bitmap word's offset into
  * the claimer's intent record, CAS the word, ...]: RC runs the WRITE first,
  * so whenever a claim's CAS has won, the record names its word until the
- * claimer's next claim - which it posts only after the stamps of this one,
+ * claimer empties it - which it posts only after the stamps of this claim,
  * on the same queue pair. A block with its bit clear under a freed stamp
  * (or a fresh carve's zero) is thus a claim not yet stamped by a writer
  * whose record names the word, or one whose claimer (or freer, for a free

@@ -87,17 +87,6 @@ static void set_free(struct hkv_store *s, uint32_t seg, uint32_t b)
 	hkv_satom_or1(&s->atom, &bitmap(s, seg)[b / 64], 1ull << (b % 64));
 }
 
-/* Block h, ours to free (we won its meta CAS, or claimed it), gets a freed
- * stamp of ours before its bit is set: every free of a block leaves a stamp
- * no earlier one left, as a client's does (reclaim_unstamped relies on it).
- * A plain store: no client CASes these bytes, and nobody else may write a
- * block whose bit is clear and whose meta we own. */
-static void stamp_freed(struct hkv_store *s, struct hkv_block_hdr *h)
-{
-	__atomic_store_n((uint64_t *)((uint8_t *)h + 16), hkv_freed_stamp(0, ++s->slab.free_seq),
-			 __ATOMIC_RELEASE);
-}
-
 /* CAS *w from expect to swap through the store's atomics; 1 if it won. */
 static int cas(struct hkv_store *s, uint64_t *w, uint64_t expect, uint64_t swap)
 {
@@ -112,6 +101,22 @@ static uint64_t load(const uint64_t *p)
 static uint64_t *stamp_word(struct hkv_block_hdr *h)
 {
 	return (uint64_t *)((uint8_t *)h + 16);
+}
+
+/* The server's next freed stamp (freer 0): no two frees of a block leave
+ * the same stamp, as no two of a client's do (reclaim_unstamped). */
+static uint64_t next_freed_stamp(struct hkv_store *s)
+{
+	return hkv_freed_stamp(0, ++s->slab.free_seq);
+}
+
+/* Block h, ours to free (we won its meta CAS, or claimed it), gets a freed
+ * stamp of ours before its bit is set. A plain store: no client CASes these
+ * bytes, and nobody else may write a block whose bit is clear and whose
+ * meta we own. */
+static void stamp_freed(struct hkv_store *s, struct hkv_block_hdr *h)
+{
+	__atomic_store_n(stamp_word(h), next_freed_stamp(s), __ATOMIC_RELEASE);
 }
 
 /* The 32 slots of the key in block h (class cls), canonical order; -1 if
@@ -201,12 +206,12 @@ static int held_free(const struct hkv_store *s, struct hkv_block_hdr *h, uint32_
  * the freer s names. In order: (1) that freer is not connected: fenced, so
  * its FAA either landed already or never will; (2) the bit is still clear
  * and the block as seen; (3) no connected writer's intent record names the
- * word (layout.h): a claimer's record named it from before its CAS until
- * its next claim, which it posts after this claim's stamps - so either the
- * claimer is fenced, or it has stamped the block, or it never will (a
- * garbage block it left alone); (4) CAS the stamp s -> a server freed stamp,
- * which fails if anyone stamped or freed the block since (every stamp is new:
- * HELD stamps by holder and seq, freed ones by freer and count); (5) set
+ * word (layout.h): a claimer's record names it from before its CAS until
+ * it empties the record, which it posts after this claim's stamps - so
+ * either the claimer is fenced, or it has stamped the block, or it never
+ * will (a garbage block it left alone); (4) CAS the stamp s -> a server freed
+ * stamp, which fails if anyone stamped or freed the block since (every stamp
+ * is new: HELD stamps by holder and seq, freed ones by freer and count); (5) set
  * the bit. Between (2) and (5) nobody else can set the bit: its only owner
  * is fenced, or would have changed the stamp first. 1 if taken.
  */
@@ -223,7 +228,7 @@ static int reclaim_unstamped(struct hkv_store *s, uint32_t seg, uint32_t b, stru
 	if (hkv_store_intent_covers(s, (uint64_t)((uint8_t *)w - base(s))))
 		return 0;
 	hkv_failpoint("take-back");
-	if (!cas(s, stamp_word(h), stamp, hkv_freed_stamp(0, ++s->slab.free_seq)))
+	if (!cas(s, stamp_word(h), stamp, next_freed_stamp(s)))
 		return 0;
 	set_free(s, seg, b);
 	s->slab.held_reclaimed++;
@@ -264,7 +269,7 @@ static int reclaim_held(struct hkv_store *s, uint32_t seg, uint32_t b, struct hk
 	}
 	hkv_failpoint("take-back");
 	if (kind == 2 ? !cas(s, &h->meta, meta, meta & ~hkv_meta_retirer(0xffff))
-		      : !cas(s, stamp_word(h), stamp, hkv_freed_stamp(0, ++s->slab.free_seq)))
+		      : !cas(s, stamp_word(h), stamp, next_freed_stamp(s)))
 		return 0;
 	if (kind == 2)
 		stamp_freed(s, h);
@@ -1481,7 +1486,7 @@ int hkv_slab_rebuild(struct hkv_store *s)
 								hkv_meta_gen(h->meta)) |
 						  (st == HKV_BLK_PENDING ? HKV_META_ABORTED : 0);
 				if (st != HKV_BLK_UNUSED) /* free, as a client's free leaves it */
-					*stamp_word(h) = hkv_freed_stamp(0, ++s->slab.free_seq);
+					*stamp_word(h) = next_freed_stamp(s);
 				else if (hkv_held_is(*stamp_word(h)))
 					*stamp_word(h) = 0;
 				bits |= 1ull << (b % 64);
