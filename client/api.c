@@ -447,6 +447,61 @@ static int delete_op(struct hkv_client *c, const void *key, size_t klen, const u
 	return op_end(c, &sc, ret);
 }
 
+/*
+ * Remove the key's entry on the single-server handle c only if it is the
+ * write wid (expired or not, a tombstone or not): a replicated store's
+ * reclamation of a tombstone (replica.c) and a repair taking back a copy
+ * of one (server/filler.c). 0 removed by us, HKV_ENOTFOUND (no entry),
+ * HKV_EVERSION (another write's), or an error.
+ */
+int hkv_remove_exact(struct hkv_client *c, const struct key *k, uint64_t wid)
+{
+	struct retry rt;
+
+	/* Right after this handle stored wid (a delete's step): where that store
+	 * put it, no READ to confirm it - the mark CAS expects exactly that
+	 * incarnation, LIVE, and a write id is one block's. (Not from the
+	 * location cache: handles of one config share it, and its stamps are
+	 * coarse: another's entry of the key could pass for ours.) */
+	if (c->last_version == wid && c->last_stored.slot_off) {
+		struct item it = {.slot_off = c->last_stored.slot_off, .slot = c->last_stored.slot,
+				  .blk_off = c->last_stored.blk_off, .cls = c->last_stored.cls,
+				  .gen = c->last_stored.gen, .seen_ns = c->last_stored.seen_ns};
+		int ret;
+
+		c->last_stored.slot_off = 0;
+		hkv_cache_drop(c->cache, k->h);
+		if ((ret = hkv_publish_remove(c, &it, NULL)) <= 0)
+			return ret;
+	}
+	hkv_retry_begin(&rt);
+	for (int attempt = 0;; attempt++) {
+		struct item it;
+		struct view view;
+		int ret = attempt ? hkv_find_cold(c, k, &it, &view, NULL, 0) : hkv_find(c, k, &it, &view);
+
+		if (ret)
+			return ret;
+		if (hkv_item_version(&it) != wid)
+			return HKV_EVERSION;
+		hkv_cache_drop(c->cache, k->h);
+		ret = hkv_publish_remove(c, &it, NULL);
+		if (ret <= 0)
+			return ret;
+		c->stats.op[HKV_OP_DELETE].retries++;
+		if (ret == STALE ? hkv_retry_stale(c, &rt) : hkv_retry_wait(c, &rt))
+			return HKV_EAGAIN;
+	}
+}
+
+int hkv_remove_copy(struct hkv_client *c, const void *key, size_t klen, uint64_t wid)
+{
+	struct key k;
+	int ret = write_key(c, &k, key, klen);
+
+	return ret ? ret : hkv_remove_exact(c, &k, wid);
+}
+
 HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)
 {
 	return delete_op(c, key, klen, NULL);

@@ -238,6 +238,17 @@ struct hkv_client {
 				    * op counters and the write ids, is unused */
 	int repl_member;           /* one replica's handle: never removes an expired item
 				    * on a read (replicas change only by replicated writes) */
+	/* set by replica.c around an insert step onto a replica that is not the
+	 * decider: asked between the rival check and the commit; not 0 = the
+	 * write is no longer the decider's, withdraw (publish.c) */
+	int (*insert_check)(void *arg);
+	void *insert_check_arg;
+	/* where this handle's last store (write id last_version) went: its
+	 * slot, the slot's value and its block's incarnation, seen when */
+	struct {
+		uint64_t slot_off, slot, blk_off, seen_ns;
+		uint32_t cls, gen;
+	} last_stored;
 	/* set by the router for the operation it hands this handle: key's hash
 	 * under the cluster's secret, which is this region's too (one SipHash) */
 	const void *pre_key;
@@ -443,6 +454,8 @@ enum hkv_test_point {
 	HKV_TP_REMOVE_SLOT,        /* a remove's mark won (or found a retire in progress), its
 				    * slot CAS not posted */
 	HKV_TP_CARVE,              /* a CARVE request about to go out on the control plane */
+	HKV_TP_REPL_RECLAIM,       /* a tombstone reclaimed on the decider, not yet on the
+				    * others (c: the replicated handle) */
 	HKV_TP_COUNT
 };
 extern void (*hkv_test_hook)(struct hkv_client *c, enum hkv_test_point point);

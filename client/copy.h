@@ -26,4 +26,9 @@ int hkv_put_exact(struct hkv_client *c, const void *key, size_t klen, const void
 		  size_t vlen, uint32_t flags, uint32_t exptime, uint64_t wid, uint64_t pred,
 		  uint64_t from);
 
+/* Remove the key's entry only if it has write id wid (a repair taking back
+ * a copy of a tombstone reclaimed since): 0, HKV_ENOTFOUND (none there),
+ * HKV_EVERSION (another write's) or an hkv error. */
+int hkv_remove_copy(struct hkv_client *c, const void *key, size_t klen, uint64_t wid);
+
 #endif /* HKV_CLIENT_COPY_H */

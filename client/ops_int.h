@@ -49,6 +49,7 @@
 #define YIELDED  3 /* our new block was withdrawn (and freed): start over with a fresh one */
 #define STALE    4 /* a view grew too old to act on, or a stale write was undone: look again */
 #define TORN     5 /* a block read through a slot is torn, or no longer the slot's */
+#define REFUSED  6 /* an insert step withdrawn by c->insert_check (its block freed) */
 
 static inline void hkv_test_at(struct hkv_client *c, enum hkv_test_point point)
 {
@@ -236,8 +237,11 @@ int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t n
 			uint32_t blen, int with_write);
 /* Remove old (reading its header into hdr first, if given). 0, CONFLICT, STALE or <0. */
 int hkv_publish_remove(struct hkv_client *c, const struct item *old, struct hkv_block_hdr *hdr);
+/* Remove the key's entry only if it is write wid: 0, HKV_ENOTFOUND, HKV_EVERSION
+ * or <0 (api.c). */
+int hkv_remove_exact(struct hkv_client *c, const struct key *k, uint64_t wid);
 /* Insert at pos (over victim's entry, if given). 0 committed, CONFLICT, YIELDED,
- * STALE or <0. */
+ * STALE, REFUSED (c->insert_check) or <0. */
 int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,
 		       const struct item *victim);
 

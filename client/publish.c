@@ -498,7 +498,8 @@ static int find_rival(struct hkv_client *c, const struct key *k, int pos, const 
  * new->0] and the free) and the caller starts over with a fresh block.
  *
  * 0 committed, CONFLICT (the slot was taken: look again; our block is still
- * ours, unreferenced), YIELDED (our block is withdrawn and freed), <0.
+ * ours, unreferenced), YIELDED (our block is withdrawn and freed), REFUSED
+ * (withdrawn and freed because c->insert_check said no), <0.
  */
 int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,
 		       const struct item *victim)
@@ -509,7 +510,7 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 			hkv_meta_retirer(c->client_id);
 	uint64_t expect = victim ? victim->slot : 0, re_seen;
 	struct hkv_wr wrs[5];
-	int ret, rival, n = 0;
+	int ret, rival, refused = 0, n = 0;
 
 	if (victim && !hkv_view_fresh(c, victim->seen_ns))
 		return STALE;
@@ -539,6 +540,12 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 		return CONFLICT;
 	if ((ret = find_rival(c, k, pos, re, re_seen, &rival)))
 		return ret;
+	/* A replicated store's insert step onto a replica that is not the
+	 * decider: commit only if the decider still holds the write (asked now,
+	 * after our PENDING entry is in: until it is aborted or committed the
+	 * key cannot move on here; replica.c, "stale insert steps") */
+	if (!rival && c->insert_check && c->insert_check(c->insert_check_arg))
+		refused = rival = 1;
 	if (!rival) {
 		if (hkv_test_hook)
 			hkv_test_hook(c, HKV_TP_INSERT_COMMIT);
@@ -562,10 +569,10 @@ int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint6
 	if ((ret = hkv_exec(c, wrs, 1)))
 		return ret;
 	if (c->atom[0] != pend)
-		return YIELDED;
+		return refused ? REFUSED : YIELDED;
 	wrs[0] = hkv_wr_cas(c, &c->atom[1], soff, new_slot, 0);
 	if ((ret = hkv_exec(c, wrs, 1)))
 		return ret; /* (our aborted block stays named: find_rival takes such slots back) */
 	hkv_free_block(c, hkv_slot_off(new_slot), hkv_slot_class(new_slot));
-	return YIELDED;
+	return refused ? REFUSED : YIELDED;
 }

@@ -40,8 +40,13 @@ struct hkv_repl {
 	int owned; /* the replicas' handles are ours to close (not a router's) */
 	struct hkv_client *h[HKV_MAX_REPLICAS]; /* [0] primary .. [r - 1] decider */
 	struct hkv_config *sub[HKV_MAX_REPLICAS]; /* one server each: its own location cache */
-	uint8_t *cur, *dec; /* block copies: R0's entry, the decider's */
+	uint8_t *cur, *dec, *chk; /* block copies: R0's entry, the decider's, a check's */
 	size_t cap;
+	/* an insert step's check (decider_holds): the key, the write stepped */
+	const void *chk_key;
+	size_t chk_klen;
+	uint64_t chk_wid;
+	int chk_err, chk_refused;
 	uint64_t pend_wid, pend_ns; /* a write seen pending on the decider, since when */
 	uint64_t route_end_ns; /* a router's: its view's route lease ends (coarse clock) */
 };
@@ -90,21 +95,160 @@ static int read_state(struct hkv_repl *rp, struct hkv_client *h, const void *key
 	return 0;
 }
 
-/* One replica's step: the key's entry on h from write id `from` (0: none)
- * to the write nv. 0, HKV_EVERSION (the entry is not `from`) or <0. */
-static int apply(struct hkv_client *h, const void *key, size_t klen, uint64_t from,
+/* A router's replicated handle acts only within its view's route lease: a
+ * write that has not decided by then is done again on a fresh view
+ * (HKV_EDISCONNECTED: nothing was done), so nothing acts on a list the
+ * coordinator may have changed since (it waits the lease + 0.5 s). */
+static int route_over(const struct hkv_repl *rp)
+{
+	return rp->route_end_ns && hkv_coarse_ns() >= rp->route_end_ns;
+}
+
+void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns)
+{
+	c->repl->route_end_ns = end_ns;
+}
+
+/* The insert step's check (c->insert_check, publish.c): not 0 unless the
+ * decider holds exactly the write being stepped. */
+static int decider_holds(void *arg)
+{
+	struct hkv_repl *rp = arg;
+	struct rstate st;
+	int ret = read_state(rp, rp->h[rp->r - 1], rp->chk_key, rp->chk_klen, rp->chk, &st, 0);
+
+	rp->chk_err = ret;
+	rp->chk_refused = !ret && (!st.present || st.wid != rp->chk_wid);
+	return ret || rp->chk_refused;
+}
+
+/* Replica i's step: the key's entry there from write id `from` (0: none)
+ * to the write nv. 0, HKV_EVERSION (the entry is not `from`, or - an insert
+ * step below the decider - the decider no longer holds nv: rp->chk_refused)
+ * or <0. */
+static int apply(struct hkv_repl *rp, int i, const void *key, size_t klen, uint64_t from,
 		 const struct value *nv, const struct item *at)
 {
+	struct hkv_client *h = rp->h[i];
 	uint64_t was = h->stats.reconnects;
+	int check = !from && i < rp->r - 1;
+	struct key k;
+	int ret = hkv_key_ready(h, &k, key, klen);
+
+	rp->chk_refused = 0;
+	if (!ret && h->readonly)
+		ret = -EPERM;
+	if (ret)
+		return ret;
+	/*
+	 * An insert step (from none) below the decider commits only while the
+	 * decider holds the write: else one stalled past the write's later
+	 * history - overwritten, deleted, its tombstone reclaimed, so the key
+	 * is absent here again - would bring the old value back.
+	 */
+	if (check) {
+		rp->chk_key = key;
+		rp->chk_klen = klen;
+		rp->chk_wid = nv->wid;
+		rp->chk_err = 0;
+		h->insert_check = decider_holds;
+		h->insert_check_arg = rp;
+	}
+	/* (at: the caller's view of the entry, if of this connection) */
+	ret = hkv_store_value_at(h, &k, STORE_EXACT, nv, from, h->stats.reconnects == was ? at : NULL);
+	if (check) {
+		h->insert_check = NULL;
+		if (ret == HKV_EVERSION && rp->chk_err)
+			ret = rp->chk_err;
+	}
+	return ret;
+}
+
+/* Replica i's entry of the key removed if it is write t (a tombstone):
+ * 0 (removed, or none there), HKV_EVERSION (another write's) or <0. */
+static int remove_on(struct hkv_repl *rp, int i, const void *key, size_t klen, uint64_t t)
+{
+	struct hkv_client *h = rp->h[i];
 	struct key k;
 	int ret = hkv_key_ready(h, &k, key, klen);
 
 	if (!ret && h->readonly)
 		ret = -EPERM;
-	if (!ret) /* (at: the caller's view of the entry, if of this connection) */
-		ret = hkv_store_value_at(h, &k, STORE_EXACT, nv, from,
-					 h->stats.reconnects == was ? at : NULL);
-	return ret;
+	if (!ret)
+		ret = hkv_remove_exact(h, &k, t);
+	return ret == HKV_ENOTFOUND ? 0 : ret;
+}
+
+/* Finish the reclamation of tombstone t decided on the decider: take it
+ * off R(from) .. R0 wherever it still is, going past a replica only while
+ * it holds nothing or a write from absent (after the reclamation: below it
+ * t can only be left over); one holding another write (a cluster's new
+ * decider that took a write from t after the old decider was dropped)
+ * ends it, t below it being that write's pred. 0 or <0. */
+static int finish_reclaim(struct hkv_client *c, const void *key, size_t klen, uint64_t t,
+			  int from)
+{
+	struct hkv_repl *rp = c->repl;
+
+	for (int i = from; i >= 0; i--) {
+		struct rstate st;
+		int ret;
+
+		if (route_over(rp))
+			return 0;
+		ret = remove_on(rp, i, key, klen, t);
+		if (ret != HKV_EVERSION) {
+			if (ret)
+				return ret;
+			continue;
+		}
+		if ((ret = read_state(rp, rp->h[i], key, klen, rp->chk, &st, 1)))
+			return ret;
+		if (st.present && (st.pred & HKV_WID_MASK))
+			return 0;
+	}
+	return 0;
+}
+
+/*
+ * A step from none (a write decided from absent) found replica i holding
+ * an entry: if it is a tombstone t and the decider, read after it, holds
+ * an entry written from absent, t's reclamation was decided (the decider
+ * went from t to absent: only a reclamation takes an entry away, and only
+ * a tombstone every replica held) and not finished on i: finish it there.
+ * 1 if it did, or i holds nothing now (step again), 0 if not, <0.
+ */
+static int cleared_tomb(struct hkv_client *c, const void *key, size_t klen, int i)
+{
+	struct hkv_repl *rp = c->repl;
+	struct rstate st, d;
+	int ret = read_state(rp, rp->h[i], key, klen, rp->chk, &st, 1);
+
+	if (!ret && !st.present)
+		return 1; /* (finished there since) */
+	if (ret || !(st.pred & HKV_PRED_TOMB))
+		return ret;
+	ret = read_state(rp, rp->h[rp->r - 1], key, klen, rp->chk, &d, 1);
+	if (ret || !d.present || (d.pred & HKV_WID_MASK))
+		return ret;
+	ret = remove_on(rp, i, key, klen, st.wid);
+	return ret ? (ret == HKV_EVERSION ? 0 : ret) : 1;
+}
+
+/* A delete that holds on every replica takes its tombstone t away again:
+ * the decider first - the reclamation's decision, a slot CAS expecting t
+ * as a racing write's decision does, so exactly one of them wins - then
+ * R(k-1) .. R0. Best effort: what it leaves, the next writer of the key
+ * finishes (write_once, cleared_tomb). */
+static void reclaim(struct hkv_client *c, const void *key, size_t klen, uint64_t t)
+{
+	struct hkv_repl *rp = c->repl;
+
+	if (route_over(rp) || remove_on(rp, rp->r - 1, key, klen, t))
+		return;
+	hkv_test_at(c, HKV_TP_REPL_RECLAIM);
+	if (!finish_reclaim(c, key, klen, t, rp->r - 2))
+		c->stats.repl_reclaimed++;
 }
 
 /* The write held in st (a block copy) as a value to copy: same wid and pred. */
@@ -126,8 +270,16 @@ static int help(struct hkv_client *c, const void *key, size_t klen, const struct
 
 	for (int i = rp->r - 2; i >= 0; i--) {
 		struct rstate st;
-		int ret = apply(rp->h[i], key, klen, d->pred & HKV_WID_MASK, &v, NULL);
+		int ret = apply(rp, i, key, klen, d->pred & HKV_WID_MASK, &v, NULL);
 
+		if (ret == HKV_EVERSION && !(d->pred & HKV_WID_MASK) && !rp->chk_refused) {
+			int cl = cleared_tomb(c, key, klen, i); /* (a reclamation to finish) */
+
+			if (cl < 0)
+				return cl;
+			if (cl)
+				ret = apply(rp, i, key, klen, 0, &v, NULL);
+		}
 		if (ret && ret != HKV_EVERSION)
 			return ret;
 		/* refused: done there already - or, after a cluster dropped a
@@ -139,20 +291,6 @@ static int help(struct hkv_client *c, const void *key, size_t klen, const struct
 	}
 	c->stats.repl_helps++;
 	return 0;
-}
-
-/* A router's replicated handle acts only within its view's route lease: a
- * write that has not decided by then is done again on a fresh view
- * (HKV_EDISCONNECTED: nothing was done), so nothing acts on a list the
- * coordinator may have changed since (it waits the lease + 0.5 s). */
-static int route_over(const struct hkv_repl *rp)
-{
-	return rp->route_end_ns && hkv_coarse_ns() >= rp->route_end_ns;
-}
-
-void hkv_repl_route_end(struct hkv_client *c, uint64_t end_ns)
-{
-	c->repl->route_end_ns = end_ns;
 }
 
 /* The op's new value from the primary's entry cur, or its answer (<0). */
@@ -191,9 +329,11 @@ static int next_value(struct hkv_client *c, const struct repl_op *op, const stru
 /*
  * A step after the decision found replica i no longer at a: 0 if our write
  * w holds there (a helper finished it), or if it must have (a fixed list:
- * nothing else can pass a decided write); a cluster's list may have lost
- * the decider meanwhile, and a write decided anew from a on the rest:
- * HKV_EDISCONNECTED if the replica's entry replaced a and is not w (w was
+ * nothing else can pass a decided write, and the key is absent there only
+ * after w was taken, overwritten, deleted and reclaimed); a cluster's list
+ * may have lost the decider meanwhile, and a write decided anew from a on
+ * the rest: HKV_EDISCONNECTED if the replica's entry replaced a (not
+ * absent: a reclamation makes "from absent" recur) and is not w (w was
  * superseded, and takes effect nowhere: nothing was done, the router tries
  * again on the map of now), HKV_EUNKNOWN if we cannot tell.
  */
@@ -204,11 +344,23 @@ static int settled(struct hkv_client *c, const void *key, size_t klen, int i, ui
 	struct rstate st;
 	int ret = read_state(rp, rp->h[i], key, klen, rp->dec, &st, 1);
 
-	if (ret || !st.present) /* (absent after a decided write: that replica lost data) */
+	if (ret)
 		return HKV_EUNKNOWN;
-	if (st.wid == w)
+	if (st.present && st.wid == w)
 		return 0;
-	if ((st.pred & HKV_WID_MASK) == a) {
+	if (!st.present) {
+		/* absent: our write was taken, overwritten, deleted and its
+		 * tombstone reclaimed - unless the decider still holds it (then
+		 * that replica lost data) */
+		struct rstate d;
+
+		if (!rp->owned || read_state(rp, rp->h[rp->r - 1], key, klen, rp->chk, &d, 1) ||
+		    (d.present && d.wid == w))
+			return HKV_EUNKNOWN;
+		return 0;
+	}
+	/* (a = 0: a later write from absent after a reclamation looks the same) */
+	if (!rp->owned && a && (st.pred & HKV_WID_MASK) == a) {
 		c->stats.repl_superseded++;
 		return HKV_EDISCONNECTED;
 	}
@@ -264,7 +416,7 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 		nv.wid = hkv_next_wid(c); /* (a touch too: every write its own id) */
 		nv.pred = cur.wid | HKV_PRED_REPL | (tomb ? HKV_PRED_TOMB : 0);
 		posts = conn_posts(hk);
-		ret = apply(hk, key, klen, cur.wid, &nv, NULL);
+		ret = apply(rp, rp->r - 1, key, klen, cur.wid, &nv, NULL);
 		if (!ret)
 			break;
 		if (ret != HKV_EVERSION)
@@ -277,7 +429,15 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 		ret = read_state(rp, hk, key, klen, rp->dec, &dec, 1);
 		if (ret)
 			return ret;
-		if (dec.present && dec.wid != cur.wid && (dec.pred & HKV_WID_MASK) == cur.wid) {
+		/* The primary's tombstone is off the decider (read after it), which
+		 * holds nothing or a write from absent: its reclamation was decided
+		 * (only a reclamation takes an entry away). Finish it; then the key
+		 * is absent here too. */
+		if (cur.present && (cur.pred & HKV_PRED_TOMB) && !route_over(rp) &&
+		    (!dec.present || ((dec.pred & HKV_WID_MASK) == 0 && dec.wid != cur.wid))) {
+			if ((ret = finish_reclaim(c, key, klen, cur.wid, rp->r - 2)))
+				return ret;
+		} else if (dec.present && dec.wid != cur.wid && (dec.pred & HKV_WID_MASK) == cur.wid) {
 			uint64_t now = hkv_now_ns();
 
 			if (rp->pend_wid != dec.wid) {
@@ -296,8 +456,18 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 	}
 	hkv_test_at(c, HKV_TP_REPL_DECIDED);
 	for (int i = rp->r - 2; i >= 0; i--) {
-		ret = apply(rp->h[i], key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
-		if (ret == HKV_EVERSION)
+		ret = apply(rp, i, key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
+		if (ret == HKV_EVERSION && !cur.wid && !rp->chk_refused) {
+			int cl = cleared_tomb(c, key, klen, i); /* (a reclamation to finish) */
+
+			ret = cl < 0 ? cl : cl ? apply(rp, i, key, klen, 0, &nv, NULL) : ret;
+		}
+		if (ret == HKV_EVERSION && rp->chk_refused)
+			/* the decider moved on from our write: on a fixed list only
+			 * after the primary took it (it was overwritten since, deleted
+			 * and reclaimed); on a cluster's, perhaps superseded */
+			ret = rp->owned ? 0 : HKV_EUNKNOWN;
+		else if (ret == HKV_EVERSION)
 			ret = settled(c, key, klen, i, cur.wid, nv.wid);
 		else if (ret) /* decided: the next write of the key finishes it */
 			ret = HKV_EUNKNOWN;
@@ -310,6 +480,8 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 			hkv_test_at(c, HKV_TP_REPL_STEP);
 	}
 	c->last_version = nv.wid;
+	if (tomb)
+		reclaim(c, key, klen, nv.wid);
 	return 0;
 }
 
@@ -373,7 +545,8 @@ static struct hkv_client *repl_new(int r, int timeout_ms, size_t max_value)
 	rp->cap = HKV_BLOCK_HDR + HKV_MAX_KEY + max_value;
 	rp->cur = hkv_malloc(rp->cap);
 	rp->dec = hkv_malloc(rp->cap);
-	if (!rp->cur || !rp->dec) {
+	rp->chk = hkv_malloc(rp->cap);
+	if (!rp->cur || !rp->dec || !rp->chk) {
 		hkv_repl_close(c);
 		return NULL;
 	}
@@ -445,6 +618,7 @@ void hkv_repl_close(struct hkv_client *c)
 		hkv_close(rp->h[i]);
 	hkv_free(rp->cur);
 	hkv_free(rp->dec);
+	hkv_free(rp->chk);
 	hkv_free(rp);
 	c->repl = NULL;
 	hkv_free(c);

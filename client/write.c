@@ -203,6 +203,13 @@ static void stored(struct hkv_client *c, const struct key *k, uint64_t slot, uin
 	hkv_item_from_block(&it, c->wblk, slot_off, slot, -1, c->pub_ns);
 	hkv_remember_loc(c, k, &it);
 	c->last_version = ((const struct hkv_block_hdr *)c->wblk)->wid;
+	/* (this handle's own: the location cache is shared) */
+	c->last_stored.slot_off = it.slot_off;
+	c->last_stored.slot = it.slot;
+	c->last_stored.blk_off = it.blk_off;
+	c->last_stored.seen_ns = it.seen_ns;
+	c->last_stored.cls = it.cls;
+	c->last_stored.gen = it.gen;
 }
 
 /* One attempt of the cold path; sets *slot_off on success. */
@@ -308,6 +315,8 @@ int hkv_store_value_at(struct hkv_client *c, const struct key *k, enum store_mod
 	written = ret == CONFLICT;
 	hkv_retry_begin(&rt);
 	while (ret > 0) {
+		if (ret == REFUSED)
+			return HKV_EVERSION; /* (our block is withdrawn and freed) */
 		if (ret == CONFLICT || ret == YIELDED || ret == STALE) {
 			c->stats.op[mode == STORE_SET ? HKV_OP_SET : HKV_OP_ADD].retries++;
 			/* (YIELDED: a stale swing undone - a stall, like STALE) */

@@ -309,6 +309,9 @@ struct hkv_client_stats {
 	/* cache mode: refills ahead that evicted nothing because a quarter of
 	 * the blocks sampled were free (another client's flush or deletes) */
 	uint64_t evictions_spared;
+	/* replicas: tombstones this handle's deletes took off every replica
+	 * again (docs/design.md, "Tombstones are reclaimed") */
+	uint64_t repl_reclaimed;
 };
 
 /* Counters of this handle since hkv_open(). */

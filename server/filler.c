@@ -424,12 +424,29 @@ int hkv_fill_pass(struct hkv_fill *f, struct hkv_store *s, const struct hkv_cmap
 	if (ret)
 		return ret;
 	if (final) {
-		/* fenced, A's keys stay put (a replicated store's never leave: a
-		 * delete leaves a tombstone): one changing or gone means the
-		 * final pass cannot vouch for the gainers; fail, so the move
-		 * is dropped rather than committed */
-		for (uint64_t i = 0; i < f->cap; i++)
-			st->unseen += f->t[i].key && f->t[i].pass != f->pass;
+		/* fenced, A's keys stay put. A key copied before and gone now
+		 * had its tombstone reclaimed (a delete's, taken off every
+		 * replica again: only that takes a key away): take the copy off
+		 * the gainer too, exactly that write. One changing, or a gainer
+		 * holding another write, means the final pass cannot vouch for
+		 * the gainers; fail, so the move is dropped rather than
+		 * committed */
+		for (uint64_t i = 0; i < f->cap && !st->skipped; i++) {
+			struct entry *e = &f->t[i];
+			struct hkv_client *c;
+
+			if (!e->key || e->pass == f->pass)
+				continue;
+			ret = gainer_handle(f, homes, e->g, token, max_value, &c);
+			if (!ret)
+				ret = hkv_remove_copy(c, e->key, e->klen, e->wid);
+			if (ret && ret != HKV_ENOTFOUND) {
+				st->unseen++;
+				continue;
+			}
+			e->pass = f->pass;
+			st->taken_back++;
+		}
 		if (st->skipped || st->unseen) {
 			hkv_err("cluster: a repair's final pass found %llu items changing and %llu "
 				"copied before gone, fenced: the repair fails",

@@ -30,6 +30,8 @@ struct hkv_fill_stats {
 	uint64_t seen;          /* items of the filled partitions looked at */
 	uint64_t skipped;       /* changed while read: the next pass takes them */
 	uint64_t unseen;        /* final pass: copied before, not found on A now */
+	uint64_t taken_back;    /* final pass: of those, copies of reclaimed tombstones
+				 * taken off the gainers */
 };
 
 /* The fill of the partitions `target` grows against `cur`, identified by

@@ -596,10 +596,11 @@ static void log_fill(const char *what, const struct hkv_fill_stats *st, uint64_t
 		hkv_warn("server: repair %s failed after %.0f ms: %s", what, ms, hkv_strerror(ret));
 	else
 		hkv_info("server: repair %s: %llu items (%llu bytes, %.1f MB/s) copied of %llu seen, "
-			 "%llu changing, %llu gone, %.0f ms", what, (unsigned long long)st->items,
-			 (unsigned long long)st->bytes, ms > 0 ? (double)st->bytes / 1e3 / ms : 0.0,
-			 (unsigned long long)st->seen, (unsigned long long)st->skipped,
-			 (unsigned long long)st->unseen, ms);
+			 "%llu changing, %llu gone, %llu reclaimed copies taken back, %.0f ms", what,
+			 (unsigned long long)st->items, (unsigned long long)st->bytes,
+			 ms > 0 ? (double)st->bytes / 1e3 / ms : 0.0, (unsigned long long)st->seen,
+			 (unsigned long long)st->skipped, (unsigned long long)st->unseen,
+			 (unsigned long long)st->taken_back, ms);
 }
 
 /* Wait for the fill thread to end (it has, or was told to); its state and
