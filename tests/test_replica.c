@@ -903,7 +903,8 @@ static void stall_hook(struct hkv_client *c, enum hkv_test_point point)
 	unsigned r;
 
 	(void)c;
-	if (point != HKV_TP_REPL_DECIDED && point != HKV_TP_REPL_STEP)
+	if (point != HKV_TP_REPL_DECIDED && point != HKV_TP_REPL_STEP &&
+	    point != HKV_TP_REPL_RECLAIM)
 		return;
 	r = (unsigned)rand_r(&stall_seed) % 1000;
 	if (r < 8) {
@@ -1063,6 +1064,7 @@ static int victim_main(int argc, char **argv)
 		return 2;
 	victim_point = !strcmp(argv[2], "decided") ? HKV_TP_REPL_DECIDED
 		       : !strcmp(argv[2], "step")  ? HKV_TP_REPL_STEP
+		       : !strcmp(argv[2], "reclaim") ? HKV_TP_REPL_RECLAIM
 						   : -1;
 	op = argv[3];
 	key = argv[4];
@@ -1079,7 +1081,7 @@ static int victim_main(int argc, char **argv)
 		fprintf(stderr, "victim: cannot open a replicated handle: %s\n", hkv_strerror(rc));
 		return 3;
 	}
-	if (!strcmp(op, "set")) {
+	if (!strcmp(op, "set") || !strcmp(op, "setdel")) {
 		val = malloc(VALUE_CAP + 1);
 		if (!val)
 			return 2;
@@ -1102,6 +1104,15 @@ static int victim_main(int argc, char **argv)
 		rc = hkv_incr(c, key, strlen(key), strtoull(arg, NULL, 10), &out);
 	} else if (!strcmp(op, "delete")) {
 		rc = hkv_delete(c, key, strlen(key));
+	} else if (!strcmp(op, "setdel")) { /* a set, then (if it held) a delete */
+		size_t n = make_value(strtoull(arg, NULL, 16), val);
+
+		rc = hkv_set(c, key, strlen(key), val, n, NULL);
+		snprintf(line, sizeof(line), "S %d %" PRId64 "\n", rc, now_ns());
+		if (write(fd, line, strlen(line)) < 0)
+			return 2;
+		if (!rc)
+			rc = hkv_delete(c, key, strlen(key));
 	} else {
 		return 2;
 	}
@@ -1123,6 +1134,9 @@ struct victim {
 	int returned, rc;
 	uint64_t out;
 	int killed; /* died of SIGKILL (at the test point) */
+	/* setdel: its set returned set_rc at set_ret (the delete's call) */
+	int set_done, set_rc;
+	int64_t set_ret;
 };
 
 static int victim_start(struct victim *v, const char *point, const char *op, const char *key,
@@ -1207,6 +1221,8 @@ static int victim_wait(struct victim *v, int timeout_ms)
 	for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
 		if (l[0] == 'C')
 			v->call = strtoll(l + 2, NULL, 10);
+		else if (l[0] == 'S' && sscanf(l + 2, "%d %" SCNd64, &v->set_rc, &v->set_ret) == 2)
+			v->set_done = 1;
 		else if (l[0] == 'R' && sscanf(l + 2, "%d %" SCNu64, &v->rc, &v->out) == 2)
 			v->returned = 1;
 	}
@@ -1258,7 +1274,8 @@ static int check_key(const char *key, enum lc_model m, uint64_t init, struct lc_
 /*
  * One run: prm.threads threads, each with a replicated handle over the
  * main servers' first r, on keys "ck<run>-r0..r4" and "ck<run>-c0". With
- * victims: point ("decided"/"step") and that many writer processes killed
+ * victims: point ("decided"/"step": sets and incrs; "reclaim": deletes) and that many
+ * writer processes killed
  * there, one after another while the threads run. Every key's history must
  * be linearizable; no thread op may fail.
  */
@@ -1309,14 +1326,18 @@ static void checker_run(int run, int r, const char *point, int victims)
 	for (int i = 0; i < prm.threads; i++)
 		pthread_create(&t[i].tid, NULL, checker_thread, &t[i]);
 	/* the victims, one at a time, while the threads run */
-	struct lc_op *vops = calloc((size_t)victims + 1, sizeof(*vops));
+	/* (a victim at "reclaim" sets its key, then deletes it: killed unless
+	 * a load thread deleted it in between; up to 4 tries per victim, each
+	 * in the history, two ops each) */
+	int del = point && !strcmp(point, "reclaim"), tries = del ? victims * 4 : victims;
+	struct lc_op *vops = calloc((size_t)tries * 2 + 1, sizeof(*vops));
 	int vkeys[64];
 	int nv = 0;
 
-	for (int v = 0; v < victims && vops && nv < 64; v++) {
+	for (int v = 0; v < tries && killed < victims && vops && nv < 63; v++) {
 		struct victim vi;
 		char arg[32];
-		int key = v % 3 == 2 ? COUNTER : (v * 3) % NREG;
+		int key = !del && v % 3 == 2 ? COUNTER : (v * 3) % NREG;
 		uint64_t id = value_id((unsigned)run, 100 + (unsigned)v, 1);
 
 		sleep_ms(10 + v % 3 * 10);
@@ -1324,17 +1345,32 @@ static void checker_run(int run, int r, const char *point, int victims)
 			snprintf(arg, sizeof(arg), "%d", 1000 * (v + 1));
 		else
 			snprintf(arg, sizeof(arg), "%" PRIx64, id);
-		if (victim_start(&vi, point, key == COUNTER ? "incr" : "set", ck_keys[key], arg,
-				 main_list, r) || victim_wait(&vi, 30000)) {
+		if (victim_start(&vi, point, del ? "setdel" : key == COUNTER ? "incr" : "set",
+				 ck_keys[key], arg, main_list, r) || victim_wait(&vi, 30000)) {
 			vfail++;
 			continue;
 		}
 		killed += vi.killed;
+		if (del && vi.set_done) { /* its set: known, then the delete from there */
+			vops[nv] = (struct lc_op){.kind = LC_SET, .client = 100 + v, .arg = id,
+						  .call = vi.call, .ret = vi.set_ret};
+			if (classify(vi.set_rc, LC_SET, &vops[nv].status)) {
+				vops[nv].status = LC_UNKNOWN;
+				vops[nv].ret = INT64_MAX;
+			}
+			vkeys[nv++] = key;
+			vi.call = vi.set_ret;
+			if (vi.set_rc)
+				continue; /* (no delete) */
+		} else if (del) { /* killed inside the set? never: "reclaim" is a delete's */
+			vfail++;
+			continue;
+		}
 		vops[nv] = (struct lc_op){
-			.kind = key == COUNTER ? LC_INCR : LC_SET,
+			.kind = del ? LC_DELETE : key == COUNTER ? LC_INCR : LC_SET,
 			.status = LC_UNKNOWN,
 			.client = 100 + v,
-			.arg = key == COUNTER ? (uint64_t)(1000 * (v + 1)) : id,
+			.arg = del ? 0 : key == COUNTER ? (uint64_t)(1000 * (v + 1)) : id,
 			.call = vi.call,
 			.ret = INT64_MAX,
 		};
@@ -1426,8 +1462,11 @@ static void checker_run(int run, int r, const char *point, int victims)
 	CHECK((size_t)gaveup * 100 <= total + 100);
 	CHECK(bad == 0);
 	CHECK(vfail == 0);
-	if (victims)
-		CHECK(killed == nv && nv == victims); /* each write reached the point */
+	/* each write reached the point (a delete only if it found the key) */
+	if (victims && !del)
+		CHECK(killed == nv && nv == victims);
+	else if (victims)
+		CHECK(killed == victims);
 }
 
 static void test_checker(void)
@@ -1445,6 +1484,9 @@ static void test_checker_victims(void)
 	checker_run(11, 2, "decided", prm.victims);
 	checker_run(12, 3, "decided", prm.victims);
 	checker_run(13, 3, "step", prm.victims);
+	/* deletes killed after reclaiming their tombstone on the decider only */
+	checker_run(14, 2, "reclaim", prm.victims);
+	checker_run(15, 3, "reclaim", prm.victims);
 }
 
 /* ---- a writer held at a point while another handle writes its key -------------------------- */
@@ -1811,14 +1853,16 @@ static void test_rounds(void)
 	for (int i = 0; i < 5; i++)
 		printf(" %s %llu/%llu/%llu%s", what[i], (unsigned long long)rt[1][i],
 		       (unsigned long long)rt[2][i], (unsigned long long)rt[3][i], i < 4 ? "," : "\n");
-	/* a GET: one READ of the primary; a warm update or delete (a tombstone):
-	 * R0's READ, READ + publish per other replica, R0's publish on that
-	 * READ's view: 2r (+1 where a replica's handle claims more blocks, a
-	 * round trip per up to 16 writes) */
+	/* a GET: one READ of the primary; a warm update: R0's READ, READ +
+	 * publish per other replica, R0's publish on that READ's view: 2r (+1
+	 * where a replica's handle claims more blocks, a round trip per up to
+	 * 16 writes); a delete: the same for its tombstone, then the tombstone
+	 * reclaimed, mark + slot CAS per replica on the location its step
+	 * recorded: 4r */
 	for (int r = 2; r <= 3; r++) {
 		CHECK(rt[r][0] == 1);
 		CHECK(rt[r][2] >= 2 * (uint64_t)r && rt[r][2] <= 3 * (uint64_t)r);
-		CHECK(rt[r][4] >= 2 * (uint64_t)r && rt[r][4] <= 3 * (uint64_t)r);
+		CHECK(rt[r][4] >= 4 * (uint64_t)r && rt[r][4] <= 5 * (uint64_t)r);
 	}
 }
 
@@ -1846,16 +1890,22 @@ static void test_flush(void)
 	}
 	CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
 	CHECK(items == 500);
-	CHECK_RC(hkv_delete(c, "flush-k7", 8), 0); /* (a tombstone to pass over) */
-	/* the replicated handle counts keys; a replica's index also holds the
-	 * tombstone */
+	CHECK_RC(hkv_delete(c, "flush-k7", 8), 0);
+	/* the replicated handle counts keys; the delete's tombstone is gone
+	 * from each replica's index again (reclaimed) */
 	CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
 	CHECK(items == 499);
-	CHECK_RC(hkv_count_items(d[1], &items, &bytes), 0);
-	CHECK(items == 500);
+	for (int i = 0; i < 2; i++) {
+		CHECK_RC(hkv_count_items(d[i], &items, &bytes), 0);
+		CHECK(items == 499);
+	}
 	CHECK_RC(hkv_flush_all(c), 0);
 	CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
 	CHECK(items == 0 && bytes == 0);
+	for (int i = 0; i < 2; i++) { /* (no tombstones left behind either) */
+		CHECK_RC(hkv_count_items(d[i], &items, &bytes), 0);
+		CHECK(items == 0);
+	}
 	for (int i = 0; i < 500; i++) {
 		snprintf(k, sizeof(k), "flush-k%d", i);
 		left += hkv_get(c, k, strlen(k), buf, sizeof(buf), &n, NULL) != HKV_ENOTFOUND;
@@ -2073,6 +2123,224 @@ static void test_primary_down(void)
 	replica_down(2, 0, 0);
 }
 
+/* ---- tombstones are reclaimed ------------------------------------------------------ */
+
+#define CHURN_THREADS 2
+#define CHURN_KEYS    3000 /* per thread: 6000 keys, every one deleted but 1 in 8 */
+
+struct churn {
+	struct hkv_config *cfg;
+	int id, errors, live;
+};
+
+static void *churn_thread(void *arg)
+{
+	struct churn *t = arg;
+	struct hkv_client *c = repl_open_cfg(t->cfg, 2);
+	char k[32], v[32];
+
+	if (!c) {
+		t->errors++;
+		return NULL;
+	}
+	for (int i = 0; i < CHURN_KEYS; i++) {
+		int rc;
+
+		snprintf(k, sizeof(k), "churn-%d-%d", t->id, i);
+		snprintf(v, sizeof(v), "v%d-%d", t->id, i);
+		if ((rc = set_str(c, k, v)) ||
+		    (i % 8 && (rc = hkv_delete(c, k, strlen(k))))) {
+			if (t->errors++ < 3)
+				fprintf(stderr, "# churn %s: %s\n", k, hkv_strerror(rc));
+			continue;
+		}
+		t->live += !(i % 8);
+	}
+	hkv_close(c);
+	return NULL;
+}
+
+/*
+ * Set/delete churn over 6000 distinct keys on two servers whose indexes
+ * have 4096 slots each: kept, every tombstone would hold a slot and the
+ * stores would refuse new keys after ~4000 (HKV_EFULL). Reclaimed, the
+ * indexes hold the live keys (1 in 8) and nothing else.
+ */
+static void test_reclaim_churn(void)
+{
+	const char *extra[] = {"--token-file", token_file, "--index-slots", "4096", NULL};
+	struct hkvserver s[2], *list[2] = {&s[0], &s[1]};
+	struct hkv_client *c = NULL, *d[2] = {NULL, NULL};
+	struct churn t[CHURN_THREADS];
+	pthread_t th[CHURN_THREADS];
+	struct hkv_client_stats st;
+	uint64_t items, bytes, live_bytes = 0, t0 = (uint64_t)now_ns();
+	int live = 0, errors = 0, wrong = 0;
+	char k[32], v[32], buf[32];
+
+	memset(s, 0, sizeof(s));
+	for (int i = 0; i < 2; i++)
+		CHECK(hkvserver_start_noclient(&s[i], use_verbs, "32M", SEGMENT, extra) == 0);
+	for (int i = 0; i < 2; i++)
+		CHECK(d[i] = direct_open(&s[i], 0));
+	for (int i = 0; i < CHURN_THREADS; i++) {
+		t[i] = (struct churn){.cfg = repl_config(list, 2, 0), .id = i};
+		CHECK(t[i].cfg);
+		CHECK(pthread_create(&th[i], NULL, churn_thread, &t[i]) == 0);
+	}
+	for (int i = 0; i < CHURN_THREADS; i++) {
+		pthread_join(th[i], NULL);
+		live += t[i].live;
+		errors += t[i].errors;
+		hkv_config_free(t[i].cfg);
+	}
+	CHECK(errors == 0);
+	CHECK(c = repl_open_cfg(t[0].cfg = repl_config(list, 2, 0), 2));
+	for (int id = 0; id < CHURN_THREADS; id++)
+		for (int i = 0; i < CHURN_KEYS; i++) {
+			int rc;
+
+			snprintf(k, sizeof(k), "churn-%d-%d", id, i);
+			snprintf(v, sizeof(v), "v%d-%d", id, i);
+			rc = read_str(c, k, buf, sizeof(buf), NULL);
+			wrong += i % 8 ? rc != HKV_ENOTFOUND : rc != 0 || strcmp(buf, v);
+		}
+	CHECK(wrong == 0);
+	for (int i = 0; i < 2; i++) {
+		CHECK_RC(hkv_count_items(d[i], &items, &bytes), 0);
+		printf("# churn: %d keys set, %d deleted, %d live: R%d's index holds %" PRIu64
+		       " entries (%" PRIu64 " bytes of blocks), %.1f s\n", CHURN_THREADS * CHURN_KEYS,
+		       CHURN_THREADS * CHURN_KEYS - live, live, i, items, bytes,
+		       (double)((uint64_t)now_ns() - t0) / 1e9);
+		CHECK(items == (uint64_t)live); /* not a tombstone left */
+		if (!i)
+			live_bytes = bytes;
+		CHECK(bytes == live_bytes);
+	}
+	CHECK_RC(hkv_count_items(c, &items, &bytes), 0);
+	CHECK(items == (uint64_t)live);
+	hkv_client_stats(c, &st);
+	hkv_close(c);
+	hkv_config_free(t[0].cfg);
+	for (int i = 0; i < 2; i++) {
+		hkv_close(d[i]);
+		hkvserver_stop(&s[i]);
+	}
+}
+
+/* A writer stopped right after deciding an insert (from absent), until its
+ * write was finished by a helper, overwritten, deleted and reclaimed. */
+static struct hkv_client *stalled_handle;
+static atomic_int stalled_at; /* 0 running, 1 stopped at the point, 2 go on */
+
+static void decided_stop_hook(struct hkv_client *c, enum hkv_test_point point)
+{
+	if (c != stalled_handle || point != HKV_TP_REPL_DECIDED || atomic_load(&stalled_at))
+		return;
+	atomic_store(&stalled_at, 1);
+	while (atomic_load(&stalled_at) != 2)
+		usleep(1000);
+}
+
+struct stale_add {
+	struct hkv_client *c;
+	const char *key;
+	int rc;
+};
+
+static void *stale_add_thread(void *arg)
+{
+	struct stale_add *a = arg;
+
+	a->rc = hkv_add(a->c, a->key, strlen(a->key), "stale", 5, NULL);
+	return NULL;
+}
+
+static void stale_insert_step(int r)
+{
+	struct hkv_client *c = repl_open(r), *x = repl_open(r);
+	struct stale_add a = {.c = x};
+	char k[32];
+	pthread_t th;
+
+	CHECK(c && x);
+	snprintf(k, sizeof(k), "stale-insert-r%d", r);
+	a.key = k;
+	stalled_handle = x;
+	atomic_store(&stalled_at, 0);
+	hkv_test_hook = decided_stop_hook;
+	CHECK(pthread_create(&th, NULL, stale_add_thread, &a) == 0);
+	for (int i = 0; i < 5000 && !atomic_load(&stalled_at); i++)
+		usleep(1000);
+	CHECK(atomic_load(&stalled_at) == 1); /* decided on R(r-1), nowhere else */
+	CHECK_RC(set_str(c, k, "v2"), 0);     /* finishes the add first (a helper) */
+	CHECK(held_str(c, direct, r, k, "v2", NULL) == 0);
+	CHECK_RC(hkv_delete(c, k, strlen(k)), 0);
+	CHECK(absent_on(c, direct, r, k) == 0);
+	atomic_store(&stalled_at, 2); /* its next step, from absent, onto R(r-2) */
+	pthread_join(th, NULL);
+	hkv_test_hook = NULL;
+	/* its add took effect (before the set): success; nothing comes back */
+	printf("# r = %d: an add stopped after deciding, then finished by a helper, "
+	       "overwritten, deleted and reclaimed; it goes on: %s\n", r, hkv_strerror(a.rc));
+	CHECK_RC(a.rc, 0);
+	CHECK(absent_on(c, direct, r, k) == 0);
+	CHECK_RC(hkv_add(c, k, strlen(k), "again", 5, NULL), 0);
+	CHECK(held_str(c, direct, r, k, "again", NULL) == 0);
+	hkv_close(x);
+	hkv_close(c);
+}
+
+static void test_stale_insert_step(void)
+{
+	CHECK(srv_up);
+	stale_insert_step(2);
+	stale_insert_step(3);
+}
+
+/* A delete killed after reclaiming its tombstone on the decider only. */
+static void reclaim_killed(int r)
+{
+	struct hkv_client *c = repl_open(r);
+	char k[32];
+	int rc;
+
+	CHECK(c);
+	/* then an add: it finishes the reclamation first */
+	snprintf(k, sizeof(k), "rk%d-add", r);
+	CHECK_RC(set_str(c, k, "old"), 0);
+	CHECK(kill_writer(r, "reclaim", "delete", k, "-") == 0);
+	CHECK(absent_on(c, direct, r, k) == 0);
+	CHECK_RC(hkv_add(c, k, strlen(k), "new", 3, NULL), 0);
+	CHECK(held_str(c, direct, r, k, "new", NULL) == 0);
+	/* then a delete of nothing, a set and a delete */
+	snprintf(k, sizeof(k), "rk%d-set", r);
+	CHECK_RC(set_str(c, k, "old"), 0);
+	CHECK(kill_writer(r, "reclaim", "delete", k, "-") == 0);
+	CHECK_RC(hkv_delete(c, k, strlen(k)), HKV_ENOTFOUND);
+	CHECK_RC(hkv_replace(c, k, strlen(k), "r", 1, NULL), HKV_ENOTFOUND);
+	CHECK_RC(set_str(c, k, "new"), 0);
+	CHECK(held_str(c, direct, r, k, "new", NULL) == 0);
+	CHECK_RC(hkv_delete(c, k, strlen(k)), 0);
+	CHECK(absent_on(c, direct, r, k) == 0);
+	/* then an add by a writer stopped after it decided, killed there */
+	snprintf(k, sizeof(k), "rk%d-two", r);
+	CHECK_RC(set_str(c, k, "old"), 0);
+	CHECK(kill_writer(r, "reclaim", "delete", k, "-") == 0);
+	CHECK(kill_writer(r, "decided", "add", k, "child") == 0);
+	rc = hkv_add(c, k, strlen(k), "p", 1, NULL);
+	CHECK_RC(rc, HKV_EEXISTS); /* the child's add, finished by this one */
+	CHECK(held_str(c, direct, r, k, "child", NULL) == 0);
+	hkv_close(c);
+}
+
+static void test_reclaim_killed(void)
+{
+	CHECK(srv_up);
+	reclaim_killed(2);
+	reclaim_killed(3);
+}
+
 /* The primary, and (r = 3) the middle replica, killed just after a write decided. */
 static void test_cut_after_deciding(void)
 {
@@ -2117,6 +2385,9 @@ int main(int argc, char **argv)
 	RUN_TEST(test_rounds);
 	RUN_TEST(test_flush);
 	RUN_TEST(test_cache_refused);
+	RUN_TEST(test_reclaim_churn);
+	RUN_TEST(test_stale_insert_step);
+	RUN_TEST(test_reclaim_killed);
 	for (int i = 0; i < NSRV; i++) {
 		if (direct[i])
 			hkv_close(direct[i]);
