@@ -454,7 +454,7 @@ static int delete_op(struct hkv_client *c, const void *key, size_t klen, const u
  * of one (server/filler.c). 0 removed by us, HKV_ENOTFOUND (no entry),
  * HKV_EVERSION (another write's), or an error.
  */
-int hkv_remove_exact(struct hkv_client *c, const struct key *k, uint64_t wid)
+static int remove_exact(struct hkv_client *c, const struct key *k, uint64_t wid)
 {
 	struct retry rt;
 
@@ -499,7 +499,7 @@ int hkv_remove_copy(struct hkv_client *c, const void *key, size_t klen, uint64_t
 	struct key k;
 	int ret = write_key(c, &k, key, klen);
 
-	return ret ? ret : hkv_remove_exact(c, &k, wid);
+	return ret ? ret : remove_exact(c, &k, wid);
 }
 
 HKV_EXPORT int hkv_delete(struct hkv_client *c, const void *key, size_t klen)

@@ -27,8 +27,9 @@ int hkv_put_exact(struct hkv_client *c, const void *key, size_t klen, const void
 		  uint64_t from);
 
 /* Remove the key's entry only if it has write id wid (a repair taking back
- * a copy of a tombstone reclaimed since): 0, HKV_ENOTFOUND (none there),
- * HKV_EVERSION (another write's) or an hkv error. */
+ * a copy of a tombstone reclaimed since; a replicated delete reclaiming its
+ * tombstone, client/replica.c): 0, HKV_ENOTFOUND (none there), HKV_EVERSION
+ * (another write's) or an hkv error. */
 int hkv_remove_copy(struct hkv_client *c, const void *key, size_t klen, uint64_t wid);
 
 #endif /* HKV_CLIENT_COPY_H */

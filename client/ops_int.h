@@ -237,9 +237,6 @@ int hkv_publish_replace(struct hkv_client *c, const struct item *old, uint64_t n
 			uint32_t blen, int with_write);
 /* Remove old (reading its header into hdr first, if given). 0, CONFLICT, STALE or <0. */
 int hkv_publish_remove(struct hkv_client *c, const struct item *old, struct hkv_block_hdr *hdr);
-/* Remove the key's entry only if it is write wid: 0, HKV_ENOTFOUND, HKV_EVERSION
- * or <0 (api.c). */
-int hkv_remove_exact(struct hkv_client *c, const struct key *k, uint64_t wid);
 /* Insert at pos (over victim's entry, if given). 0 committed, CONFLICT, YIELDED,
  * STALE, REFUSED (c->insert_check) or <0. */
 int hkv_publish_insert(struct hkv_client *c, const struct key *k, int pos, uint64_t new_slot,

@@ -29,6 +29,7 @@
 #include <sodium.h>
 
 #include "client/client_int.h"
+#include "client/copy.h"
 #include "client/ops_int.h"
 #include "client/replica.h"
 #include "common/hkv_alloc.h"
@@ -168,14 +169,8 @@ static int apply(struct hkv_repl *rp, int i, const void *key, size_t klen, uint6
  * 0 (removed, or none there), HKV_EVERSION (another write's) or <0. */
 static int remove_on(struct hkv_repl *rp, int i, const void *key, size_t klen, uint64_t t)
 {
-	struct hkv_client *h = rp->h[i];
-	struct key k;
-	int ret = hkv_key_ready(h, &k, key, klen);
+	int ret = hkv_remove_copy(rp->h[i], key, klen, t);
 
-	if (!ret && h->readonly)
-		ret = -EPERM;
-	if (!ret)
-		ret = hkv_remove_exact(h, &k, t);
 	return ret == HKV_ENOTFOUND ? 0 : ret;
 }
 
@@ -235,6 +230,20 @@ static int cleared_tomb(struct hkv_client *c, const void *key, size_t klen, int 
 	return ret ? (ret == HKV_EVERSION ? 0 : ret) : 1;
 }
 
+/* Replica i's step (apply); one from absent that finds there a tombstone
+ * whose reclamation was decided finishes it and steps again. */
+static int step(struct hkv_client *c, int i, const void *key, size_t klen, uint64_t from,
+		const struct value *nv, const struct item *at)
+{
+	struct hkv_repl *rp = c->repl;
+	int ret = apply(rp, i, key, klen, from, nv, at), cl;
+
+	if (ret != HKV_EVERSION || from || rp->chk_refused)
+		return ret;
+	cl = cleared_tomb(c, key, klen, i);
+	return cl < 0 ? cl : cl ? apply(rp, i, key, klen, 0, nv, NULL) : ret;
+}
+
 /* A delete that holds on every replica takes its tombstone t away again:
  * the decider first - the reclamation's decision, a slot CAS expecting t
  * as a racing write's decision does, so exactly one of them wins - then
@@ -270,16 +279,8 @@ static int help(struct hkv_client *c, const void *key, size_t klen, const struct
 
 	for (int i = rp->r - 2; i >= 0; i--) {
 		struct rstate st;
-		int ret = apply(rp, i, key, klen, d->pred & HKV_WID_MASK, &v, NULL);
+		int ret = step(c, i, key, klen, d->pred & HKV_WID_MASK, &v, NULL);
 
-		if (ret == HKV_EVERSION && !(d->pred & HKV_WID_MASK) && !rp->chk_refused) {
-			int cl = cleared_tomb(c, key, klen, i); /* (a reclamation to finish) */
-
-			if (cl < 0)
-				return cl;
-			if (cl)
-				ret = apply(rp, i, key, klen, 0, &v, NULL);
-		}
 		if (ret && ret != HKV_EVERSION)
 			return ret;
 		/* refused: done there already - or, after a cluster dropped a
@@ -456,12 +457,7 @@ static int write_once(struct hkv_client *c, const void *key, size_t klen, const 
 	}
 	hkv_test_at(c, HKV_TP_REPL_DECIDED);
 	for (int i = rp->r - 2; i >= 0; i--) {
-		ret = apply(rp, i, key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
-		if (ret == HKV_EVERSION && !cur.wid && !rp->chk_refused) {
-			int cl = cleared_tomb(c, key, klen, i); /* (a reclamation to finish) */
-
-			ret = cl < 0 ? cl : cl ? apply(rp, i, key, klen, 0, &nv, NULL) : ret;
-		}
+		ret = step(c, i, key, klen, cur.wid, &nv, i ? NULL : (cur.present ? &cur.it : NULL));
 		if (ret == HKV_EVERSION && rp->chk_refused)
 			/* the decider moved on from our write: on a fixed list only
 			 * after the primary took it (it was overwritten since, deleted
